@@ -1,0 +1,171 @@
+#include "format/safetensors.h"
+
+#include "core/error.h"
+
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+namespace swiftlet {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the reference implementation's limit
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::shape_str() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+  const size_t size = file_.size();
+  if (size < 8)
+    fail("'{}' is not a safetensors file: {} bytes, too short for a header (truncated download?)",
+         path, size);
+  uint64_t header_len;
+  std::memcpy(&header_len, file_.data(), 8);
+  if (header_len == 0 || header_len > kMaxHeaderBytes || header_len > size - 8)
+    fail("'{}' has a corrupt safetensors header: header length {} for a file of {} bytes "
+         "(truncated or not a safetensors file)", path, header_len, size);
+  const char* hbegin = reinterpret_cast<const char*>(file_.data() + 8);
+  json header = json::parse(hbegin, hbegin + header_len, nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object())
+    fail("'{}' has a corrupt safetensors header: not a JSON object", path);
+
+  const uint8_t* data = file_.data() + 8 + header_len;
+  const uint64_t data_size = size - 8 - header_len;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (entry.is_object())
+        for (auto& [k, v] : entry.items())
+          if (v.is_string()) metadata_[k] = v.get<std::string>();
+      continue;
+    }
+    auto bad = [&](const std::string& why) {
+      fail("'{}': tensor '{}' has a corrupt header entry: {}", path, name, why);
+    };
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets"))
+      bad("needs dtype, shape and data_offsets");
+    const auto& jd = entry["dtype"];
+    const auto& js = entry["shape"];
+    const auto& jo = entry["data_offsets"];
+    if (!jd.is_string() || !js.is_array() || !jo.is_array() || jo.size() != 2)
+      bad("wrong field types");
+    TensorView t;
+    t.name = name;
+    t.dtype = parse_dtype(jd.get<std::string>());
+    uint64_t numel = 1;
+    for (const auto& d : js) {
+      if (!d.is_number_unsigned()) bad("shape entries must be non-negative integers");
+      uint64_t v = d.get<uint64_t>();
+      if (v != 0 && numel > std::numeric_limits<uint64_t>::max() / v) bad("shape overflows");
+      numel *= v;
+      t.shape.push_back(int64_t(v));
+    }
+    if (!jo[0].is_number_unsigned() || !jo[1].is_number_unsigned()) bad("offsets must be integers");
+    uint64_t begin = jo[0].get<uint64_t>(), end = jo[1].get<uint64_t>();
+    if (begin > end || end > data_size)
+      bad(fmt::format("data offsets [{}, {}) outside the {} data bytes of the file (truncated?)",
+                      begin, end, data_size));
+    if (numel > std::numeric_limits<uint64_t>::max() / dtype_size(t.dtype) ||
+        numel * dtype_size(t.dtype) != end - begin)
+      bad(fmt::format("shape {} x {} needs {} bytes but the offsets give {}", t.shape_str(),
+                      dtype_name(t.dtype), numel * dtype_size(t.dtype), end - begin));
+    t.data = data + begin;
+    t.nbytes = end - begin;
+    t.file = &file_.path();
+    tensors_.push_back(std::move(t));
+  }
+  // No two tensors may share bytes.
+  std::vector<const TensorView*> order;
+  for (const auto& t : tensors_) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->data < b->data; });
+  for (size_t i = 1; i < order.size(); ++i)
+    if (order[i - 1]->data + order[i - 1]->nbytes > order[i]->data)
+      fail("'{}' has a corrupt safetensors header: tensors '{}' and '{}' overlap", path,
+           order[i - 1]->name, order[i]->name);
+  std::sort(tensors_.begin(), tensors_.end(), [](auto& a, auto& b) { return a.name < b.name; });
+}
+
+TensorSet TensorSet::open_files(const std::vector<std::string>& paths) {
+  TensorSet set;
+  for (const auto& p : paths) {
+    set.files_.push_back(std::make_unique<SafetensorsFile>(p));
+    for (const auto& t : set.files_.back()->tensors()) {
+      auto [it, inserted] = set.by_name_.emplace(t.name, &t);
+      if (!inserted)
+        fail("tensor '{}' appears in both '{}' and '{}'", t.name, *it->second->file, p);
+    }
+  }
+  return set;
+}
+
+TensorSet TensorSet::open_dir(const std::string& dir) {
+  if (!fs::is_directory(dir)) fail("'{}' is not a directory", dir);
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  TensorSet set;
+  if (fs::exists(index)) {
+    json j = json::parse(read_text_file(index.string()), nullptr, false);
+    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      fail("'{}' is not a valid safetensors index (needs a weight_map object)", index.string());
+    std::vector<std::string> shards;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) fail("'{}': weight_map entry for '{}' is not a file name", index.string(), name);
+      std::string f = (fs::path(dir) / file.get<std::string>()).string();
+      if (std::find(shards.begin(), shards.end(), f) == shards.end()) {
+        if (!fs::exists(f))
+          fail("shard '{}' named by '{}' is missing (incomplete download?)", f, index.string());
+        shards.push_back(f);
+      }
+    }
+    set = open_files(shards);
+    for (auto& [name, file] : j["weight_map"].items()) {
+      const TensorView* t = set.find(name);
+      std::string f = (fs::path(dir) / file.get<std::string>()).string();
+      if (!t || *t->file != f)
+        fail("'{}' says tensor '{}' is in '{}' but that file does not hold it", index.string(),
+             name, f);
+    }
+  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    set = open_files({(fs::path(dir) / "model.safetensors").string()});
+  } else {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) fail("no .safetensors files in '{}'", dir);
+    set = open_files(files);
+  }
+  set.source_ = dir;
+  return set;
+}
+
+const TensorView* TensorSet::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+const TensorView& TensorSet::get(const std::string& name) const {
+  const TensorView* t = find(name);
+  if (!t) fail("missing tensor '{}' in '{}' (incomplete or wrong checkpoint?)", name, source_);
+  return *t;
+}
+
+std::vector<std::string> TensorSet::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, t] : by_name_) out.push_back(n);
+  return out;
+}
+
+}  // namespace swiftlet

@@ -1,0 +1,65 @@
+// safetensors reading: one file, or a whole checkpoint directory (single file or sharded
+// with model.safetensors.index.json). Headers are validated before any tensor is used:
+// offsets in bounds and matching shape x dtype, no overlaps, sane header length.
+#pragma once
+
+#include "core/dtype.h"
+#include "io/mapped_file.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace swiftlet {
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+  const std::string* file = nullptr;  // the file it lives in, for messages
+
+  int64_t numel() const;
+  int64_t dim(int i) const { return shape.at(size_t(i)); }
+  std::string shape_str() const;  // "[512, 2048]"
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates the file. Throws Error naming the file (and tensor) on any problem.
+  explicit SafetensorsFile(const std::string& path);
+  const std::string& path() const { return file_.path(); }
+  const std::vector<TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  MappedFile file_;
+  std::vector<TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// All tensors of a checkpoint directory by name.
+class TensorSet {
+ public:
+  // Opens `dir`: model.safetensors.index.json if present (every shard it names must exist and
+  // hold the tensors it lists), else model.safetensors, else every *.safetensors file.
+  static TensorSet open_dir(const std::string& dir);
+  static TensorSet open_files(const std::vector<std::string>& paths);
+
+  const TensorView* find(const std::string& name) const;
+  // Throws Error("missing tensor NAME in DIR ...") when absent.
+  const TensorView& get(const std::string& name) const;
+  bool contains(const std::string& name) const { return find(name) != nullptr; }
+  std::vector<std::string> names() const;
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> by_name_;
+};
+
+}  // namespace swiftlet

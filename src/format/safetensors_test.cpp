@@ -1,0 +1,148 @@
+#include "format/safetensors.h"
+#include "format/safetensors_writer.h"
+
+#include "core/error.h"
+#include "io/mapped_file.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace swiftlet {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fs::path("swiftlet_st_" + std::to_string(::getpid()) + "_" +
+                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write_sample(const std::string& name) {
+    std::string p = (dir_ / name).string();
+    write_safetensors(p, {{"b.weight", DType::F32, {2, 3}, fvals_},
+                          {"a.bias", DType::BF16, {4}, hvals_}},
+                      {{"format", "pt"}});
+    return p;
+  }
+  static std::string slurp(const std::string& p) { return read_text_file(p); }
+  static void dump(const std::string& p, const std::string& bytes) {
+    std::ofstream(p, std::ios::binary) << bytes;
+  }
+  // Replaces the JSON header of a file with `json` (keeping the data bytes).
+  static void rewrite_header(const std::string& p, const std::string& json) {
+    std::string b = slurp(p);
+    uint64_t len;
+    std::memcpy(&len, b.data(), 8);
+    std::string data = b.substr(8 + len);
+    uint64_t nl = json.size();
+    std::string out(8, '\0');
+    std::memcpy(out.data(), &nl, 8);
+    dump(p, out + json + data);
+  }
+  template <typename F>
+  static std::string error_of(F&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+  float fvals_[6] = {1, 2, 3, 4, 5, 6};
+  uint16_t hvals_[4] = {0x3f80, 0x4000, 0xbf80, 0};
+};
+
+TEST_F(SafetensorsTest, RoundTrip) {
+  SafetensorsFile f(write_sample("m.safetensors"));
+  ASSERT_EQ(f.tensors().size(), 2u);
+  const auto& a = f.tensors()[0];
+  EXPECT_EQ(a.name, "a.bias");
+  EXPECT_EQ(a.dtype, DType::BF16);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{4}));
+  const auto& b = f.tensors()[1];
+  EXPECT_EQ(b.shape_str(), "[2, 3]");
+  float got[6];
+  std::memcpy(got, b.data, 24);
+  EXPECT_EQ(got[5], 6.0f);
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+}
+
+TEST_F(SafetensorsTest, TruncatedFileIsAnErrorNamingTheTensor) {
+  std::string p = write_sample("m.safetensors");
+  std::string b = slurp(p);
+  dump(p, b.substr(0, b.size() - 4));
+  std::string e = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(e.find("b.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+}
+
+TEST_F(SafetensorsTest, TooShortAndHugeHeader) {
+  std::string p = (dir_ / "x.safetensors").string();
+  dump(p, "abc");
+  EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("too short"), std::string::npos);
+  std::string b(16, '\0');
+  uint64_t len = 1ull << 40;
+  std::memcpy(b.data(), &len, 8);
+  dump(p, b);
+  EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("header length"), std::string::npos);
+}
+
+TEST_F(SafetensorsTest, CorruptJson) {
+  std::string p = write_sample("m.safetensors");
+  rewrite_header(p, "{\"a\": [1,2");
+  EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("not a JSON object"), std::string::npos);
+}
+
+TEST_F(SafetensorsTest, ShapeDisagreesWithOffsets) {
+  std::string p = write_sample("m.safetensors");
+  rewrite_header(p, R"({"a":{"dtype":"F32","shape":[3,3],"data_offsets":[0,24]}})");
+  std::string e = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(e.find("'a'"), std::string::npos) << e;
+  EXPECT_NE(e.find("needs 36 bytes"), std::string::npos) << e;
+}
+
+TEST_F(SafetensorsTest, OverlapAndBadDtype) {
+  std::string p = write_sample("m.safetensors");
+  rewrite_header(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})");
+  EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("overlap"), std::string::npos);
+  rewrite_header(p, R"({"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,8]}})");
+  EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("Q9"), std::string::npos);
+  rewrite_header(p, R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})");
+  EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("non-negative"), std::string::npos);
+}
+
+TEST_F(SafetensorsTest, ShardedDirectoryWithIndex) {
+  float x[2] = {1, 2};
+  write_safetensors((dir_ / "s1.safetensors").string(), {{"t1", DType::F32, {2}, x}});
+  write_safetensors((dir_ / "s2.safetensors").string(), {{"t2", DType::F32, {1}, x}});
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"metadata":{},"weight_map":{"t1":"s1.safetensors","t2":"s2.safetensors"}})";
+  TensorSet set = TensorSet::open_dir(dir_.string());
+  EXPECT_TRUE(set.contains("t1"));
+  EXPECT_EQ(set.get("t2").numel(), 1);
+  std::string e = error_of([&] { set.get("t3"); });
+  EXPECT_NE(e.find("missing tensor 't3'"), std::string::npos) << e;
+
+  // The index names a tensor that its shard does not hold.
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"weight_map":{"t1":"s1.safetensors","t9":"s2.safetensors"}})";
+  EXPECT_NE(error_of([&] { TensorSet::open_dir(dir_.string()); }).find("t9"), std::string::npos);
+  // A missing shard.
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"weight_map":{"t1":"s1.safetensors","t2":"s3.safetensors"}})";
+  EXPECT_NE(error_of([&] { TensorSet::open_dir(dir_.string()); }).find("s3.safetensors"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace swiftlet
