@@ -1,0 +1,340 @@
+#include "model/qwen3_hybrid.h"
+
+#include "core/error.h"
+#include "kernels/cpu/ops_ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+namespace swiftlet {
+
+namespace {
+template <typename T>
+T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+}  // namespace
+
+void unpack_qkvz_grouped(const ModelConfig& c, const float* p, float* mixed, float* z) {
+  const int hk = c.linear_num_key_heads, r = c.linear_num_value_heads / hk;
+  const int dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  const int64_t kd = c.linear_key_dim();
+  const int64_t group = 2 * dk + 2 * int64_t(r) * dv;
+  float* q = mixed;
+  float* k = mixed + kd;
+  float* v = mixed + 2 * kd;
+  for (int g = 0; g < hk; ++g) {
+    const float* src = p + g * group;
+    std::memcpy(q + g * dk, src, sizeof(float) * size_t(dk));
+    std::memcpy(k + g * dk, src + dk, sizeof(float) * size_t(dk));
+    std::memcpy(v + int64_t(g) * r * dv, src + 2 * dk, sizeof(float) * size_t(r * dv));
+    std::memcpy(z + int64_t(g) * r * dv, src + 2 * dk + r * dv, sizeof(float) * size_t(r * dv));
+  }
+}
+
+void unpack_ba_grouped(const ModelConfig& c, const float* ba, float* b, float* a) {
+  const int hk = c.linear_num_key_heads, r = c.linear_num_value_heads / hk;
+  for (int g = 0; g < hk; ++g)
+    for (int i = 0; i < r; ++i) {
+      b[g * r + i] = ba[g * 2 * r + i];
+      a[g * r + i] = ba[g * 2 * r + r + i];
+    }
+}
+
+Forward::Forward(const Model& m, Backend backend) : m_(m), c_(m.config), k_(kernels_for(backend)) {}
+
+void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode,
+                  std::vector<float>& logits) {
+  const int64_t T = int64_t(tokens.size());
+  const int64_t H = c_.hidden_size;
+  SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
+  logits.clear();
+  if (T == 0) return;
+  for (int32_t id : tokens)
+    if (id < 0 || id >= c_.vocab_size)
+      fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
+
+  const int64_t pos0 = st.pos;
+  float* h = grow(h_, size_t(T * H));
+  grow(x_, size_t(T * H));
+  grow(out_, size_t(T * H));
+  for (int64_t t = 0; t < T; ++t) k_.dequant_row(m_.weights.embed_tokens, tokens[size_t(t)], h + t * H);
+  if (capture_) {
+    layer_outputs_.assign(size_t(c_.num_layers * T * H), 0.0f);
+    routes_.clear();
+  }
+  rope_tables(pos0, T);
+
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const LayerWeights& lw = m_.weights.layers[size_t(l)];
+    for (int64_t t = 0; t < T; ++t)
+      ref::rms_norm(h + t * H, lw.input_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
+    if (lw.linear) gated_delta_net(l, st.layers[size_t(l)], T);
+    else gated_attention(l, st.layers[size_t(l)], pos0, T);
+    for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
+    for (int64_t t = 0; t < T; ++t)
+      ref::rms_norm(h + t * H, lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
+    sparse_moe(l, pos0, T);
+    for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
+    if (capture_) std::copy(h, h + T * H, layer_outputs_.begin() + l * T * H);
+  }
+  st.pos += T;
+  st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+
+  if (mode == LogitsMode::None) return;
+  const int64_t first = mode == LogitsMode::All ? 0 : T - 1;
+  const int64_t rows = T - first;
+  for (int64_t t = first; t < T; ++t)
+    ref::rms_norm(h + t * H, m_.weights.norm.data(), H, c_.rms_norm_eps, x_.data() + (t - first) * H);
+  logits.resize(size_t(rows * c_.vocab_size));
+  k_.matmul(m_.weights.lm_head, x_.data(), rows, logits.data());
+}
+
+void Forward::rope_tables(int64_t pos0, int64_t T) {
+  // As transformers: inv_freq and the angle in fp32, then cos/sin (model-spec.md 3.2 step 4).
+  const int rot = c_.rotary_dim(), half = rot / 2;
+  float* cs = grow(cos_, size_t(T * half));
+  float* sn = grow(sin_, size_t(T * half));
+  for (int i = 0; i < half; ++i) {
+    const float inv = 1.0f / std::pow(c_.rope_theta, float(2 * i) / float(rot));
+    for (int64_t t = 0; t < T; ++t) {
+      const float angle = float(pos0 + t) * inv;
+      cs[t * half + i] = std::cos(angle);
+      sn[t * half + i] = std::sin(angle);
+    }
+  }
+}
+
+void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T) {
+  const AttentionWeights& w = m_.weights.layers[size_t(li)].attn;
+  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+  const int rot = c_.rotary_dim(), half = rot / 2;
+  const int64_t qrows = c_.q_proj_rows(), kvd = c_.kv_dim(), od = c_.attn_out_dim();
+  const bool gated = c_.attn_output_gate;
+
+  float* P = grow(proj_, size_t(T * qrows));
+  float* Kp = grow(proj2_, size_t(T * kvd));
+  float* Vp = grow(proj3_, size_t(T * kvd));
+  k_.matmul(w.q_proj, x_.data(), T, P);
+  k_.matmul(w.k_proj, x_.data(), T, Kp);
+  k_.matmul(w.v_proj, x_.data(), T, Vp);
+
+  float* q = grow(q_, size_t(T * od));
+  float* gate = grow(gate_, size_t(T * od));
+  const int64_t n_pos = pos0 + T;
+  st.k.resize(size_t(n_pos * kvd));
+  st.v.resize(size_t(n_pos * kvd));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* cs = cos_.data() + t * half;
+    const float* sn = sin_.data() + t * half;
+    // q_proj rows are per head [query (hd) | gate (hd)] when gated (model-spec.md 3.2 step 1).
+    for (int j = 0; j < nh; ++j) {
+      const float* src = P + t * qrows + int64_t(j) * hd * (gated ? 2 : 1);
+      float* qj = q + t * od + int64_t(j) * hd;
+      ref::rms_norm(src, w.q_norm.data(), hd, c_.rms_norm_eps, qj);
+      ref::rope_neox(qj, rot, cs, sn);
+      if (gated) std::copy(src + hd, src + 2 * hd, gate + t * od + int64_t(j) * hd);
+    }
+    float* kdst = st.k.data() + (pos0 + t) * kvd;
+    for (int j = 0; j < nkv; ++j) {
+      ref::rms_norm(Kp + t * kvd + int64_t(j) * hd, w.k_norm.data(), hd, c_.rms_norm_eps, kdst + int64_t(j) * hd);
+      ref::rope_neox(kdst + int64_t(j) * hd, rot, cs, sn);
+    }
+    std::copy(Vp + t * kvd, Vp + (t + 1) * kvd, st.v.data() + (pos0 + t) * kvd);
+  }
+
+  // Causal softmax attention, GQA: query head j reads kv head j / (nh / nkv).
+  float* o = grow(core_, size_t(T * od));
+  float* sc = grow(scores_, size_t(n_pos));
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const int group = nh / nkv;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t n = pos0 + t + 1;
+    for (int j = 0; j < nh; ++j) {
+      const float* qj = q + t * od + int64_t(j) * hd;
+      const int kh = j / group;
+      for (int64_t s = 0; s < n; ++s) {
+        const float* ks = st.k.data() + s * kvd + int64_t(kh) * hd;
+        double acc = 0;
+        for (int d = 0; d < hd; ++d) acc += double(qj[d]) * ks[d];
+        sc[s] = float(acc) * scale;
+      }
+      ref::softmax(sc, n);
+      float* oj = o + t * od + int64_t(j) * hd;
+      std::fill(oj, oj + hd, 0.0f);
+      for (int64_t s = 0; s < n; ++s) {
+        const float* vs = st.v.data() + s * kvd + int64_t(kh) * hd;
+        for (int d = 0; d < hd; ++d) oj[d] += sc[s] * vs[d];
+      }
+    }
+    if (gated)
+      for (int64_t i = 0; i < od; ++i) o[t * od + i] *= ref::sigmoid(gate[t * od + i]);
+  }
+  k_.matmul(w.o_proj, o, T, out_.data());
+}
+
+void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
+  const DeltaNetWeights& w = m_.weights.layers[size_t(li)].gdn;
+  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
+  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
+  const int r = hv / hk, K = c_.linear_conv_kernel_dim;
+  const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
+
+  float* mixed = grow(mixed_, size_t(T * C));
+  float* z = grow(z_, size_t(T * vd));
+  float* ba = grow(ba_, size_t(T * 2 * hv));  // per token: b[hv] then a[hv]
+  if (c_.family == Family::Qwen3Next) {
+    const int64_t prow = 2 * kd + 2 * vd;
+    float* P = grow(proj_, size_t(T * prow));
+    float* R = grow(proj2_, size_t(T * 2 * hv));
+    k_.matmul(w.in_proj_qkvz, x_.data(), T, P);
+    k_.matmul(w.in_proj_ba, x_.data(), T, R);
+    for (int64_t t = 0; t < T; ++t) {
+      unpack_qkvz_grouped(c_, P + t * prow, mixed + t * C, z + t * vd);
+      unpack_ba_grouped(c_, R + t * 2 * hv, ba + t * 2 * hv, ba + t * 2 * hv + hv);
+    }
+  } else {
+    float* B = grow(proj2_, size_t(T * hv));
+    float* A = grow(proj3_, size_t(T * hv));
+    k_.matmul(w.in_proj_qkv, x_.data(), T, mixed);
+    k_.matmul(w.in_proj_z, x_.data(), T, z);
+    k_.matmul(w.in_proj_b, x_.data(), T, B);
+    k_.matmul(w.in_proj_a, x_.data(), T, A);
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy(B + t * hv, B + (t + 1) * hv, ba + t * 2 * hv);
+      std::copy(A + t * hv, A + (t + 1) * hv, ba + t * 2 * hv + hv);
+    }
+  }
+
+  float* u = grow(u_, size_t(C));
+  float* core = grow(core_, size_t(T * vd));
+  float* m = grow(tmp_, size_t(2 * dv));
+  float* delta = m + dv;
+  const float q_scale = 1.0f / std::sqrt(float(dk));
+  for (int64_t t = 0; t < T; ++t) {
+    // Causal depthwise conv over [state (K-1 rows, oldest first) | this token], then SiLU.
+    const float* cur = mixed + t * C;
+    for (int64_t ch = 0; ch < C; ++ch) {
+      const float* wc = w.conv1d.data() + ch * K;
+      float acc = wc[K - 1] * cur[ch];
+      for (int j = 0; j < K - 1; ++j) acc += wc[j] * st.conv[size_t(j * C + ch)];
+      u[ch] = ref::silu(acc);
+    }
+    if (K > 1) {
+      std::memmove(st.conv.data(), st.conv.data() + C, sizeof(float) * size_t((K - 2) * C));
+      std::copy(cur, cur + C, st.conv.data() + (K - 2) * C);
+    }
+    float* q = u;
+    float* k = u + kd;
+    const float* v = u + 2 * kd;
+    for (int g = 0; g < hk; ++g) {
+      ref::l2_norm_scaled(q + g * dk, dk, 1e-6f, q_scale);
+      ref::l2_norm_scaled(k + g * dk, dk, 1e-6f, 1.0f);
+    }
+    const float* b = ba + t * 2 * hv;
+    const float* a = b + hv;
+    for (int h = 0; h < hv; ++h) {
+      const float* qh = q + (h / r) * dk;
+      const float* kh = k + (h / r) * dk;
+      const float* vh = v + int64_t(h) * dv;
+      const float beta = ref::sigmoid(b[h]);
+      const float g = -std::exp(w.A_log[size_t(h)]) * ref::softplus(a[h] + w.dt_bias[size_t(h)]);
+      const float alpha = std::exp(g);
+      float* S = st.ssm.data() + int64_t(h) * dk * dv;  // [dk][dv]
+      // S <- alpha S; m = S^T k; delta = beta (v - m); S += k delta^T; o = S^T q (3.7).
+      for (int64_t i = 0; i < int64_t(dk) * dv; ++i) S[i] *= alpha;
+      std::fill(m, m + dv, 0.0f);
+      for (int i = 0; i < dk; ++i)
+        for (int j = 0; j < dv; ++j) m[j] += S[i * dv + j] * kh[i];
+      for (int j = 0; j < dv; ++j) delta[j] = beta * (vh[j] - m[j]);
+      for (int i = 0; i < dk; ++i)
+        for (int j = 0; j < dv; ++j) S[i * dv + j] += kh[i] * delta[j];
+      float* o = core + t * vd + int64_t(h) * dv;
+      std::fill(o, o + dv, 0.0f);
+      for (int i = 0; i < dk; ++i)
+        for (int j = 0; j < dv; ++j) o[j] += S[i * dv + j] * qh[i];
+      // Gated RMSNorm: w * rmsnorm(o) * SiLU(z) (3.9; plain weight, not 1 + w).
+      ref::rms_norm(o, w.norm.data(), dv, c_.rms_norm_eps, o);
+      const float* zh = z + t * vd + int64_t(h) * dv;
+      for (int j = 0; j < dv; ++j) o[j] *= ref::silu(zh[j]);
+    }
+  }
+  k_.matmul(w.out_proj, core, T, out_.data());
+}
+
+void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
+  const MoeDenseWeights& w = m_.weights.layers[size_t(li)].moe;
+  const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
+  const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
+  const float* x = x_.data();
+  float* out = out_.data();
+
+  // Router: softmax over all experts, top-k, renormalise (3.10).
+  float* probs = grow(router_, size_t(T * E));
+  k_.matmul(w.router, x, T, probs);
+  std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_expert;  // expert -> (token, weight)
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    float* p = probs + t * E;
+    ref::softmax(p, E);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    double sum = 0;
+    for (int i = 0; i < top_k; ++i) sum += p[order[size_t(i)]];
+    for (int i = 0; i < top_k; ++i) {
+      const int32_t e = order[size_t(i)];
+      const float wgt = c_.norm_topk_prob ? float(p[e] / sum) : p[e];
+      by_expert[e].emplace_back(t, wgt);
+    }
+    if (capture_) routes_.push_back({li, pos0 + t, std::vector<int32_t>(order.begin(), order.begin() + top_k)});
+  }
+
+  // Shared expert with its sigmoid gate, written first; routed experts accumulate on top.
+  float* sh = grow(shared_h_, size_t(T * SI));
+  float* su = grow(shared_u_, size_t(T * SI));
+  float* sg = grow(shared_g_, size_t(T));
+  k_.matmul(w.shared_gate_proj, x, T, sh);
+  k_.matmul(w.shared_up_proj, x, T, su);
+  k_.matmul(w.shared_expert_gate, x, T, sg);
+  for (int64_t i = 0; i < T * SI; ++i) sh[i] = ref::silu(sh[i]) * su[i];
+  k_.matmul(w.shared_down_proj, sh, T, out);
+  for (int64_t t = 0; t < T; ++t) {
+    const float s = ref::sigmoid(sg[t]);
+    for (int64_t d = 0; d < H; ++d) out[t * H + d] *= s;
+  }
+
+  // Routed experts: each chosen expert is fetched once and applied to all its tokens.
+  std::vector<int32_t> ids;
+  for (const auto& [e, list] : by_expert) ids.push_back(e);
+  const size_t batch = size_t(std::max(1, m_.experts->max_batch()));
+  std::vector<ExpertWeights> ew(std::min(batch, ids.size()));
+  for (size_t first = 0; first < ids.size(); first += batch) {
+    const size_t n = std::min(batch, ids.size() - first);
+    m_.experts->acquire(li, std::span(ids).subspan(first, n), std::span(ew).first(n));
+    for (size_t i = 0; i < n; ++i) {
+      const auto& list = by_expert[ids[first + i]];
+      const int64_t nt = int64_t(list.size());
+      float* xe = grow(xe_, size_t(nt * H));
+      float* he = grow(he_, size_t(nt * I));
+      float* ue = grow(ue_, size_t(nt * I));
+      float* ye = grow(ye_, size_t(nt * H));
+      for (int64_t j = 0; j < nt; ++j) std::copy(x + list[size_t(j)].first * H, x + (list[size_t(j)].first + 1) * H, xe + j * H);
+      k_.matmul(ew[i].gate, xe, nt, he);
+      k_.matmul(ew[i].up, xe, nt, ue);
+      for (int64_t j = 0; j < nt * I; ++j) he[j] = ref::silu(he[j]) * ue[j];
+      k_.matmul(ew[i].down, he, nt, ye);
+      for (int64_t j = 0; j < nt; ++j) {
+        const auto [t, wgt] = list[size_t(j)];
+        for (int64_t d = 0; d < H; ++d) out[t * H + d] += wgt * ye[j * H + d];
+      }
+    }
+    m_.experts->release(li);
+  }
+}
+
+}  // namespace swiftlet

@@ -1,0 +1,93 @@
+// The forward pass of the Qwen3-Next / Qwen3.5-MoE hybrid decoder (model-spec.md section 3):
+// per layer  a = RMSNorm1p(h); h += Mixer(a); b = RMSNorm1p(h); h += MoE(b)
+// where Mixer is gated attention (every 4th layer) or a Gated DeltaNet.
+// Both families share this file: they differ only in tensor names and in how the DeltaNet
+// input projections are laid out (unpack_qkvz_grouped below).
+#pragma once
+
+#include "format/hf_config.h"
+#include "kernels/cpu/kernels.h"
+#include "model/expert_source.h"
+#include "model/session_state.h"
+#include "model/weights.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace swiftlet {
+
+struct Model {
+  ModelConfig config;
+  ModelWeights weights;
+  ExpertSource* experts = nullptr;
+};
+
+enum class LogitsMode { None, Last, All };
+
+// Routing decisions of one MoE layer for one token, for statistics and tests.
+struct RouteRecord {
+  int layer;
+  int64_t position;
+  std::vector<int32_t> experts;
+};
+
+// Runs tokens through the model. Holds the activation buffers, so one Forward serves many
+// calls without allocating once its buffers have grown to the largest batch seen.
+class Forward {
+ public:
+  Forward(const Model& m, Backend backend);
+
+  // Consumes `tokens` on top of `state` (positions state.pos ...). Writes logits rows into
+  // `logits`: every token's (All, T x vocab), the last one's (Last, 1 x vocab) or none.
+  void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
+           std::vector<float>& logits);
+
+  // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
+  // run, and the experts chosen.
+  void set_capture(bool on) { capture_ = on; }
+  const std::vector<float>& layer_outputs() const { return layer_outputs_; }
+  const std::vector<RouteRecord>& routes() const { return routes_; }
+
+ private:
+  void gated_attention(int layer, LayerState& st, int64_t pos0, int64_t T);
+  void gated_delta_net(int layer, LayerState& st, int64_t T);
+  void sparse_moe(int layer, int64_t pos0, int64_t T);
+  void rope_tables(int64_t pos0, int64_t T);
+
+  const Model& m_;
+  const ModelConfig& c_;
+  const Kernels& k_;
+  bool capture_ = false;
+  std::vector<float> layer_outputs_;
+  std::vector<RouteRecord> routes_;
+
+  // Activations, row-major with T rows. Shapes in comments.
+  std::vector<float> h_;        // [T][H] residual stream
+  std::vector<float> x_;        // [T][H] normed block input
+  std::vector<float> out_;      // [T][H] block output
+  std::vector<float> proj_;     // [T][q_proj_rows or qkvz rows]
+  std::vector<float> proj2_;    // [T][kv_dim or ba rows]
+  std::vector<float> proj3_;    // [T][kv_dim]
+  std::vector<float> mixed_;    // [T][conv_dim] DeltaNet q,k,v before the conv
+  std::vector<float> z_;        // [T][value_dim]
+  std::vector<float> ba_;       // [T][2 * value_heads]: b then a
+  std::vector<float> core_;     // [T][max(attn_out_dim, value_dim)] mixer output before out proj
+  std::vector<float> gate_;     // [T][attn_out_dim] attention output gate
+  std::vector<float> q_;        // [T][attn_out_dim] normed, roped queries
+  std::vector<float> scores_;   // [positions]
+  std::vector<float> cos_, sin_;  // [T][rotary_dim / 2]
+  std::vector<float> u_;        // [conv_dim] one token after conv + SiLU
+  std::vector<float> tmp_;      // [max dim] scratch
+  std::vector<float> router_;   // [T][experts]
+  std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I], [n][H]
+  std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]
+};
+
+// Qwen3-Next packs in_proj_qkvz per key head g as [q_g | k_g | v (r heads) | z (r heads)] and
+// in_proj_ba as [b (r) | a (r)] (model-spec.md 3.4). These unpack one token's projections into
+// the canonical order: mixed = [q all heads | k all | v all], z, b, a.
+void unpack_qkvz_grouped(const ModelConfig& c, const float* qkvz, float* mixed, float* z);
+void unpack_ba_grouped(const ModelConfig& c, const float* ba, float* b, float* a);
+
+}  // namespace swiftlet

@@ -1,0 +1,33 @@
+// Everything a conversation carries between forward calls: the KV cache of the attention
+// layers and the conv + recurrent states of the DeltaNet layers (model-spec.md 3.12).
+// A plain value: copy it to snapshot a conversation, assign it back to restore.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace swiftlet {
+
+struct ModelConfig;
+
+struct LayerState {
+  // Full attention: post-norm, post-rope keys and values, fp32.
+  std::vector<float> k;  // [positions][num_kv_heads * head_dim]
+  std::vector<float> v;  // [positions][num_kv_heads * head_dim]
+  // Gated DeltaNet.
+  std::vector<float> conv;  // [kernel - 1][conv_dim]: the last raw (pre-conv) q,k,v rows
+  std::vector<float> ssm;   // [value_heads][key_head_dim][value_head_dim]
+};
+
+struct SessionState {
+  int64_t pos = 0;                // tokens consumed so far
+  std::vector<int32_t> tokens;    // the tokens consumed, in order
+  std::vector<LayerState> layers;
+
+  static SessionState create(const ModelConfig& cfg);
+  void reset();  // back to an empty conversation, keeping allocations
+  size_t bytes() const;
+};
+
+}  // namespace swiftlet

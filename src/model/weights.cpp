@@ -1,0 +1,166 @@
+#include "model/weights.h"
+
+#include "core/error.h"
+#include "format/safetensors.h"
+
+#include <fmt/ranges.h>
+
+namespace swiftlet {
+
+NameScheme NameScheme::hf(const ModelConfig& c) {
+  if (c.family == Family::Qwen35Moe && c.model_type == "qwen3_5_moe")
+    return {"model.language_model.layers.", "model.language_model.embed_tokens",
+            "model.language_model.norm.weight", "lm_head"};
+  return {"model.layers.", "model.embed_tokens", "model.norm.weight", "lm_head"};
+}
+
+NameScheme NameScheme::mlx(const ModelConfig& c) {
+  if (c.family == Family::Qwen35Moe && c.model_type == "qwen3_5_moe")
+    return {"language_model.model.layers.", "language_model.model.embed_tokens",
+            "language_model.model.norm.weight", "language_model.lm_head"};
+  return {"model.layers.", "model.embed_tokens", "model.norm.weight", "lm_head"};
+}
+
+NameScheme NameScheme::detect(const TensorSet& ts, const ModelConfig& c) {
+  const NameScheme candidates[] = {
+      {"model.language_model.layers.", "model.language_model.embed_tokens",
+       "model.language_model.norm.weight", "lm_head"},
+      {"language_model.model.layers.", "language_model.model.embed_tokens",
+       "language_model.model.norm.weight", "language_model.lm_head"},
+      {"model.layers.", "model.embed_tokens", "model.norm.weight", "lm_head"},
+  };
+  for (const auto& n : candidates)
+    if (ts.contains(n.embed + ".weight")) return n;
+  fail("'{}' has no token embedding (looked for model.embed_tokens.weight, "
+       "model.language_model.embed_tokens.weight, language_model.model.embed_tokens.weight); "
+       "is it a {} checkpoint?", ts.source(), c.family_name());
+}
+
+namespace {
+
+std::string shape_str(std::initializer_list<int64_t> s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The trailing 2 dims of `t` after an optional leading stack index.
+void expect_shape(const TensorView& t, int64_t index, int64_t rows, int64_t cols) {
+  const size_t want_rank = index >= 0 ? 3 : 2;
+  bool ok = t.shape.size() == want_rank && t.shape[want_rank - 2] == rows && t.shape[want_rank - 1] == cols;
+  if (ok && index >= 0) ok = index < t.shape[0];
+  if (!ok)
+    fail("tensor '{}' in '{}' has shape {} but the config implies {}{} (wrong config.json or a "
+         "corrupted checkpoint?)", t.name, *t.file, t.shape_str(),
+         index >= 0 ? "[N, " : "", index >= 0 ? fmt::format("{}, {}]", rows, cols) : shape_str({rows, cols}));
+}
+
+const uint8_t* stack_ptr(const TensorView& t, int64_t index) {
+  if (index < 0) return t.data;
+  return t.data + size_t(index) * (t.nbytes / size_t(t.shape[0]));
+}
+
+}  // namespace
+
+QMatrix view_linear(const TensorSet& ts, const std::string& path, int64_t rows, int64_t cols,
+                    const QuantConfig& q, int64_t index, const std::string& weight_suffix) {
+  const TensorView& w = ts.get(path + weight_suffix);
+  QMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  if (is_float(w.dtype)) {
+    expect_shape(w, index, rows, cols);
+    m.format = w.dtype == DType::F32 ? WeightFormat::F32
+               : w.dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F16;
+    m.data = stack_ptr(w, index);
+    return m;
+  }
+  if (w.dtype != DType::U32)
+    fail("tensor '{}' in '{}' has dtype {}; expected a float type or U32 (MLX quantised)", w.name,
+         *w.file, dtype_name(w.dtype));
+  const TensorView& s = ts.get(path + ".scales");
+  const TensorView& b = ts.get(path + ".biases");
+  QuantSpec spec = q.for_module(path);
+  if (spec.bits == 0) {
+    // Not described by the config: infer from the shapes (MLX always writes scales per group).
+    const int64_t groups = s.shape.empty() ? 0 : s.shape.back();
+    const int64_t packed = w.shape.empty() ? 0 : w.shape.back();
+    if (groups <= 0 || cols % groups != 0 || (packed * 32) % cols != 0)
+      fail("tensor '{}' in '{}' is quantised but its shapes {} / {} fit no bit width for {} "
+           "columns", w.name, *w.file, w.shape_str(), s.shape_str(), cols);
+    spec.group_size = int(cols / groups);
+    spec.bits = int(packed * 32 / cols);
+  }
+  if (cols % spec.group_size != 0 || (cols * spec.bits) % 32 != 0)
+    fail("'{}': {} columns are not a multiple of the group size {}", path, cols, spec.group_size);
+  if (spec.bits != 4 && spec.bits != 8)
+    fail("'{}' is quantised at {} bits; only 4 and 8 are supported", path, spec.bits);
+  expect_shape(w, index, rows, cols * spec.bits / 32);
+  expect_shape(s, index, rows, cols / spec.group_size);
+  expect_shape(b, index, rows, cols / spec.group_size);
+  if (!is_float(s.dtype) || s.dtype != b.dtype)
+    fail("'{}': scales ({}) and biases ({}) must share one float dtype", path, dtype_name(s.dtype),
+         dtype_name(b.dtype));
+  m.format = WeightFormat::Affine;
+  m.bits = spec.bits;
+  m.group_size = spec.group_size;
+  m.scale_dtype = s.dtype;
+  m.data = stack_ptr(w, index);
+  m.scales = stack_ptr(s, index);
+  m.biases = stack_ptr(b, index);
+  return m;
+}
+
+bool norms_hold_one_plus_w(const TensorSet& ts, const ModelConfig& c, const NameScheme& n) {
+  for (int i = 0; i < c.num_layers; ++i) {
+    if (!c.is_linear_layer(i)) continue;
+    const TensorView& conv = ts.get(n.layer(i) + "linear_attn.conv1d.weight");
+    // HF: [C, 1, K]; MLX (sanitised, norms shifted): [C, K, 1].
+    return conv.shape.size() == 3 && conv.shape[2] == 1 && conv.shape[1] != 1;
+  }
+  return false;  // no DeltaNet layer to tell by: assume Hugging Face layout
+}
+
+namespace {
+
+std::vector<float> read_vector(const TensorView& t, int64_t n) {
+  if (!is_float(t.dtype))
+    fail("tensor '{}' in '{}' has dtype {}; expected F32/F16/BF16", t.name, *t.file, dtype_name(t.dtype));
+  if (t.numel() != n)
+    fail("tensor '{}' in '{}' has shape {} ({} values) but the config implies {} values", t.name,
+         *t.file, t.shape_str(), t.numel(), n);
+  std::vector<float> v(static_cast<size_t>(n));
+  to_f32(t.dtype, t.data, v.data(), size_t(n));
+  return v;
+}
+
+}  // namespace
+
+ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n) {
+  const bool shifted = norms_hold_one_plus_w(ts, c, n);
+  ModelWeights w;
+  for_each_dense_tensor(c, n, w, [&](const DenseTensorSpec& spec, QMatrix* m, std::vector<float>* v) {
+    switch (spec.kind) {
+      case TensorKind::Linear:
+        *m = view_linear(ts, spec.name, spec.rows, spec.cols, c.quant);
+        return;
+      case TensorKind::Vector:
+        *v = read_vector(ts.get(spec.name), spec.rows);
+        return;
+      case TensorKind::ZeroCentredNorm:
+        *v = read_vector(ts.get(spec.name), spec.rows);
+        if (!shifted)
+          for (float& x : *v) x += 1.0f;
+        return;
+      case TensorKind::Conv: {
+        const TensorView& t = ts.get(spec.name);
+        const bool hf = t.shape == std::vector<int64_t>{spec.rows, 1, spec.cols};
+        const bool mlx = t.shape == std::vector<int64_t>{spec.rows, spec.cols, 1};
+        if (!hf && !mlx)
+          fail("tensor '{}' in '{}' has shape {}; expected [{}, 1, {}] or [{}, {}, 1]", t.name,
+               *t.file, t.shape_str(), spec.rows, spec.cols, spec.rows, spec.cols);
+        *v = read_vector(t, spec.rows * spec.cols);  // both layouts are [C][K] in memory
+        return;
+      }
+    }
+  });
+  return w;
+}
+
+}  // namespace swiftlet

@@ -1,0 +1,33 @@
+#include "runtime/model_loader.h"
+
+#include "core/error.h"
+#include "experts/tensor_experts.h"
+#include "format/safetensors.h"
+
+#include <filesystem>
+
+namespace swiftlet {
+
+namespace fs = std::filesystem;
+
+LoadedModel::~LoadedModel() = default;
+
+std::unique_ptr<LoadedModel> load_model(const std::string& path) {
+  if (!fs::exists(path)) fail("model '{}' does not exist", path);
+  if (!fs::is_directory(path))
+    fail("model '{}' is not a directory; pass a checkpoint directory holding config.json and "
+         "*.safetensors", path);
+  const std::string cfg_path = (fs::path(path) / "config.json").string();
+  if (!fs::exists(cfg_path)) fail("'{}' has no config.json; is it a model directory?", path);
+  auto lm = std::make_unique<LoadedModel>();
+  lm->path = path;
+  lm->model.config = ModelConfig::load(cfg_path);
+  lm->tensors = std::make_unique<TensorSet>(TensorSet::open_dir(path));
+  const NameScheme names = NameScheme::detect(*lm->tensors, lm->model.config);
+  lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names);
+  lm->experts = std::make_unique<TensorExperts>(*lm->tensors, lm->model.config, names);
+  lm->model.experts = lm->experts.get();
+  return lm;
+}
+
+}  // namespace swiftlet
