@@ -1,0 +1,97 @@
+// End-to-end: the built `swiftlet` executable on the committed fixtures.
+#include "io/mapped_file.h"
+#include "support/test_paths.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <sys/wait.h>
+
+namespace swiftlet {
+namespace {
+
+namespace fs = std::filesystem;
+using swiftlet::testing::bin_path;
+using swiftlet::testing::fixture_dir;
+
+struct CmdResult {
+  int status;
+  std::string out;
+};
+
+// Runs `swiftlet ARGS`; stderr is captured too unless `stdout_only`.
+CmdResult run(const std::string& args, bool stdout_only = false) {
+  std::string cmd = bin_path("swiftlet") + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
+  FILE* p = popen(cmd.c_str(), "r");
+  CmdResult r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::vector<float> read_f32(const std::string& path) {
+  std::string b = read_text_file(path);
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+
+std::string join(const std::vector<int32_t>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
+  return s;
+}
+
+class Cli : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
+  const std::string dir = fixture_dir(GetParam());
+  auto ref = nlohmann::json::parse(read_text_file(dir + "/reference.json"));
+  auto tokens = ref["tokens"].get<std::vector<int32_t>>();
+  const std::string out = (fs::temp_directory_path() / ("swiftlet_cli_" + std::to_string(::getpid()) + ".f32")).string();
+  for (const char* mode : {"", " --decode", " --backend reference"}) {
+    CmdResult r = run("logits " + dir + " --tokens " + join(tokens, ",") + " --out " + out + mode);
+    ASSERT_EQ(r.status, 0) << r.out;
+    auto got = read_f32(out);
+    auto want = read_f32(dir + "/prefill_logits.f32");
+    ASSERT_EQ(got.size(), want.size()) << mode;
+    float m = 0;
+    for (size_t i = 0; i < got.size(); ++i) m = std::max(m, std::fabs(got[i] - want[i]));
+    EXPECT_LT(m, 1e-3f) << GetParam() << mode;
+  }
+  fs::remove(out);
+  auto want = ref["greedy_new"].get<std::vector<int32_t>>();
+  CmdResult g = run("generate " + dir + " --ids " + join(ref["greedy_prompt"].get<std::vector<int32_t>>(), ",") +
+              " --max-new " + std::to_string(want.size()) + " --greedy --print-ids", true);
+  ASSERT_EQ(g.status, 0) << g.out;
+  EXPECT_EQ(g.out, join(want, " ") + "\n");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Cli, ::testing::Values("next_8l", "q35_vl", "next_mlx4"));
+
+TEST(CliErrors, BadInputsExitNonZeroWithAMessage) {
+  CmdResult r = run("logits /nonexistent/model --tokens 1,2 --out /tmp/x.f32");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+  r = run("logits " + fixture_dir("next_8l") + " --tokens 1,x --out /tmp/x.f32");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("'x' is not a non-negative token id"), std::string::npos) << r.out;
+  r = run("logits " + fixture_dir("next_8l") + " --tokens 1,99999 --out /tmp/x.f32");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("outside the vocabulary"), std::string::npos) << r.out;
+  r = run("logits " + fixture_dir("next_8l") + " --tokens 1 --out /tmp/x.f32 --backend tpu");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("unknown backend"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace swiftlet
