@@ -1,11 +1,69 @@
-// swiftlet-repack: turn a checkpoint into a .qpack container.
+// swiftlet-repack: build a .qpack container from a checkpoint directory, a Hugging Face repo or a
+// synthetic preset (docs/qpack-format.md).
+//
+//   swiftlet-repack --from-dir DIR --output OUT.qpack [--bits 4|8|16] [--force]
+//   swiftlet-repack --from-hf ORG/REPO [--revision R] --output OUT.qpack
+//   swiftlet-repack --synthetic PRESET [--tokenizer tokenizer.json] --output OUT.qpack
+#include "core/error.h"
+#include "runtime/hf_source.h"
+#include "runtime/repack.h"
+#include "runtime/synthetic.h"
+
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdio>
 
+namespace {
+
+void on_signal(int) { swiftlet::request_repack_interrupt(); }
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"swiftlet-repack: build a .qpack container"};
+  CLI::App app{"swiftlet-repack: build a .qpack container (streams layer by layer; the output "
+               "appears only when complete)"};
+  std::string from_dir, from_hf, revision = "main", synthetic, download_dir;
+  bool list_presets = false, keep_download = false, quiet = false;
+  swiftlet::RepackOptions o;
+  auto* src = app.add_option_group("source", "what to convert (exactly one)");
+  src->add_option("--from-dir", from_dir, "Hugging Face (bf16: quantised) or MLX-quantised (copied) checkpoint directory");
+  src->add_option("--from-hf", from_hf, "ORG/REPO on the Hugging Face hub (downloaded, then converted)");
+  src->add_option("--synthetic", synthetic, "random weights of a preset's shapes (see --list-presets)");
+  src->add_flag("--list-presets", list_presets, "list the synthetic presets");
+  src->require_option(1);
+  app.add_option("--revision", revision, "branch, tag or commit of --from-hf");
+  app.add_option("--download-dir", download_dir, "where --from-hf keeps the checkpoint (default OUT.download)");
+  app.add_flag("--keep-download", keep_download, "keep the --from-hf checkpoint after converting");
+  app.add_option("--output,-o", o.output, "the container to write (a directory, e.g. model.qpack)");
+  app.add_option("--bits", o.bits, "4 (default), 8, or 16 (bf16, no quantisation); router and "
+                 "shared_expert_gate use 8 bits when quantising")->check(CLI::IsMember({4, 8, 16}));
+  app.add_flag("--force", o.force, "replace an existing container (after the new one is complete)");
+  app.add_option("--tokenizer", o.tokenizer, "--synthetic: tokenizer.json to embed; sizes the vocabulary");
+  app.add_option("--seed", o.seed, "--synthetic: random seed");
+  app.add_option("--threads", o.threads, "threads filling expert blobs")->check(CLI::PositiveNumber);
+  app.add_flag("--quiet,-q", quiet, "no progress lines");
   CLI11_PARSE(app, argc, argv);
-  std::fprintf(stderr, "swiftlet-repack: not implemented yet\n");
-  return 2;
+
+  if (list_presets) {
+    for (const auto& p : swiftlet::synthetic_presets()) std::printf("%-20s %s\n", p.name.c_str(), p.description.c_str());
+    return 0;
+  }
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  if (!quiet) o.log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
+  try {
+    if (o.output.empty()) swiftlet::fail("--output OUT.qpack is required");
+    swiftlet::RepackStats st;
+    if (!synthetic.empty()) st = swiftlet::repack_synthetic(synthetic, o);
+    else if (!from_dir.empty()) st = swiftlet::repack_from_dir(from_dir, o);
+    else st = swiftlet::repack_from_hf(from_hf, revision, download_dir, keep_download, o);
+    std::printf("%s: %.3f GB (resident %.3f GB, experts %.3f GB) in %.1f s\n", st.output.c_str(),
+                double(st.total_bytes) / 1e9, double(st.resident_bytes) / 1e9,
+                double(st.expert_bytes) / 1e9, st.seconds);
+  } catch (const swiftlet::Error& e) {
+    std::fprintf(stderr, "swiftlet-repack: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
 }

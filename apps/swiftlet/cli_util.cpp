@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 
 namespace swiftlet::cli {
@@ -24,6 +26,81 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag) {
   }
   if (ids.empty()) fail("{}: no token ids given", flag);
   return ids;
+}
+
+void ModelFlags::add(CLI::App* cmd) {
+  cmd->add_option("model", model, "checkpoint directory or .qpack container")->required();
+  cmd->add_option("--backend", backend, "cpu (fast kernels, default) or reference (scalar fp32 oracle)");
+  cmd->add_option("--threads", threads, "worker threads (default: all cores)");
+  cmd->add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
+  cmd->add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
+}
+
+EngineOptions ModelFlags::engine_options() const {
+  EngineOptions o;
+  o.model = model;
+  o.tokenizer = tokenizer;
+  o.backend = parse_backend(backend);
+  o.threads = threads;
+  o.load.verify_experts = !no_verify;
+  return o;
+}
+
+void SamplingFlags::add(CLI::App* cmd) {
+  o_temperature = cmd->add_option("--temperature", temperature, "sampling temperature (0: greedy)");
+  o_top_k = cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: off)");
+  o_top_p = cmd->add_option("--top-p", top_p, "nucleus sampling mass (1: off)");
+  o_min_p = cmd->add_option("--min-p", min_p, "drop tokens below min-p x the best one's probability");
+  o_repeat = cmd->add_option("--repeat-penalty", repeat_penalty, "repetition penalty (1: off)");
+  o_presence = cmd->add_option("--presence-penalty", presence, "OpenAI presence penalty");
+  o_frequency = cmd->add_option("--frequency-penalty", frequency, "OpenAI frequency penalty");
+  o_seed = cmd->add_option("--seed", seed, "random seed (reproducible sampling)");
+  cmd->add_flag("--greedy", greedy, "always take the most likely token");
+}
+
+SamplingParams SamplingFlags::apply(SamplingParams p) const {
+  if (o_temperature->count()) p.temperature = temperature;
+  if (o_top_k->count()) p.top_k = top_k;
+  if (o_top_p->count()) p.top_p = top_p;
+  if (o_min_p->count()) p.min_p = min_p;
+  if (o_repeat->count()) p.repetition_penalty = repeat_penalty;
+  if (o_presence->count()) p.presence_penalty = presence;
+  if (o_frequency->count()) p.frequency_penalty = frequency;
+  if (o_seed->count()) p.seed = seed;
+  if (greedy) p.greedy = true;
+  validate(p);
+  return p;
+}
+
+std::string stats_text(const GenerateStats& s) {
+  const ExpertStats& e = s.experts;
+  std::string out = fmt::format(
+      "prompt {} tokens ({} reused, {} prefilled) | time to first token {:.2f} s | prefill {:.2f} tok/s\n"
+      "generated {} tokens | decode {:.2f} tok/s | peak RSS {:.2f} GB\n",
+      s.prompt_tokens, s.reused_tokens, s.prefilled_tokens, s.ttft_seconds, s.prefill_tok_s(),
+      s.generated_tokens, s.decode_tok_s(), double(s.peak_rss) / 1e9);
+  if (e.hits + e.misses > 0)
+    out += fmt::format(
+        "experts: {} hits, {} misses, hit rate {:.1f}% | read {:.2f} GB at {:.2f} GB/s | waited {:.2f} s\n",
+        e.hits, e.misses, 100 * e.hit_rate(), double(e.bytes_read) / 1e9,
+        e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0, e.wait_seconds);
+  return out;
+}
+
+nlohmann::json stats_json(const GenerateStats& s, const GenerateResult* r) {
+  const ExpertStats& e = s.experts;
+  nlohmann::json j = {
+      {"prompt_tokens", s.prompt_tokens},       {"reused_tokens", s.reused_tokens},
+      {"prefilled_tokens", s.prefilled_tokens}, {"generated_tokens", s.generated_tokens},
+      {"ttft_s", s.ttft_seconds},               {"prefill_s", s.prefill_seconds},
+      {"prefill_tok_s", s.prefill_tok_s()},     {"decode_s", s.decode_seconds},
+      {"decode_tok_s", s.decode_tok_s()},       {"peak_rss_bytes", s.peak_rss},
+      {"expert_hits", e.hits},                  {"expert_misses", e.misses},
+      {"expert_hit_rate", e.hit_rate()},        {"bytes_read", e.bytes_read},
+      {"read_s", e.read_seconds},               {"io_wait_s", e.wait_seconds},
+      {"read_gb_s", e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0}};
+  if (r) j["finish_reason"] = finish_reason_name(r->finish);
+  return j;
 }
 
 }  // namespace swiftlet::cli

@@ -1,5 +1,10 @@
-// Small helpers shared by the subcommands.
+// Small helpers shared by the subcommands: id lists, the model and sampling flags, statistics.
 #pragma once
+
+#include "runtime/engine.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
@@ -9,5 +14,31 @@ namespace swiftlet::cli {
 
 // "5,17,42" -> {5, 17, 42}. Throws Error naming the bad entry.
 std::vector<int32_t> parse_id_list(const std::string& s, const char* flag);
+
+// MODEL, --backend, --threads, --tokenizer, --no-verify.
+struct ModelFlags {
+  std::string model, backend = "cpu", tokenizer;
+  int threads = 0;
+  bool no_verify = false;
+  void add(CLI::App* cmd);
+  EngineOptions engine_options() const;
+};
+
+// --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty,
+// --frequency-penalty, --seed, --greedy: each overrides the model's generation_config.json.
+struct SamplingFlags {
+  float temperature = 0, top_p = 0, min_p = 0, repeat_penalty = 0, presence = 0, frequency = 0;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool greedy = false;
+  CLI::Option *o_temperature = nullptr, *o_top_p = nullptr, *o_min_p = nullptr, *o_repeat = nullptr,
+              *o_presence = nullptr, *o_frequency = nullptr, *o_top_k = nullptr, *o_seed = nullptr;
+  void add(CLI::App* cmd);
+  SamplingParams apply(SamplingParams base) const;
+};
+
+// Human-readable statistics (several lines) and the same as one JSON object.
+std::string stats_text(const GenerateStats& s);
+nlohmann::json stats_json(const GenerateStats& s, const GenerateResult* r = nullptr);
 
 }  // namespace swiftlet::cli

@@ -1,12 +1,12 @@
-// swiftlet generate MODEL --ids 5,17,42 --max-new N --greedy --print-ids
+// swiftlet generate MODEL (--prompt TEXT | --ids 5,17,42) [--chat] [--system S] [--think]
+//   [--max-new N] [sampling flags] [--stop S]... [--print-ids] [--json]
+// Streams the answer to stdout as it is produced; statistics go to stderr.
 #include "cli_util.h"
 #include "commands.h"
 
 #include "core/error.h"
-#include "runtime/model_loader.h"
+#include "runtime/engine.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -14,64 +14,78 @@ namespace swiftlet::cli {
 
 namespace {
 struct GenerateOptions {
-  std::string model, ids, backend = "cpu";
-  int max_new = 32;
-  bool greedy = false, print_ids = false;
+  ModelFlags model;
+  SamplingFlags sampling;
+  std::string prompt, ids, system;
+  std::vector<std::string> stop;
+  int max_new = 256;
+  bool chat = false, think = false, print_ids = false, json = false, quiet = false;
 };
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-int32_t argmax(const std::vector<float>& v) {
-  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
 void run_generate(const GenerateOptions& o) {
-  const Backend backend = parse_backend(o.backend);
-  if (o.ids.empty()) fail("generate needs a prompt: --ids 5,17,42");
-  if (!o.greedy) fail("only --greedy decoding is available with --ids so far");
-  if (o.max_new < 0) fail("--max-new must be >= 0, got {}", o.max_new);
-  const std::vector<int32_t> prompt = parse_id_list(o.ids, "--ids");
-  auto lm = load_model(o.model);
-  const ModelConfig& c = lm->model.config;
-  SessionState st = SessionState::create(c);
-  Forward fwd(lm->model, backend);
-  std::vector<float> logits;
+  if (o.prompt.empty() == o.ids.empty()) fail("give the prompt as --prompt TEXT or as --ids 5,17,42 (one of them)");
+  if (!o.ids.empty() && (o.chat || !o.system.empty())) fail("--chat and --system need a text --prompt");
+  Engine engine(o.model.engine_options());
+  GenerateRequest req;
+  if (!o.ids.empty()) {
+    req.prompt = parse_id_list(o.ids, "--ids");
+  } else {
+    const Tokenizer& tok = engine.require_tokenizer();
+    std::string text = o.prompt;
+    if (o.chat || !o.system.empty()) {
+      std::vector<ChatMessage> msgs;
+      if (!o.system.empty()) msgs.push_back({"system", o.system, ""});
+      msgs.push_back({"user", o.prompt, ""});
+      ChatOptions co;
+      co.enable_thinking = o.think;
+      text = render_chat(engine.template_kind(), msgs, co);
+    }
+    req.prompt = tok.encode(text, /*parse_special=*/o.chat || !o.system.empty());
+  }
+  req.sampling = o.sampling.apply(engine.default_sampling());
+  req.max_new_tokens = o.max_new;
+  req.stop = o.stop;
+  req.stop_tokens = engine.stop_tokens();
+  if (!o.stop.empty() && !engine.tokenizer()) fail("--stop needs a model with a tokenizer");
 
-  auto t0 = Clock::now();
-  fwd.run(st, prompt, LogitsMode::Last, logits);
-  const double prefill_s = seconds_since(t0);
-  std::vector<int32_t> out;
-  auto t1 = Clock::now();
-  for (int i = 0; i < o.max_new; ++i) {
-    const int32_t next = argmax(logits);
-    out.push_back(next);
-    if (o.print_ids) {
-      std::printf(i ? " %d" : "%d", next);
+  auto session = engine.new_session();
+  bool first = true;
+  const bool text_out = engine.tokenizer() && !o.print_ids;
+  GenerateResult res = session->generate(req, [&](std::string_view text, int32_t) {
+    if (text_out) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
     }
-    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), next) != c.eos_token_ids.end()) break;
-    if (i + 1 < o.max_new) fwd.run(st, std::span(&next, 1), LogitsMode::Last, logits);
+    return true;
+  });
+  if (o.print_ids || !engine.tokenizer()) {
+    for (int32_t id : res.tokens) {
+      std::printf(first ? "%d" : " %d", id);
+      first = false;
+    }
   }
-  const double decode_s = seconds_since(t1);
-  if (o.print_ids) std::printf("\n");
-  std::fprintf(stderr, "prompt %zu tokens, prefill %.2f tok/s; generated %zu tokens, decode %.2f tok/s\n",
-               prompt.size(), double(prompt.size()) / std::max(prefill_s, 1e-9), out.size(),
-               double(out.size()) / std::max(decode_s, 1e-9));
+  std::printf("\n");
+  std::fflush(stdout);
+  if (o.json) std::fprintf(stderr, "%s\n", stats_json(res.stats, &res).dump().c_str());
+  else if (!o.quiet) std::fprintf(stderr, "%s[finish: %s]\n", stats_text(res.stats).c_str(), finish_reason_name(res.finish));
 }
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
-  auto* cmd = app.add_subcommand("generate", "generate tokens after a prompt");
-  cmd->add_option("model", o->model, "checkpoint directory or .qpack")->required();
+  auto* cmd = app.add_subcommand("generate", "generate text (or token ids) after a prompt, with statistics");
+  o->model.add(cmd);
+  cmd->add_option("--prompt,-p", o->prompt, "prompt text");
   cmd->add_option("--ids", o->ids, "prompt as comma-separated token ids");
-  cmd->add_option("--max-new", o->max_new, "tokens to generate");
-  cmd->add_flag("--greedy", o->greedy, "always take the most likely token");
-  cmd->add_flag("--print-ids", o->print_ids, "print the new token ids on stdout");
-  cmd->add_option("--backend", o->backend, "cpu (fast kernels) or reference (scalar fp32)");
+  cmd->add_flag("--chat", o->chat, "wrap the prompt in the model's chat template (a user turn)");
+  cmd->add_option("--system", o->system, "system prompt (implies --chat)");
+  cmd->add_flag("--think", o->think, "let the model think first (Qwen3.5/3.6; off by default)");
+  cmd->add_option("--max-new,-n", o->max_new, "tokens to generate at most");
+  cmd->add_option("--stop", o->stop, "stop when this text is produced (repeatable)");
+  o->sampling.add(cmd);
+  cmd->add_flag("--print-ids", o->print_ids, "print the new token ids on stdout instead of text");
+  cmd->add_flag("--json", o->json, "print the statistics as one JSON object on stderr");
+  cmd->add_flag("--quiet,-q", o->quiet, "no statistics");
   cmd->callback([o] { run_generate(*o); });
 }
 

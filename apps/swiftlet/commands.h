@@ -9,6 +9,9 @@ namespace swiftlet::cli {
 
 void add_logits_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_info_command(CLI::App& app);
+void add_verify_command(CLI::App& app);
 
 }  // namespace swiftlet::cli

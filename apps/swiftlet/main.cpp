@@ -9,7 +9,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   swiftlet::cli::add_logits_command(app);
   swiftlet::cli::add_generate_command(app);
+  swiftlet::cli::add_chat_command(app);
   swiftlet::cli::add_tokenize_command(app);
+  swiftlet::cli::add_info_command(app);
+  swiftlet::cli::add_verify_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

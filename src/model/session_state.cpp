@@ -1,5 +1,6 @@
 #include "model/session_state.h"
 
+#include "core/error.h"
 #include "format/hf_config.h"
 
 #include <algorithm>
@@ -27,6 +28,39 @@ void SessionState::reset() {
     std::fill(l.conv.begin(), l.conv.end(), 0.0f);
     std::fill(l.ssm.begin(), l.ssm.end(), 0.0f);
   }
+}
+
+size_t StateSnapshot::bytes() const {
+  size_t n = 0;
+  for (const auto& c : conv) n += c.size() * 4;
+  for (const auto& c : ssm) n += c.size() * 4;
+  return n;
+}
+
+StateSnapshot SessionState::snapshot() const {
+  StateSnapshot s;
+  s.pos = pos;
+  for (const auto& l : layers) {
+    s.conv.push_back(l.conv);
+    s.ssm.push_back(l.ssm);
+  }
+  return s;
+}
+
+void SessionState::restore(const StateSnapshot& s) {
+  SWIFTLET_CHECK(s.pos <= pos && s.conv.size() == layers.size(), "snapshot at {} does not fit state at {}", s.pos, pos);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerState& l = layers[i];
+    if (!l.k.empty()) {
+      const size_t per_pos = l.k.size() / size_t(pos);
+      l.k.resize(size_t(s.pos) * per_pos);
+      l.v.resize(size_t(s.pos) * per_pos);
+    }
+    l.conv = s.conv[i];
+    l.ssm = s.ssm[i];
+  }
+  pos = s.pos;
+  tokens.resize(size_t(s.pos));
 }
 
 size_t SessionState::bytes() const {

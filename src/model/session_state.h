@@ -20,6 +20,14 @@ struct LayerState {
   std::vector<float> ssm;   // [value_heads][key_head_dim][value_head_dim]
 };
 
+// The recurrent (DeltaNet) part of a state at one position. The attention part needs no copy:
+// the KV cache of a later state, cut back to `pos`, is the KV cache at `pos`.
+struct StateSnapshot {
+  int64_t pos = 0;
+  std::vector<std::vector<float>> conv, ssm;  // [layer] (empty for attention layers)
+  size_t bytes() const;
+};
+
 struct SessionState {
   int64_t pos = 0;                // tokens consumed so far
   std::vector<int32_t> tokens;    // the tokens consumed, in order
@@ -27,6 +35,10 @@ struct SessionState {
 
   static SessionState create(const ModelConfig& cfg);
   void reset();  // back to an empty conversation, keeping allocations
+  StateSnapshot snapshot() const;
+  // Rewinds to a snapshot taken earlier on this conversation (snap.pos <= pos, same tokens up
+  // to snap.pos): restores the DeltaNet states and cuts the KV cache and token list back.
+  void restore(const StateSnapshot& snap);
   size_t bytes() const;
 };
 

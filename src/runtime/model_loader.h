@@ -1,5 +1,6 @@
-// Opens a model from disk: a Hugging Face / MLX checkpoint directory (later also a .qpack)
-// and wires its dense weights and its expert source together.
+// Opens a model from disk: a Hugging Face / MLX checkpoint directory, or a .qpack container
+// (a directory with manifest.json, or a path ending in .qpack), and wires its dense weights and
+// its expert source together.
 #pragma once
 
 #include "model/qwen3_hybrid.h"
@@ -19,7 +20,11 @@ struct LoadedModel {
   ~LoadedModel();
 };
 
+struct LoadOptions {
+  bool verify_experts = true;  // .qpack: check each expert's checksum when it is read
+};
+
 // Throws Error with a message naming the file and what to do.
-std::unique_ptr<LoadedModel> load_model(const std::string& path);
+std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& opts = {});
 
 }  // namespace swiftlet

@@ -1,0 +1,95 @@
+// swiftlet public C++ API: load a model, chat or generate with a streaming callback, cancel,
+// read statistics. Everything else in the tree is internal and may change.
+//
+//   auto engine = swiftlet::api::Engine::open({.model = "model.qpack"});
+//   swiftlet::api::Chat chat(*engine, {.system = "Be brief."});
+//   chat.send("Hello!", [](std::string_view piece) { std::cout << piece << std::flush; return true; });
+//
+// Errors (a missing file, a corrupt container, bad options) are thrown as std::runtime_error
+// with a message that says what to do.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace swiftlet::api {
+
+struct EngineOptions {
+  std::string model;             // checkpoint directory or .qpack container
+  std::string tokenizer;         // tokenizer.json instead of the model's own ("": the model's)
+  std::string backend = "cpu";   // "cpu" or "reference" (scalar fp32)
+  int threads = 0;               // 0: all cores
+  bool verify_experts = true;    // check expert checksums as they are read
+};
+
+// Unset fields (negative / NaN-free sentinels below) take the model's generation_config.json.
+struct GenerationOptions {
+  int max_new_tokens = 512;
+  bool greedy = false;
+  float temperature = -1;        // < 0: model default
+  int top_k = -1;                // < 0: model default; 0: off
+  float top_p = -1;              // < 0: model default
+  float min_p = -1;              // < 0: model default
+  float repetition_penalty = -1; // < 0: model default
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  uint64_t seed = 0;             // 0: random
+  std::vector<std::string> stop; // stop strings
+};
+
+struct Stats {
+  int64_t prompt_tokens = 0, reused_tokens = 0, prefilled_tokens = 0, generated_tokens = 0;
+  double ttft_seconds = 0, prefill_tok_s = 0, decode_tok_s = 0;
+  uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
+  double expert_hit_rate = 0;
+  uint64_t peak_rss_bytes = 0;
+  std::string finish_reason;     // "stop", "length" or "cancelled"
+};
+
+// Receives each piece of generated text as soon as it is complete UTF-8. Return false to stop.
+using TextCallback = std::function<bool(std::string_view piece)>;
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> open(const EngineOptions& opts);
+  ~Engine();
+  std::string describe() const;  // family, layers, experts, quantisation
+  // One-shot generation from raw text (no chat template).
+  std::string generate(const std::string& prompt, const GenerationOptions& opts = {},
+                       const TextCallback& on_text = {}, Stats* stats = nullptr);
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct ChatOptions {
+  std::string system;
+  bool thinking = false;  // let Qwen3.5/3.6 think first
+};
+
+// A conversation: each send() prefills only the new turn. cancel() may be called from any
+// thread (e.g. a signal handler's helper) to stop the answer being generated.
+class Chat {
+ public:
+  Chat(Engine& engine, const ChatOptions& opts = {});
+  ~Chat();
+  std::string send(const std::string& user_text, const TextCallback& on_text = {},
+                   const GenerationOptions& opts = {});
+  void cancel();
+  void reset();
+  const Stats& last_stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace swiftlet::api

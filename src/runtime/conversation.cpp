@@ -1,0 +1,64 @@
+#include "runtime/conversation.h"
+
+#include "core/error.h"
+
+namespace swiftlet {
+
+Conversation::Conversation(const Engine& engine, ChatOptions chat, SessionOptions session)
+    : engine_(engine), chat_(chat), session_(engine.new_session(session)) {
+  engine.require_tokenizer();
+}
+
+void Conversation::reset() {
+  history_.clear();
+  seen_.clear();
+  session_->reset();
+}
+
+void Conversation::set_system(std::string system) {
+  system_ = std::move(system);
+  reset();
+}
+
+GenerateResult Conversation::send(const std::string& user_text, const TurnOptions& opts,
+                                  const TokenCallback& on_token, const std::atomic<bool>* cancel) {
+  const Tokenizer& tok = engine_.require_tokenizer();
+  std::vector<ChatMessage> added;
+  if (history_.empty() && !system_.empty()) added.push_back({"system", system_, ""});
+  added.push_back({"user", user_text, ""});
+  ChatContinuation plan = plan_continuation(engine_.template_kind(), history_, added, chat_);
+  if (!plan.pure_append && !history_.empty()) {
+    // The template would rewrite earlier turns (Qwen3 / Qwen3.5 drop old reasoning blocks).
+    // A chat never re-reads its history: the model keeps what it saw, and the new turn is
+    // appended as the template renders a turn on its own.
+    plan.pure_append = true;
+    plan.text = "\n" + render_chat(engine_.template_kind(), added, chat_);
+  }
+
+  GenerateRequest req;
+  if (plan.pure_append) req.prompt = seen_;
+  const std::vector<int32_t> more = tok.encode(plan.text, /*parse_special=*/true);
+  req.prompt.insert(req.prompt.end(), more.begin(), more.end());
+  req.sampling = opts.sampling;
+  req.max_new_tokens = opts.max_new_tokens;
+  req.stop = opts.stop;
+  req.stop_tokens = engine_.stop_tokens();
+  GenerateResult res = session_->generate(req, on_token, cancel);
+
+  // What the model has now seen, as the template will render it next time: the prompt, the
+  // raw answer and <|im_end|> (fed with the next turn when generation ended another way).
+  seen_ = req.prompt;
+  seen_.insert(seen_.end(), res.tokens.begin(), res.tokens.end());
+  const int32_t im_end = tok.token_id("<|im_end|>");
+  if (im_end >= 0 && (seen_.empty() || seen_.back() != im_end)) {
+    if (!res.tokens.empty() && res.finish == FinishReason::Stop && res.tokens.back() != im_end)
+      seen_.back() = im_end;  // another stop token (e.g. <|endoftext|>) stands in its place
+    else
+      seen_.push_back(im_end);
+  }
+  for (auto& m : added) history_.push_back(std::move(m));
+  history_.push_back({"assistant", res.text, ""});
+  return res;
+}
+
+}  // namespace swiftlet

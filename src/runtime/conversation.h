@@ -1,0 +1,45 @@
+// A multi-turn chat: the messages so far, the tokens the model has seen, and a Session whose
+// state is kept between turns, so each new turn prefills only its own tokens. Where the chat
+// template would rewrite earlier turns (Qwen3 and Qwen3.5 drop old reasoning blocks), the
+// conversation keeps what the model actually saw and appends the new turn as the template
+// renders a turn on its own: history is never re-read.
+#pragma once
+
+#include "runtime/engine.h"
+
+#include <string>
+#include <vector>
+
+namespace swiftlet {
+
+struct TurnOptions {
+  SamplingParams sampling;
+  int max_new_tokens = 512;
+  std::vector<std::string> stop;
+};
+
+class Conversation {
+ public:
+  Conversation(const Engine& engine, ChatOptions chat = {}, SessionOptions session = {});
+
+  // Adds a user turn and generates the answer, streaming it through on_token.
+  GenerateResult send(const std::string& user_text, const TurnOptions& opts,
+                      const TokenCallback& on_token = {}, const std::atomic<bool>* cancel = nullptr);
+
+  // Starts over (keeps the system prompt unless set_system changes it).
+  void reset();
+  void set_system(std::string system);
+  const std::vector<ChatMessage>& history() const { return history_; }
+  const std::vector<int32_t>& seen_tokens() const { return seen_; }
+  const ChatOptions& chat_options() const { return chat_; }
+
+ private:
+  const Engine& engine_;
+  ChatOptions chat_;
+  std::unique_ptr<Session> session_;
+  std::string system_;
+  std::vector<ChatMessage> history_;
+  std::vector<int32_t> seen_;  // prompt + answer + <|im_end|> of every turn so far
+};
+
+}  // namespace swiftlet

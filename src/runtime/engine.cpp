@@ -1,0 +1,88 @@
+#include "runtime/engine.h"
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "io/mapped_file.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace swiftlet {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+std::string model_dir(const std::string& model) {
+  return fs::is_directory(model) ? model : fs::path(model).parent_path().string();
+}
+
+std::string chat_template_text(const std::string& dir) {
+  const fs::path jinja = fs::path(dir) / "chat_template.jinja";
+  if (fs::exists(jinja)) return read_text_file(jinja.string());
+  const fs::path tc = fs::path(dir) / "tokenizer_config.json";
+  if (fs::exists(tc)) {
+    json j = json::parse(read_text_file(tc.string()), nullptr, false);
+    if (!j.is_discarded() && j.contains("chat_template") && j["chat_template"].is_string())
+      return j["chat_template"].get<std::string>();
+  }
+  return "";
+}
+}  // namespace
+
+Engine::Engine(const EngineOptions& opts) : opts_(opts) {
+  if (opts.threads > 0) ThreadPool::set_global_threads(opts.threads);
+  loaded_ = load_model(opts.model, opts.load);
+  const std::string dir = model_dir(opts.model);
+  const std::string tok = !opts.tokenizer.empty() ? opts.tokenizer : (fs::path(dir) / "tokenizer.json").string();
+  if (fs::exists(tok)) {
+    tokenizer_ = Tokenizer::from_file(tok);
+    if (tokenizer_->vocab_size() > config().vocab_size)
+      fail("the tokenizer '{}' has {} tokens but the model's vocabulary has {} rows: they do not "
+           "belong together", tok, tokenizer_->vocab_size(), config().vocab_size);
+  } else if (!opts.tokenizer.empty()) {
+    fail("tokenizer '{}' does not exist", opts.tokenizer);
+  }
+  template_kind_ = detect_template(chat_template_text(dir), config().model_type);
+
+  // Model cards' defaults (model-spec.md 4.3), then generation_config.json.
+  sampling_.temperature = 0.7f;
+  sampling_.top_p = 0.8f;
+  sampling_.top_k = 20;
+  const fs::path gc = fs::path(dir) / "generation_config.json";
+  if (fs::exists(gc)) {
+    json j = json::parse(read_text_file(gc.string()), nullptr, false);
+    if (j.is_discarded()) fail("'{}' is not valid JSON", gc.string());
+    sampling_ = sampling_params_from_generation_config(j, sampling_);
+    auto add = [&](const json& v) {
+      if (v.is_number_integer()) stop_tokens_.push_back(v.get<int32_t>());
+    };
+    if (j.contains("eos_token_id")) {
+      if (j["eos_token_id"].is_array())
+        for (const auto& v : j["eos_token_id"]) add(v);
+      else add(j["eos_token_id"]);
+    }
+  }
+  for (int32_t id : config().eos_token_ids) stop_tokens_.push_back(id);
+  if (tokenizer_)
+    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+      if (int32_t id = tokenizer_->token_id(s); id >= 0) stop_tokens_.push_back(id);
+  std::sort(stop_tokens_.begin(), stop_tokens_.end());
+  stop_tokens_.erase(std::unique(stop_tokens_.begin(), stop_tokens_.end()), stop_tokens_.end());
+  std::erase_if(stop_tokens_, [&](int32_t id) { return id < 0 || id >= config().vocab_size; });
+}
+
+const Tokenizer& Engine::require_tokenizer() const {
+  if (!tokenizer_)
+    fail("model '{}' has no tokenizer.json; pass --tokenizer PATH, or use token ids (--ids)", opts_.model);
+  return *tokenizer_;
+}
+
+std::unique_ptr<Session> Engine::new_session(SessionOptions opts) const {
+  opts.backend = opts_.backend;
+  return std::make_unique<Session>(model(), tokenizer(), opts);
+}
+
+}  // namespace swiftlet

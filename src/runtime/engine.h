@@ -1,0 +1,55 @@
+// A loaded model with everything that comes with it: the tokenizer, the chat template kind,
+// the sampling defaults of generation_config.json and the stop tokens.
+#pragma once
+
+#include "runtime/model_loader.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace swiftlet {
+
+struct EngineOptions {
+  std::string model;      // checkpoint directory or .qpack
+  std::string tokenizer;  // a tokenizer.json to use instead of the model's own
+  Backend backend = Backend::Cpu;
+  LoadOptions load;
+  int threads = 0;        // 0: all cores
+};
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& opts);  // throws Error
+
+  const Model& model() const { return loaded_->model; }
+  const ModelConfig& config() const { return loaded_->model.config; }
+  const LoadedModel& loaded() const { return *loaded_; }
+  Backend backend() const { return opts_.backend; }
+  // Null when the model ships no tokenizer (then only token ids can be used).
+  const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
+  // Throws Error saying how to get one when there is none.
+  const Tokenizer& require_tokenizer() const;
+  TemplateKind template_kind() const { return template_kind_; }
+  // generation_config.json's values, else the model card's defaults.
+  const SamplingParams& default_sampling() const { return sampling_; }
+  // Ids that end an answer: the config's eos ids, <|im_end|> and <|endoftext|>.
+  const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
+
+  std::unique_ptr<Session> new_session(SessionOptions opts = {}) const;
+
+ private:
+  EngineOptions opts_;
+  std::unique_ptr<LoadedModel> loaded_;
+  std::optional<Tokenizer> tokenizer_;
+  TemplateKind template_kind_ = TemplateKind::Qwen3NextInstruct;
+  SamplingParams sampling_;
+  std::vector<int32_t> stop_tokens_;
+};
+
+}  // namespace swiftlet

@@ -1,0 +1,793 @@
+#include "runtime/repack.h"
+
+#include "core/error.h"
+#include "experts/tensor_experts.h"
+#include "format/quantize.h"
+#include "format/safetensors.h"
+#include "io/mapped_file.h"
+#include "kernels/cpu/ops_ref.h"
+#include "model/weights.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <numeric>
+#include <thread>
+
+namespace swiftlet {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+void check_interrupt() {
+  if (g_interrupted.load(std::memory_order_relaxed))
+    fail("interrupted; the partial output was removed");
+}
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string gb(uint64_t b) { return fmt::format("{:.2f} GB", double(b) / 1e9); }
+
+// Lets the kernel drop the pages of a read-only file mapping we are done with, so that
+// converting a checkpoint larger than RAM does not keep it all resident.
+void drop_pages(const void* p, size_t n) {
+  if (!p || n == 0) return;
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = uintptr_t(p) & ~(page - 1);
+  const uintptr_t e = (uintptr_t(p) + n + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(a), e - a, MADV_DONTNEED);
+}
+
+void drop_matrix_pages(const QMatrix& m) {
+  drop_pages(m.data, size_t(m.rows) * m.row_bytes());
+  if (m.format == WeightFormat::Affine) {
+    drop_pages(m.scales, size_t(m.rows) * m.scale_row_bytes());
+    drop_pages(m.biases, size_t(m.rows) * m.scale_row_bytes());
+  }
+}
+
+// A file being written: full writes with clear errors, a running xxh3-64, fsync on close.
+// With `direct`, data goes through O_DIRECT (bypassing the page cache: no copy into the kernel,
+// no gigabytes of dirty pages to flush): 4096-aligned writes go straight out, anything else is
+// staged in an aligned buffer; the unaligned tail is written after clearing O_DIRECT. Falls back
+// to buffered IO where the file system refuses O_DIRECT.
+class OutFile {
+ public:
+  explicit OutFile(std::string path, bool direct = false) : path_(std::move(path)) {
+    const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    if (direct) fd_ = ::open(path_.c_str(), flags | O_DIRECT, 0644);
+    direct_ = fd_ >= 0;
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), flags, 0644);
+    if (fd_ < 0) fail("cannot create '{}': {}", path_, std::strerror(errno));
+    state_ = XXH3_createState();
+    XXH3_64bits_reset(state_);
+  }
+  ~OutFile() {
+    if (fd_ >= 0) ::close(fd_);
+    XXH3_freeState(state_);
+    std::free(stage_);
+  }
+  OutFile(const OutFile&) = delete;
+  OutFile& operator=(const OutFile&) = delete;
+
+  void write(const void* data, size_t n, bool hash = true) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    if (hash) XXH3_64bits_update(state_, p, n);
+    bytes_ += n;
+    if (!direct_ || (staged_ == 0 && uintptr_t(p) % kAlign == 0 && n % kAlign == 0)) {
+      raw_write(p, n);
+      return;
+    }
+    if (!stage_) {
+      stage_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kStage));
+      if (!stage_) fail("cannot allocate a write buffer");
+    }
+    while (n > 0) {
+      const size_t k = std::min(n, kStage - staged_);
+      std::memcpy(stage_ + staged_, p, k);
+      staged_ += k;
+      p += k;
+      n -= k;
+      if (staged_ == kStage) {
+        raw_write(stage_, kStage);
+        staged_ = 0;
+      }
+    }
+  }
+  // Flushes to disk and closes; drops the written pages from the page cache (they are not
+  // read back by the repack).
+  void close() {
+    if (staged_ > 0) {
+      const size_t aligned = staged_ / kAlign * kAlign;
+      raw_write(stage_, aligned);
+      buffered();
+      raw_write(stage_ + aligned, staged_ - aligned);
+      staged_ = 0;
+    }
+    if (::fdatasync(fd_) != 0) fail("cannot flush '{}': {}", path_, std::strerror(errno));
+    ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) fail("cannot close '{}': {}", path_, std::strerror(errno));
+  }
+  uint64_t hash() const { return XXH3_64bits_digest(state_); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  static constexpr size_t kAlign = 4096;
+  static constexpr size_t kStage = 8u << 20;
+
+  void buffered() {
+    if (!direct_) return;
+    const int fl = ::fcntl(fd_, F_GETFL);
+    ::fcntl(fd_, F_SETFL, fl & ~O_DIRECT);
+    direct_ = false;
+  }
+  void raw_write(const uint8_t* p, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::write(fd_, p + done, n - done);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EINVAL && direct_) {  // O_DIRECT accepted at open but not for this write
+          buffered();
+          continue;
+        }
+        const int e = errno;
+        fail("cannot write '{}': {}{}", path_, std::strerror(e),
+             e == ENOSPC ? " (the disk filled up during the repack)" : "");
+      }
+      done += size_t(r);
+    }
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  bool direct_ = false;
+  uint8_t* stage_ = nullptr;
+  size_t staged_ = 0;
+  XXH3_state_t* state_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+bool process_alive(const std::string& pid) {
+  return fs::exists("/proc/" + pid);
+}
+
+// The temporary directory a container is built in, and the final atomic rename.
+class ContainerWriter {
+ public:
+  ContainerWriter(const std::string& output, bool force,
+                  const std::function<void(const std::string&)>& log)
+      : out_(fs::absolute(fs::path(output)).lexically_normal()), log_(log) {
+    if (out_.filename().empty()) out_ = out_.parent_path();
+    tmp_ = out_;
+    tmp_ += fmt::format(".tmp-{}", ::getpid());
+    if (fs::exists(out_)) {
+      if (!force) fail("'{}' already exists; pass --force to replace it", out_.string());
+      if (!fs::is_directory(out_) || !looks_like_qpack(out_.string()))
+        fail("'{}' exists and is not a .qpack container; refusing to replace it even with --force",
+             out_.string());
+    }
+    remove_stale_temporaries();
+    fs::create_directories(tmp_ / "packed_experts");
+  }
+  ~ContainerWriter() {
+    if (!committed_) {
+      std::error_code ec;
+      fs::remove_all(tmp_, ec);
+    }
+  }
+
+  std::string path(const std::string& rel) const { return (tmp_ / rel).string(); }
+  const fs::path& tmp() const { return tmp_; }
+  const fs::path& out() const { return out_; }
+
+  void record(const std::string& rel, uint64_t bytes, uint64_t hash) {
+    sizes_[rel] = bytes;
+    hashes_[rel] = hash;
+  }
+  const std::map<std::string, uint64_t>& sizes() const { return sizes_; }
+  const std::map<std::string, uint64_t>& hashes() const { return hashes_; }
+
+  void write_text(const std::string& rel, const std::string& text) {
+    OutFile f(path(rel));
+    f.write(text.data(), text.size());
+    f.close();
+    record(rel, f.bytes(), f.hash());
+  }
+
+  void copy_file(const std::string& rel, const std::string& src) {
+    const std::string bytes = read_text_file(src);
+    write_text(rel, bytes);
+  }
+
+  // Writes manifest.json last, makes everything durable, then moves the container into place.
+  void commit(QpackManifest manifest) {
+    check_interrupt();
+    manifest.files = sizes_;
+    fsync_dir((tmp_ / "packed_experts").string());
+    const std::string text = manifest.to_json().dump(2) + "\n";
+    OutFile f(path("manifest.json"));
+    f.write(text.data(), text.size());
+    f.close();
+    fsync_dir(tmp_.string());
+    move_into_place(tmp_.string(), out_.string());
+    committed_ = true;
+  }
+
+ private:
+  // Temporaries of earlier runs that were killed (their process is gone) only waste space.
+  void remove_stale_temporaries() {
+    const fs::path parent = out_.parent_path();
+    const std::string prefix = out_.filename().string() + ".tmp-";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(parent, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!name.starts_with(prefix)) continue;
+      const std::string pid = name.substr(prefix.size());
+      if (pid.empty() || !std::all_of(pid.begin(), pid.end(), ::isdigit) || process_alive(pid)) continue;
+      if (log_) log_(fmt::format("removing '{}' left by an interrupted run", e.path().string()));
+      fs::remove_all(e.path(), ec);
+    }
+  }
+
+  fs::path out_, tmp_;
+  std::function<void(const std::string&)> log_;
+  std::map<std::string, uint64_t> sizes_, hashes_;
+  bool committed_ = false;
+};
+
+void check_free_space(const fs::path& out, uint64_t need, bool replacing) {
+  require_free_space(out.parent_path().string(), need, "the container",
+                     replacing ? "the container being replaced is deleted only after the new one is complete" : "");
+}
+
+// Runs f(i) for i in [0, n) on up to `threads` threads.
+template <typename F>
+void parallel_for(int n, int threads, F&& f) {
+  threads = std::max(1, std::min(threads, n));
+  if (threads == 1) {
+    for (int i = 0; i < n; ++i) f(i);
+    return;
+  }
+  std::vector<std::future<void>> futs;
+  for (int t = 1; t < threads; ++t)
+    futs.push_back(std::async(std::launch::async, [&, t] {
+      for (int i = t; i < n; i += threads) f(i);
+    }));
+  std::exception_ptr err;
+  try {
+    for (int i = 0; i < n; i += threads) f(i);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  for (auto& fu : futs) {
+    try {
+      fu.get();
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+// ------------------------------------------------------------------------ checkpoint source
+
+bool is_eight_bit_module(const std::string& path) {
+  // mlx-lm's quant_predicate for qwen3_next / qwen3_5: the router and the shared expert gate.
+  return path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate");
+}
+
+DType float_dtype(WeightFormat f) {
+  return f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::F16 ? DType::F16 : DType::BF16;
+}
+
+ProjectionFormat format_of(const QMatrix& m) {
+  ProjectionFormat f;
+  if (m.format == WeightFormat::Affine) {
+    f.bits = m.bits;
+    f.group_size = m.group_size;
+    f.dtype = m.scale_dtype;
+  } else {
+    f.bits = 16;
+    f.dtype = float_dtype(m.format);
+  }
+  return f;
+}
+
+const QMatrix& projection(const ExpertWeights& w, int p) { return p == 0 ? w.gate : p == 1 ? w.up : w.down; }
+
+// Quantises a float matrix (any stored float format) into MLX affine tensors.
+std::vector<TensorBytes> quantize_matrix(const QMatrix& m, int bits, int group) {
+  std::vector<TensorBytes> out(3);
+  out[0].owned.resize(affine_packed_bytes(m.rows, m.cols, bits));
+  out[1].owned.resize(affine_scale_bytes(m.rows, m.cols, group));
+  out[2].owned.resize(out[1].owned.size());
+  const int64_t chunk = std::max<int64_t>(1, (1 << 20) / m.cols);
+  std::vector<float> tmp(size_t(std::min(chunk, m.rows) * m.cols));
+  for (int64_t r0 = 0; r0 < m.rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, m.rows - r0);
+    for (int64_t r = 0; r < n; ++r) ref::dequant_row(m, r0 + r, tmp.data() + r * m.cols);
+    affine_quantize(tmp.data(), n, m.cols, bits, group,
+                    reinterpret_cast<uint32_t*>(out[0].owned.data()) + r0 * m.cols * bits / 32,
+                    reinterpret_cast<uint16_t*>(out[1].owned.data()) + r0 * (m.cols / group),
+                    reinterpret_cast<uint16_t*>(out[2].owned.data()) + r0 * (m.cols / group));
+  }
+  return out;
+}
+
+TensorBytes view_bytes(const void* p, size_t n) {
+  TensorBytes b;
+  b.ptr = static_cast<const uint8_t*>(p);
+  b.size = n;
+  return b;
+}
+
+const char* kCopiedFiles[] = {"tokenizer.json",         "tokenizer_config.json", "chat_template.jinja",
+                              "chat_template.json",     "generation_config.json", "special_tokens_map.json",
+                              "vocab.json",             "merges.txt",             "added_tokens.json"};
+
+class CheckpointSource : public RepackSource {
+ public:
+  CheckpointSource(const std::string& dir, const RepackOptions& o)
+      : dir_(fs::absolute(dir).lexically_normal().string()) {
+    const std::string cfg_path = (fs::path(dir) / "config.json").string();
+    if (!fs::exists(cfg_path)) fail("'{}' has no config.json; is it a model directory?", dir);
+    raw_config_ = json::parse(read_text_file(cfg_path), nullptr, false);
+    if (raw_config_.is_discarded()) fail("'{}' is not valid JSON", cfg_path);
+    config_ = ModelConfig::load(cfg_path);
+    ts_ = std::make_unique<TensorSet>(TensorSet::open_dir(dir));
+    src_names_ = NameScheme::detect(*ts_, config_);
+    dst_names_ = NameScheme::mlx(config_);
+    shifted_ = norms_hold_one_plus_w(*ts_, config_, src_names_);
+    experts_ = std::make_unique<TensorExperts>(*ts_, config_, src_names_);
+    group_ = o.group_size;
+
+    if (config_.quant.quantized()) {
+      if (o.bits != 0 && o.bits != config_.quant.default_spec.bits)
+        fail("'{}' is already MLX-quantised ({} bits); its tensors are copied untouched, so "
+             "--bits {} cannot apply (omit --bits)", dir, config_.quant.default_spec.bits, o.bits);
+      bits_ = config_.quant.default_spec.bits;
+      group_ = config_.quant.default_spec.group_size;
+    } else {
+      bits_ = o.bits == 0 ? 4 : o.bits;
+    }
+    if (bits_ != 4 && bits_ != 8 && bits_ != 16) fail("--bits must be 4, 8 or 16, got {}", bits_);
+
+    // One format for every expert of every layer (a layout describes one blob).
+    const ExpertWeights& first = experts_->get(0, 0);
+    for (int p = 0; p < 3; ++p) {
+      const QMatrix& m = projection(first, p);
+      ProjectionFormat f = format_of(m);
+      if (!f.affine() && bits_ != 16 && m.cols % group_ == 0) f = ProjectionFormat{bits_, group_, DType::BF16};
+      formats_[size_t(p)] = f;
+      src_formats_[size_t(p)] = format_of(m);
+    }
+    for (int l = 0; l < config_.num_layers; ++l)
+      for (int e = 0; e < config_.num_experts; ++e)
+        for (int p = 0; p < 3; ++p)
+          if (format_of(projection(experts_->get(l, e), p)) != src_formats_[size_t(p)])
+            fail("'{}': layer {} expert {} {} is stored as {} but layer 0 expert 0 as {}; a .qpack "
+                 "holds all experts in one format", dir, l, e, kExpertProjections[p],
+                 format_of(projection(experts_->get(l, e), p)).describe(),
+                 src_formats_[size_t(p)].describe());
+  }
+
+  std::string describe() const override { return dir_; }
+  const ModelConfig& config() const override { return config_; }
+  int quant_bits() const override { return bits_; }
+  int quant_group_size() const override { return group_; }
+  std::array<ProjectionFormat, 3> expert_formats() const override { return formats_; }
+
+  std::string config_json() const override {
+    json c = raw_config_;
+    c.erase("quantization");
+    c.erase("quantization_config");
+    if (bits_ != 16) {
+      json q = {{"group_size", group_}, {"bits", bits_}, {"mode", "affine"}};
+      for (const auto& [path, spec] : overrides_) q[path] = {{"group_size", spec.group_size}, {"bits", spec.bits}};
+      c["quantization"] = q;
+      c["quantization_config"] = q;
+    }
+    return c.dump(2) + "\n";
+  }
+
+  std::vector<std::pair<std::string, std::string>> files() const override {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const char* f : kCopiedFiles) {
+      const fs::path p = fs::path(dir_) / f;
+      if (fs::is_regular_file(p)) out.emplace_back(f, p.string());
+    }
+    return out;
+  }
+
+  std::vector<ResidentItem> resident() override {
+    std::vector<DenseTensorSpec> src, dst;
+    std::vector<ResidentItem> items;
+    ModelWeights scratch;
+    for_each_dense_tensor(config_, src_names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { src.push_back(s); });
+    for_each_dense_tensor(config_, dst_names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { dst.push_back(s); });
+    SWIFTLET_CHECK(src.size() == dst.size(), "tensor tables differ");
+    overrides_.clear();
+    for (size_t i = 0; i < src.size(); ++i) items.push_back(resident_item(src[i], dst[i]));
+    return items;
+  }
+
+  void expert(int layer, int e, const QpackLayout& layout, uint8_t* blob) const override {
+    const ExpertWeights& w = experts_->get(layer, e);
+    for (int p = 0; p < 3; ++p) {
+      const QMatrix& m = projection(w, p);
+      const ProjectionFormat& f = formats_[size_t(p)];
+      const std::string proj = kExpertProjections[p];
+      uint8_t* wdst = blob + layout.find(proj + ".weight")->offset;
+      if (f.affine() && m.format != WeightFormat::Affine) {
+        std::vector<TensorBytes> q = quantize_matrix(m, f.bits, f.group_size);
+        std::memcpy(wdst, q[0].data(), q[0].nbytes());
+        std::memcpy(blob + layout.find(proj + ".scales")->offset, q[1].data(), q[1].nbytes());
+        std::memcpy(blob + layout.find(proj + ".biases")->offset, q[2].data(), q[2].nbytes());
+        continue;
+      }
+      // Same format on both sides: the bytes pass through untouched.
+      std::memcpy(wdst, m.data, size_t(m.rows) * m.row_bytes());
+      if (f.affine()) {
+        std::memcpy(blob + layout.find(proj + ".scales")->offset, m.scales, size_t(m.rows) * m.scale_row_bytes());
+        std::memcpy(blob + layout.find(proj + ".biases")->offset, m.biases, size_t(m.rows) * m.scale_row_bytes());
+      }
+    }
+  }
+
+  void layer_done(int layer) override {
+    for (int e = 0; e < config_.num_experts; ++e) {
+      const ExpertWeights& w = experts_->get(layer, e);
+      drop_matrix_pages(w.gate);
+      drop_matrix_pages(w.up);
+      drop_matrix_pages(w.down);
+    }
+  }
+
+ private:
+  ResidentItem resident_item(const DenseTensorSpec& s, const DenseTensorSpec& d) {
+    ResidentItem it;
+    switch (s.kind) {
+      case TensorKind::Linear: {
+        const QMatrix m = view_linear(*ts_, s.name, s.rows, s.cols, config_.quant);
+        const std::string w = d.name + ".weight";
+        if (m.format == WeightFormat::Affine) {
+          const int64_t g = s.cols / m.group_size;
+          it.tensors = {{w, DType::U32, {s.rows, s.cols * m.bits / 32}, nullptr},
+                        {d.name + ".scales", m.scale_dtype, {s.rows, g}, nullptr},
+                        {d.name + ".biases", m.scale_dtype, {s.rows, g}, nullptr}};
+          if (m.bits != bits_ || m.group_size != group_) overrides_[d.name] = QuantSpec{m.bits, m.group_size};
+          it.produce = [m] {
+            std::vector<TensorBytes> out;
+            out.push_back(view_bytes(m.data, size_t(m.rows) * m.row_bytes()));
+            out.push_back(view_bytes(m.scales, size_t(m.rows) * m.scale_row_bytes()));
+            out.push_back(view_bytes(m.biases, size_t(m.rows) * m.scale_row_bytes()));
+            return out;
+          };
+          return it;
+        }
+        const int bits = bits_ == 16 ? 16 : is_eight_bit_module(s.name) ? 8 : bits_;
+        if (bits == 16 || s.cols % group_ != 0) {
+          const DType dt = float_dtype(m.format);
+          it.tensors = {{w, dt, {s.rows, s.cols}, nullptr}};
+          it.produce = [m] { return std::vector<TensorBytes>{view_bytes(m.data, size_t(m.rows) * m.row_bytes())}; };
+          return it;
+        }
+        const int group = group_;
+        it.tensors = {{w, DType::U32, {s.rows, s.cols * bits / 32}, nullptr},
+                      {d.name + ".scales", DType::BF16, {s.rows, s.cols / group}, nullptr},
+                      {d.name + ".biases", DType::BF16, {s.rows, s.cols / group}, nullptr}};
+        if (bits != bits_) overrides_[d.name] = QuantSpec{bits, group};
+        it.produce = [m, bits, group] { return quantize_matrix(m, bits, group); };
+        return it;
+      }
+      case TensorKind::ZeroCentredNorm: {
+        const TensorView& t = ts_->get(s.name);
+        if (t.numel() != s.rows)
+          fail("tensor '{}' in '{}' has shape {}; expected [{}]", t.name, *t.file, t.shape_str(), s.rows);
+        if (shifted_) {
+          it.tensors = {{d.name, t.dtype, t.shape, nullptr}};
+          it.produce = [t] { return std::vector<TensorBytes>{view_bytes(t.data, t.nbytes)}; };
+          return it;
+        }
+        // Bake 1 + w in fp32 (MLX convention: the stored weight is applied as is). fp32 keeps
+        // it exact, so a --bits 16 container computes what the checkpoint does.
+        it.tensors = {{d.name, DType::F32, {s.rows}, nullptr}};
+        it.produce = [t] {
+          TensorBytes b;
+          b.owned.resize(size_t(t.numel()) * 4);
+          float* f = reinterpret_cast<float*>(b.owned.data());
+          to_f32(t.dtype, t.data, f, size_t(t.numel()));
+          for (int64_t i = 0; i < t.numel(); ++i) f[i] += 1.0f;
+          return std::vector<TensorBytes>{std::move(b)};
+        };
+        return it;
+      }
+      case TensorKind::Conv: {
+        const TensorView& t = ts_->get(s.name);
+        if (t.numel() != s.rows * s.cols)
+          fail("tensor '{}' in '{}' has shape {}; expected [{}, 1, {}] or [{}, {}, 1]", t.name, *t.file,
+               t.shape_str(), s.rows, s.cols, s.rows, s.cols);
+        // HF [C, 1, K] and MLX [C, K, 1] have the same bytes; MLX layout also tells the
+        // loader that norms already hold 1 + w.
+        it.tensors = {{d.name, t.dtype, {s.rows, s.cols, 1}, nullptr}};
+        it.produce = [t] { return std::vector<TensorBytes>{view_bytes(t.data, t.nbytes)}; };
+        return it;
+      }
+      case TensorKind::Vector: {
+        const TensorView& t = ts_->get(s.name);
+        it.tensors = {{d.name, t.dtype, t.shape, nullptr}};
+        it.produce = [t] { return std::vector<TensorBytes>{view_bytes(t.data, t.nbytes)}; };
+        return it;
+      }
+    }
+    return it;
+  }
+
+  std::string dir_;
+  json raw_config_;
+  ModelConfig config_;
+  std::unique_ptr<TensorSet> ts_;
+  NameScheme src_names_, dst_names_;
+  bool shifted_ = false;
+  std::unique_ptr<TensorExperts> experts_;
+  int bits_ = 4, group_ = 64;
+  std::array<ProjectionFormat, 3> formats_, src_formats_;
+  std::map<std::string, QuantSpec> overrides_;
+};
+
+// ------------------------------------------------------------------------------- the writer
+
+struct ResidentPlan {
+  std::vector<ResidentItem> items;
+  std::vector<TensorToWrite> tensors;           // all, in write (= name) order
+  std::vector<std::pair<size_t, size_t>> slot;  // tensors[i] is items[first].tensors[second]
+  std::string header;
+  uint64_t bytes = 0;
+};
+
+size_t tensor_bytes(const TensorToWrite& t) {
+  size_t n = dtype_size(t.dtype);
+  for (int64_t d : t.shape) n *= size_t(d);
+  return n;
+}
+
+ResidentPlan plan_resident(RepackSource& src) {
+  ResidentPlan p;
+  p.items = src.resident();
+  std::vector<std::tuple<std::string, size_t, size_t>> order;
+  for (size_t i = 0; i < p.items.size(); ++i)
+    for (size_t j = 0; j < p.items[i].tensors.size(); ++j) order.emplace_back(p.items[i].tensors[j].name, i, j);
+  std::sort(order.begin(), order.end());
+  for (size_t k = 1; k < order.size(); ++k)
+    SWIFTLET_CHECK(std::get<0>(order[k]) != std::get<0>(order[k - 1]), "tensor '{}' planned twice",
+                   std::get<0>(order[k]));
+  for (const auto& [name, i, j] : order) {
+    p.tensors.push_back(p.items[i].tensors[j]);
+    p.slot.emplace_back(i, j);
+  }
+  p.header = safetensors_header(p.tensors, {{"format", "mlx"}});
+  p.bytes = p.header.size();
+  for (const auto& t : p.tensors) p.bytes += tensor_bytes(t);
+  return p;
+}
+
+void write_resident(ResidentPlan& plan, ContainerWriter& cw) {
+  OutFile f(cw.path("model.safetensors"), /*direct=*/true);
+  f.write(plan.header.data(), plan.header.size());
+  size_t cur = SIZE_MAX;
+  std::vector<TensorBytes> bytes;
+  for (size_t k = 0; k < plan.tensors.size(); ++k) {
+    check_interrupt();
+    const auto [i, j] = plan.slot[k];
+    if (i != cur) {
+      bytes.clear();
+      bytes = plan.items[i].produce();
+      cur = i;
+      SWIFTLET_CHECK(bytes.size() == plan.items[i].tensors.size(), "item produced {} tensors", bytes.size());
+    }
+    const TensorBytes& b = bytes[j];
+    SWIFTLET_CHECK(b.nbytes() == tensor_bytes(plan.tensors[k]), "tensor '{}': {} bytes produced, {} planned",
+                   plan.tensors[k].name, b.nbytes(), tensor_bytes(plan.tensors[k]));
+    f.write(b.data(), b.nbytes());
+    if (b.ptr) drop_pages(b.ptr, b.size);
+    if (k + 1 == plan.tensors.size() || plan.slot[k + 1].first != cur) {
+      bytes.clear();
+      cur = SIZE_MAX;
+    }
+  }
+  f.close();
+  cw.record("model.safetensors", f.bytes(), f.hash());
+}
+
+// Fills and writes one layer file, overlapping the write of one chunk with the filling of the
+// next. Returns the per-expert checksums.
+// Two chunks of whole expert blobs, 4096-aligned for O_DIRECT: one is filled while the other is
+// written. The only large allocation of a repack besides one resident tensor.
+struct ChunkBuffers {
+  ChunkBuffers(uint64_t stride, int experts)
+      : per_chunk(int(std::clamp<uint64_t>((32ull << 20) / stride, 1, uint64_t(experts)))),
+        bytes(size_t(stride) * size_t(per_chunk)) {
+    for (auto& b : buf) {
+      b = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
+      if (!b) fail("cannot allocate {} bytes for expert chunks", bytes);
+    }
+  }
+  ~ChunkBuffers() {
+    for (auto* b : buf) std::free(b);
+  }
+  int per_chunk;
+  size_t bytes;
+  uint8_t* buf[2] = {nullptr, nullptr};
+};
+
+std::vector<uint64_t> write_layer(RepackSource& src, const QpackLayout& layout, int layer,
+                                  ContainerWriter& cw, int threads, ChunkBuffers& bufs) {
+  const uint64_t stride = layout.expert_stride, payload = layout.payload();
+  const int E = layout.expert_count;
+  const int per_chunk = bufs.per_chunk;
+  std::vector<uint64_t> sums(static_cast<size_t>(E));
+  const std::string rel = qpack_layer_file(layer);
+  OutFile f(cw.path(rel), /*direct=*/true);
+  std::future<void> pending;
+  int which = 0;
+  try {
+    for (int e0 = 0; e0 < E; e0 += per_chunk) {
+      check_interrupt();
+      const int n = std::min(per_chunk, E - e0);
+      uint8_t* base = bufs.buf[which];
+      parallel_for(n, threads, [&](int i) {
+        uint8_t* blob = base + size_t(i) * stride;
+        src.expert(layer, e0 + i, layout, blob);
+        std::memset(blob + payload, 0, size_t(stride - payload));
+        sums[size_t(e0 + i)] = xxh3_64(blob, payload);
+      });
+      if (pending.valid()) pending.get();
+      pending = std::async(std::launch::async, [&f, base, bytes = size_t(n) * stride] {
+        f.write(base, bytes, /*hash=*/false);
+      });
+      which ^= 1;
+    }
+    if (pending.valid()) pending.get();
+  } catch (...) {
+    if (pending.valid()) pending.wait();
+    throw;
+  }
+  f.close();
+  cw.record(rel, f.bytes(), 0);
+  src.layer_done(layer);
+  return sums;
+}
+
+}  // namespace
+
+void request_repack_interrupt(bool on) { g_interrupted.store(on); }
+
+void require_free_space(const std::string& dir, uint64_t need, const std::string& what,
+                        const std::string& note) {
+  struct statvfs sv {};
+  if (::statvfs(dir.c_str(), &sv) != 0) fail("cannot query free space of '{}': {}", dir, std::strerror(errno));
+  const uint64_t avail = uint64_t(sv.f_bavail) * uint64_t(sv.f_frsize);
+  const uint64_t margin = std::max<uint64_t>(64ull << 20, need / 100);
+  if (avail < need + margin)
+    fail("not enough disk space in '{}': {} needs {} ({} bytes, plus {} margin) but only {} ({} "
+         "bytes) are free{}{}", dir, what, gb(need), need, gb(margin), gb(avail), avail,
+         note.empty() ? "" : "; ", note);
+}
+
+void move_into_place(const std::string& tmp, const std::string& out) {
+  if (fs::exists(out)) {
+    // Swap the complete new directory with the old one in one step, then delete the old.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0)
+      fail("cannot replace '{}' with '{}': {}", out, tmp, std::strerror(errno));
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // now the old container
+  } else if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    fail("cannot rename '{}' to '{}': {}", tmp, out, std::strerror(errno));
+  }
+  fsync_dir(fs::path(out).parent_path().string());
+}
+
+std::unique_ptr<RepackSource> open_checkpoint_source(const std::string& dir, const RepackOptions& opts) {
+  return std::make_unique<CheckpointSource>(dir, opts);
+}
+
+RepackStats write_container(RepackSource& src, const RepackOptions& o) {
+  const auto t0 = Clock::now();
+  auto log = [&](const std::string& s) {
+    if (o.log) o.log(s);
+  };
+  if (o.output.empty()) fail("no output given (--output OUT.qpack)");
+  const ModelConfig& c = src.config();
+  const auto formats = src.expert_formats();
+  const QpackLayout layout = QpackLayout::plan(c, formats.data());
+  layout.validate(c, "planned layout");
+  ResidentPlan plan = plan_resident(src);
+  const std::string config_text = src.config_json();
+  const auto files = src.files();
+
+  // Everything that will be written, to check the disk before starting.
+  uint64_t expert_bytes = uint64_t(c.num_layers) * uint64_t(c.num_experts) * layout.expert_stride;
+  uint64_t need = plan.bytes + expert_bytes + config_text.size() + (4ull << 20);
+  for (const auto& [rel, path] : files) need += fs::file_size(path);
+  need += uint64_t(c.num_layers) * uint64_t(c.num_experts) * 20;  // checksums.json
+
+  const fs::path out = fs::absolute(fs::path(o.output)).lexically_normal();
+  log(fmt::format("{}: {} layers x {} experts ({}), expert stride {} bytes, resident {}, experts {}",
+                  src.describe(), c.num_layers, c.num_experts,
+                  formats[0].describe(), layout.expert_stride, gb(plan.bytes), gb(expert_bytes)));
+  ContainerWriter cw(o.output, o.force, o.log);
+  check_free_space(cw.out(), need, fs::exists(cw.out()));
+
+  write_resident(plan, cw);
+  plan.items.clear();  // release anything the producers captured
+  log(fmt::format("model.safetensors: {} tensors, {} ({:.1f} s)", plan.tensors.size(), gb(plan.bytes), since(t0)));
+
+  QpackChecksums sums;
+  const auto t1 = Clock::now();
+  ChunkBuffers bufs(layout.expert_stride, layout.expert_count);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const auto tl = Clock::now();
+    sums.experts.push_back(write_layer(src, layout, l, cw, std::max(1, o.threads), bufs));
+    const double s = since(tl);
+    log(fmt::format("layer {:02d}/{}: {} experts, {} in {:.1f} s ({:.2f} GB/s)", l + 1, c.num_layers,
+                    c.num_experts, gb(uint64_t(c.num_experts) * layout.expert_stride), s,
+                    double(c.num_experts) * double(layout.expert_stride) / 1e9 / std::max(s, 1e-9)));
+  }
+  const double expert_s = since(t1);
+
+  cw.write_text("packed_experts/layout.json", layout.to_json().dump(2) + "\n");
+  for (const auto& [rel, path] : files) cw.copy_file(rel, path);
+  cw.write_text("config.json", config_text);
+  for (const auto& [rel, h] : cw.hashes())
+    if (!rel.starts_with("packed_experts/layer_")) sums.files[rel] = h;
+  cw.write_text(kQpackChecksumsFile, sums.to_json().dump(1) + "\n");
+
+  QpackManifest m;
+  m.model_name = c.model_type;
+  m.source_checkpoint = o.source_name.empty() ? src.describe() : o.source_name;
+  m.quant_bits = src.quant_bits();
+  m.quant_group_size = src.quant_group_size();
+  cw.commit(m);
+
+  RepackStats st;
+  st.output = cw.out().string();
+  st.resident_bytes = plan.bytes;
+  st.expert_bytes = expert_bytes;
+  for (const auto& [rel, n] : cw.sizes()) st.total_bytes += n;
+  st.seconds = since(t0);
+  log(fmt::format("wrote {}: {} in {:.1f} s (experts {:.2f} GB/s)", st.output, gb(st.total_bytes),
+                  st.seconds, double(expert_bytes) / 1e9 / std::max(expert_s, 1e-9)));
+  return st;
+}
+
+}  // namespace swiftlet

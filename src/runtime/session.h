@@ -1,0 +1,94 @@
+// A conversation with the model: its state, prefix reuse, and the generation loop
+// (prefill in chunks, sample, stream text, stop on tokens / strings / length / cancel).
+#pragma once
+
+#include "model/qwen3_hybrid.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace swiftlet {
+
+enum class FinishReason { Stop, Length, Cancelled };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;       // the whole conversation so far, as tokens
+  SamplingParams sampling;
+  int max_new_tokens = 256;
+  std::vector<std::string> stop;     // stop strings (matched on the decoded text)
+  std::vector<int32_t> stop_tokens;  // e.g. <|im_end|>, <|endoftext|>
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;
+  int64_t reused_tokens = 0;     // prompt tokens whose state was already there (prefix reuse)
+  int64_t prefilled_tokens = 0;  // prompt tokens run through the model by this request
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;
+  double ttft_seconds = 0;       // request start to the first generated token
+  double decode_seconds = 0;     // first to last generated token
+  ExpertStats experts;           // this request's share of the expert source's counters
+  size_t peak_rss = 0;           // bytes, whole process so far
+  double prefill_tok_s() const { return prefill_seconds > 0 ? double(prefilled_tokens) / prefill_seconds : 0; }
+  double decode_tok_s() const {
+    return decode_seconds > 0 && generated_tokens > 1 ? double(generated_tokens - 1) / decode_seconds : 0;
+  }
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids; a stop token that ended generation is included
+  std::string text;             // their text, without the stop token or stop string
+  FinishReason finish = FinishReason::Length;
+  std::string stop_string;      // the stop string that ended it, if any
+  GenerateStats stats;
+};
+
+// Called with each new piece of complete UTF-8 text and the token that completed it.
+// Return false to stop generating (finish reason "cancelled").
+using TokenCallback = std::function<bool(std::string_view text, int32_t token)>;
+
+struct SessionOptions {
+  Backend backend = Backend::Cpu;
+  int prefill_chunk = 256;  // prompt tokens per forward call (bounds activation memory)
+  int max_snapshots = 2;    // DeltaNet snapshots kept for prefix reuse
+  int64_t max_context = 0;  // 0: the model's limit is not enforced here
+};
+
+class Session {
+ public:
+  // tokenizer may be null: then text, stop strings and the streamed pieces are empty.
+  Session(const Model& model, const Tokenizer* tokenizer, SessionOptions opts = {});
+
+  GenerateResult generate(const GenerateRequest& req, const TokenCallback& on_token = {},
+                          const std::atomic<bool>* cancel = nullptr);
+
+  // Brings the state to `prompt` reusing what it can; returns the number of reused tokens.
+  // Afterwards last_logits() holds the logits after the last prompt token.
+  int64_t prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel = nullptr);
+  const std::vector<float>& last_logits() const { return logits_; }
+
+  void reset();
+  const SessionState& state() const { return state_; }
+  const Model& model() const { return model_; }
+
+ private:
+  void feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel);
+  void remember_snapshot();
+
+  const Model& model_;
+  const Tokenizer* tokenizer_;
+  SessionOptions opts_;
+  Forward forward_;
+  SessionState state_;
+  std::vector<float> logits_;     // after consuming state_.pos tokens, when logits_pos_ == pos
+  int64_t logits_pos_ = -1;
+  std::vector<StateSnapshot> snapshots_;  // oldest first
+};
+
+}  // namespace swiftlet

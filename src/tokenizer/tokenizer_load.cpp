@@ -1,0 +1,254 @@
+// Parses a Hugging Face tokenizer.json (the serialisation of tokenizers::Tokenizer) into
+// Tokenizer::Impl. Only what byte-level BPE tokenizers (GPT-2, Qwen2/3, Qwen3.5) use is
+// accepted; anything else fails with a message naming the unsupported field.
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "tokenizer/normalizer.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/utf8.h"
+
+namespace swiftlet {
+namespace {
+
+using nlohmann::json;
+
+std::string type_of(const json& j) {
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) return "";
+  return j["type"].get<std::string>();
+}
+
+bool flag(const json& j, const char* key, bool fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) fail("tokenizer.json: \"{}\" must be true or false, got {}", key, it->dump());
+  return it->get<bool>();
+}
+
+// The ByteLevel decoder's view of a token: each character of the byte alphabet is one byte;
+// a token with any other character decodes to its own UTF-8 (HF decoders/byte_level.rs).
+std::string token_to_bytes(std::string_view text) {
+  std::string bytes;
+  bytes.reserve(text.size());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const int b = utf8::unicode_to_byte(utf8::next(text, pos));
+    if (b < 0) return std::string(text);
+    bytes.push_back(static_cast<char>(b));
+  }
+  return bytes;
+}
+
+void parse_normalizer(const json& j, Tokenizer::Impl& impl) {
+  if (j.is_null()) return;
+  const std::string type = type_of(j);
+  if (type == "NFC") {
+    impl.nfc = true;
+  } else if (type == "Sequence" && j.contains("normalizers") && j["normalizers"].is_array()) {
+    for (const json& n : j["normalizers"]) parse_normalizer(n, impl);
+  } else {
+    fail("tokenizer.json: normalizer {} is not supported (only NFC, alone or in a Sequence)", j.dump());
+  }
+}
+
+void parse_pre_tokenizer(const json& j, Tokenizer::Impl& impl, bool& byte_level) {
+  const std::string type = type_of(j);
+  if (byte_level) {
+    fail("tokenizer.json: pre-tokenizer {} after ByteLevel is not supported", type);
+  }
+  if (type == "Sequence" && j.contains("pretokenizers") && j["pretokenizers"].is_array()) {
+    for (const json& p : j["pretokenizers"]) parse_pre_tokenizer(p, impl, byte_level);
+  } else if (type == "Split") {
+    const json& pattern = j.at("pattern");
+    const bool literal = pattern.contains("String");
+    if (!literal && !pattern.contains("Regex")) {
+      fail("tokenizer.json: Split pattern {} has neither \"Regex\" nor \"String\"", pattern.dump());
+    }
+    const std::string text = pattern.at(literal ? "String" : "Regex").get<std::string>();
+    const std::string behavior = j.value("behavior", "Isolated");
+    RegexSplitter::Behavior b;
+    if (behavior == "Isolated") {
+      b = RegexSplitter::Behavior::kIsolated;
+    } else if (behavior == "Removed") {
+      b = RegexSplitter::Behavior::kRemoved;
+    } else {
+      fail("tokenizer.json: Split behavior \"{}\" is not supported (Isolated or Removed)", behavior);
+    }
+    impl.splitters.push_back(std::make_unique<RegexSplitter>(text, literal, b, flag(j, "invert", false)));
+  } else if (type == "ByteLevel") {
+    if (flag(j, "add_prefix_space", false)) {
+      fail("tokenizer.json: ByteLevel add_prefix_space = true is not supported");
+    }
+    if (flag(j, "use_regex", true)) {
+      impl.splitters.push_back(std::make_unique<RegexSplitter>(
+          kGpt2SplitPattern, false, RegexSplitter::Behavior::kIsolated, false));
+    }
+    byte_level = true;
+  } else {
+    fail("tokenizer.json: pre-tokenizer {} is not supported (Split, ByteLevel or a Sequence of them)",
+         j.is_null() ? std::string("null") : j.dump().substr(0, 200));
+  }
+}
+
+void check_decoder(const json& j) {
+  const std::string type = type_of(j);
+  if (type == "ByteLevel") return;
+  if (type == "Sequence" && j.contains("decoders") && j["decoders"].is_array()) {
+    for (const json& d : j["decoders"]) check_decoder(d);
+    return;
+  }
+  fail("tokenizer.json: decoder {} is not supported (byte-level BPE needs a ByteLevel decoder)",
+       j.is_null() ? std::string("null") : j.dump().substr(0, 200));
+}
+
+void check_bpe_options(const json& model) {
+  if (type_of(model) != "BPE" && model.contains("type")) {
+    fail("tokenizer.json: model type \"{}\" is not supported (only BPE)", type_of(model));
+  }
+  if (flag(model, "byte_fallback", false)) fail("tokenizer.json: BPE byte_fallback is not supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    auto it = model.find(key);
+    if (it != model.end() && it->is_string() && !it->get<std::string>().empty()) {
+      fail("tokenizer.json: BPE {} = \"{}\" is not supported", key, it->get<std::string>());
+    }
+  }
+  auto dropout = model.find("dropout");
+  if (dropout != model.end() && dropout->is_number() && dropout->get<double>() > 0.0) {
+    fail("tokenizer.json: BPE dropout is not supported for inference");
+  }
+}
+
+void ensure_id(Tokenizer::Impl& impl, int64_t id) {
+  if (id < 0 || id > (int64_t{1} << 30)) fail("tokenizer.json: token id {} is out of range", id);
+  if (id >= static_cast<int64_t>(impl.id_text.size())) {
+    impl.id_text.resize(id + 1);
+    impl.id_bytes.resize(id + 1);
+    impl.id_kind.resize(id + 1, Tokenizer::Impl::kNone);
+  }
+}
+
+std::pair<std::string, std::string> merge_pair(const json& m, size_t rank) {
+  if (m.is_string()) {
+    const std::string s = m.get<std::string>();
+    const size_t space = s.find(' ');
+    if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+      fail("tokenizer.json: merge #{} \"{}\" is not two tokens separated by one space", rank, s);
+    }
+    return {s.substr(0, space), s.substr(space + 1)};
+  }
+  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+    return {m[0].get<std::string>(), m[1].get<std::string>()};
+  }
+  fail("tokenizer.json: merge #{} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, m.dump());
+}
+
+void load_model(const json& model, Tokenizer::Impl& impl) {
+  check_bpe_options(model);
+  impl.ignore_merges = flag(model, "ignore_merges", false);
+  const json& vocab = model.at("vocab");
+  if (!vocab.is_object()) fail("tokenizer.json: model.vocab must be an object of token -> id");
+  StringToId vocab_ids;
+  vocab_ids.reserve(vocab.size());
+  for (const auto& [text, id_json] : vocab.items()) {
+    const int64_t id = id_json.get<int64_t>();
+    ensure_id(impl, id);
+    impl.id_text[id] = text;
+    impl.id_bytes[id] = token_to_bytes(text);
+    impl.id_kind[id] = Tokenizer::Impl::kVocab;
+    vocab_ids.emplace(text, static_cast<int32_t>(id));
+  }
+
+  std::array<int32_t, 256> byte_ids{};
+  const auto& alphabet = utf8::byte_to_unicode();
+  for (int b = 0; b < 256; ++b) {
+    std::string text;
+    utf8::append(text, alphabet[b]);
+    auto it = vocab_ids.find(text);
+    byte_ids[b] = it == vocab_ids.end() ? -1 : it->second;
+  }
+
+  const json& merges_json = model.at("merges");
+  std::vector<BpeModel::Merge> merges;
+  merges.reserve(merges_json.size());
+  const auto lookup = [&](const std::string& token, size_t rank) {
+    auto it = vocab_ids.find(token);
+    if (it == vocab_ids.end()) {
+      fail("tokenizer.json: merge #{} needs token \"{}\", which is not in model.vocab", rank, token);
+    }
+    return it->second;
+  };
+  for (size_t rank = 0; rank < merges_json.size(); ++rank) {
+    const auto [a, b] = merge_pair(merges_json[rank], rank);
+    merges.push_back(BpeModel::Merge{lookup(a, rank), lookup(b, rank), lookup(a + b, rank)});
+  }
+  impl.bpe = std::make_unique<BpeModel>(byte_ids, merges);
+
+  impl.text_to_id = std::move(vocab_ids);
+  if (impl.ignore_merges) {
+    for (size_t id = 0; id < impl.id_kind.size(); ++id) {
+      if (impl.id_kind[id] == Tokenizer::Impl::kVocab) impl.bytes_to_id.emplace(impl.id_bytes[id], static_cast<int32_t>(id));
+    }
+  }
+}
+
+void load_added_tokens(const json& list, Tokenizer::Impl& impl) {
+  if (list.is_null()) return;
+  if (!list.is_array()) fail("tokenizer.json: added_tokens must be an array");
+  for (const json& t : list) {
+    AddedToken token;
+    token.id = t.at("id").get<int32_t>();
+    token.content = t.at("content").get<std::string>();
+    token.special = flag(t, "special", false);
+    token.lstrip = flag(t, "lstrip", false);
+    token.rstrip = flag(t, "rstrip", false);
+    token.single_word = flag(t, "single_word", false);
+    token.normalized = flag(t, "normalized", !token.special);
+    if (token.content.empty()) continue;
+    if (!utf8::is_valid(token.content)) fail("tokenizer.json: added token {} is not valid UTF-8", token.id);
+    ensure_id(impl, token.id);
+    impl.id_text[token.id] = token.content;
+    impl.id_bytes[token.id] = token_to_bytes(token.content);
+    impl.id_kind[token.id] = token.special ? Tokenizer::Impl::kAddedSpecial : Tokenizer::Impl::kAdded;
+    impl.text_to_id.insert_or_assign(token.content, token.id);
+    impl.added.push_back(token);
+  }
+  for (size_t i = 0; i < impl.added.size(); ++i) {
+    const AddedToken& token = impl.added[i];
+    if (token.normalized) {
+      impl.normalized_matcher.add(impl.nfc ? unicode::nfc(token.content) : token.content, i);
+    } else {
+      impl.raw_matcher.add(token.content, i);
+    }
+  }
+  impl.raw_matcher.finalize();
+  impl.normalized_matcher.finalize();
+}
+
+}  // namespace
+
+std::shared_ptr<Tokenizer::Impl> load_tokenizer_json(std::string_view text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("tokenizer.json is not valid JSON: {}", e.what());
+  }
+  if (!j.is_object() || !j.contains("model")) {
+    fail("not a Hugging Face tokenizer.json: no \"model\" object at the top level");
+  }
+  auto impl = std::make_shared<Tokenizer::Impl>();
+  try {
+    parse_normalizer(j.value("normalizer", json()), *impl);
+    bool byte_level = false;
+    parse_pre_tokenizer(j.value("pre_tokenizer", json()), *impl, byte_level);
+    if (!byte_level) fail("tokenizer.json: only byte-level BPE is supported; the pre-tokenizer has no ByteLevel");
+    check_decoder(j.value("decoder", json()));
+    load_model(j["model"], *impl);
+    load_added_tokens(j.value("added_tokens", json()), *impl);
+  } catch (const json::exception& e) {
+    fail("tokenizer.json has an unexpected shape: {}", e.what());
+  }
+  return impl;
+}
+
+}  // namespace swiftlet

@@ -1,0 +1,135 @@
+// End-to-end: swiftlet-repack, then `swiftlet info / verify / logits / generate` on the .qpack.
+#include "io/mapped_file.h"
+#include "support/test_paths.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace swiftlet {
+namespace {
+
+namespace fs = std::filesystem;
+using swiftlet::testing::bin_path;
+using swiftlet::testing::fixture_dir;
+
+struct CmdOut {
+  int status;
+  std::string out;  // stdout and stderr together
+};
+
+CmdOut sh(const std::string& exe, const std::string& args) {
+  const std::string cmd = bin_path(exe) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CmdOut r{-1, ""};
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class QpackCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("swiftlet_qpack_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& rel) const { return (dir_ / rel).string(); }
+  fs::path dir_;
+};
+
+TEST_F(QpackCli, RepackInfoVerifyAndRunTheTinyPreset) {
+  const std::string q = path("tiny.qpack");
+  CmdOut r = sh("swiftlet-repack", "--synthetic tiny --output " + q);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("layer 04/4"), std::string::npos) << r.out;
+
+  r = sh("swiftlet", "info " + q + " --cache-experts 32");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* want : {"Qwen3-Next (qwen3_next)", "4: 3 Gated DeltaNet + 1 full attention",
+                           "16 per layer, top-4", "4-bit g64", "per expert     13824 bytes", "16384 bytes per read",
+                           "cache of 32 experts", "peak RAM", "synthetic:tiny"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+
+  r = sh("swiftlet", "verify " + q);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("OK, 3 files and 64 experts"), std::string::npos) << r.out;
+
+  r = sh("swiftlet", "logits " + q + " --tokens 1,2,3,500 --out " + path("l.f32"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string b = read_text_file(path("l.f32"));
+  ASSERT_EQ(b.size(), 4u * 1024 * 4);
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), b.size());
+  for (float x : v) ASSERT_TRUE(std::isfinite(x));
+
+  r = sh("swiftlet", "generate " + q + " --ids 1,2,3 --max-new 5 --greedy --print-ids");
+  ASSERT_EQ(r.status, 0) << r.out;
+
+  // One flipped byte in layer 01, expert 9: verify names it and fails.
+  {
+    std::fstream f(q + "/packed_experts/layer_01.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(9 * 16384 + 100);
+    f.put('\x55');
+  }
+  r = sh("swiftlet", "verify " + q);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("layer 01 expert 9: checksum mismatch"), std::string::npos) << r.out;
+}
+
+TEST_F(QpackCli, MlxFixtureRepackedGivesTransformersLogits) {
+  const std::string fx = fixture_dir("next_mlx4");
+  if (!fs::exists(fx + "/reference.json")) GTEST_SKIP() << "fixture missing";
+  const std::string q = path("m.qpack");
+  CmdOut r = sh("swiftlet-repack", "-q --from-dir " + fx + " -o " + q);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto ref = nlohmann::json::parse(read_text_file(fx + "/reference.json"));
+  std::string toks;
+  for (int t : ref["tokens"]) toks += (toks.empty() ? "" : ",") + std::to_string(t);
+  r = sh("swiftlet", "logits " + q + " --backend reference --tokens " + toks + " --out " + path("l.f32"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string got = read_text_file(path("l.f32")), want = read_text_file(fx + "/prefill_logits.f32");
+  ASSERT_EQ(got.size(), want.size());
+  float m = 0;
+  for (size_t i = 0; i < got.size() / 4; ++i) {
+    float a, b;
+    std::memcpy(&a, got.data() + 4 * i, 4);
+    std::memcpy(&b, want.data() + 4 * i, 4);
+    m = std::max(m, std::fabs(a - b));
+  }
+  EXPECT_LT(m, 1e-3f);
+}
+
+TEST_F(QpackCli, RepackRefusesBadRequests) {
+  CmdOut r = sh("swiftlet-repack", "--synthetic nope -o " + path("x.qpack"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("unknown synthetic preset 'nope'"), std::string::npos) << r.out;
+  r = sh("swiftlet-repack", "--synthetic tiny --bits 3 -o " + path("x.qpack"));
+  EXPECT_NE(r.status, 0);
+  r = sh("swiftlet-repack", "--synthetic tiny --from-dir /nonexistent -o " + path("x.qpack"));
+  EXPECT_NE(r.status, 0);
+  r = sh("swiftlet-repack", "--from-hf 'not a repo' -o " + path("x.qpack"));
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_FALSE(fs::exists(path("x.qpack")));
+  r = sh("swiftlet", "info " + path("missing.qpack"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace swiftlet
