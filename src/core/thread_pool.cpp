@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <memory>
 
 #if defined(__x86_64__)
@@ -23,26 +25,31 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
     generation_.fetch_add(1);
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_tasks() {
+void ThreadPool::run_tasks(uint32_t gen) {
+  const auto* fn = job_.load(std::memory_order_acquire);
+  const int64_t n = n_tasks_.load(std::memory_order_acquire);
+  uint64_t t = ticket_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_tasks_) break;
-    (*job_)(i);
+    if (uint32_t(t >> 32) != gen || int64_t(t & 0xffffffffu) >= n) return;
+    if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+    (*fn)(int64_t(t & 0xffffffffu));
+    done_.fetch_add(1, std::memory_order_release);
+    t = ticket_.load(std::memory_order_acquire);
   }
 }
 
 void ThreadPool::worker_loop() {
-  uint64_t seen = 0;
+  uint32_t seen = 0;
   for (;;) {
     // Spin a little for the next job before sleeping: decode issues thousands of small jobs.
-    uint64_t g = generation_.load(std::memory_order_acquire);
+    uint32_t g = generation_.load(std::memory_order_acquire);
     for (int spin = 0; g == seen && spin < 20000; ++spin) {
       SWIFTLET_PAUSE();
       g = generation_.load(std::memory_order_acquire);
@@ -53,9 +60,8 @@ void ThreadPool::worker_loop() {
       g = generation_.load();
     }
     seen = g;
-    if (stop_) return;
-    run_tasks();
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (stop_.load()) return;
+    run_tasks(g);
   }
 }
 
@@ -65,17 +71,22 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  uint32_t gen;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    n_tasks_ = n;
-    next_.store(0, std::memory_order_relaxed);
-    pending_.store(int(workers_.size()), std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    gen = generation_.load() + 1;
+    job_.store(&fn, std::memory_order_relaxed);
+    n_tasks_.store(n, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    ticket_.store(uint64_t(gen) << 32, std::memory_order_release);
+    generation_.store(gen, std::memory_order_release);
   }
   cv_.notify_all();
-  run_tasks();
-  while (pending_.load(std::memory_order_acquire) != 0) SWIFTLET_PAUSE();
+  run_tasks(gen);
+  for (int spin = 0; done_.load(std::memory_order_acquire) != n; ++spin) {
+    if (spin < 4000) SWIFTLET_PAUSE();
+    else sched_yield();  // a claimed task's thread was descheduled: let it run
+  }
 }
 
 ThreadPool& ThreadPool::global() {

@@ -1,6 +1,10 @@
 // A persistent pool of worker threads for data-parallel kernels. The caller's thread takes
-// part too, so a pool of N threads starts N - 1 workers. parallel_for does not allocate;
-// workers spin briefly before sleeping, so back-to-back small jobs (decode) stay cheap.
+// part too, so a pool of N threads starts N - 1 workers. parallel_for does not allocate.
+//
+// Completion is counted in tasks, not workers: the caller returns as soon as every task has
+// run, whoever ran it. On a shared, noisy machine a descheduled worker therefore never holds
+// up a job; it finds nothing left to claim when it wakes. Tasks are claimed with a ticket that
+// carries the job's generation, so a late worker cannot run a task of the next job.
 #pragma once
 
 #include <atomic>
@@ -31,17 +35,17 @@ class ThreadPool {
 
  private:
   void worker_loop();
-  void run_tasks();
+  void run_tasks(uint32_t gen);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
-  const std::function<void(int64_t)>* job_ = nullptr;
-  int64_t n_tasks_ = 0;
-  std::atomic<int64_t> next_{0};
-  std::atomic<int> pending_{0};       // workers still inside the current job
-  std::atomic<uint64_t> generation_{0};
-  bool stop_ = false;
+  std::atomic<const std::function<void(int64_t)>*> job_{nullptr};
+  std::atomic<int64_t> n_tasks_{0};
+  std::atomic<uint64_t> ticket_{0};  // generation << 32 | next task index
+  std::atomic<int64_t> done_{0};     // tasks finished in the current job
+  std::atomic<uint32_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 }  // namespace swiftlet
