@@ -89,6 +89,10 @@ class FakeHub {
       (s == &hub_ ? hub_port_ : cdn_port_) = port;
       threads_.emplace_back([s] { s->listen_after_bind(); });
     }
+    // httplib's stop() is a no-op until the accept loop runs: wait for it, or a quick test's
+    // TearDown would join a server that never stops.
+    while (!hub_.is_running() || !cdn_.is_running())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 
   void stop() {
@@ -222,7 +226,7 @@ class FakeHub {
         [this, data, cut, stall](size_t offset, size_t length, httplib::DataSink& sink) {
           if (offset >= cut) {
             if (stall)  // stay connected but silent; the client's low-speed timeout fires
-              for (int i = 0; i < 300 && !stopping_; ++i)
+              for (int i = 0; i < 1000 && !stopping_; ++i)  // 10 s at most
                 std::this_thread::sleep_for(std::chrono::milliseconds(10));
             return false;  // closes the connection mid-file
           }
@@ -422,7 +426,10 @@ TEST_F(HubClientTest, LowSpeedTimeoutRetriesAndResumes) {
   o.low_speed_time_s = 1;
   HubClient c(o);
   fs::path dest = dir_ / "model.safetensors";
+  auto t0 = std::chrono::steady_clock::now();
   c.download(kRepo, "main", "model.safetensors", dest);
+  // The server stalls for 10 s: finishing well before means the client gave up on its own.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
   EXPECT_TRUE(read_file(dest) == hub_.files["model.safetensors"]);
   auto seen = hub_.seen_for("/resolve/");
   ASSERT_EQ(seen.size(), 2u);

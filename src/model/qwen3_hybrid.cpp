@@ -71,6 +71,7 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
 
   for (int l = 0; l < c_.num_layers; ++l) {
     const LayerWeights& lw = m_.weights.layers[size_t(l)];
+    if (layer_hook_) layer_hook_(l, std::span<float>(h, size_t(T * H)));
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.input_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
     if (lw.linear) gated_delta_net(l, st.layers[size_t(l)], T);

@@ -12,6 +12,7 @@
 #include "model/weights.h"
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -46,6 +47,9 @@ class Forward {
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
   // run, and the experts chosen.
   void set_capture(bool on) { capture_ = on; }
+  // Called with the residual stream ([T][H]) before each layer; tests use it to feed every
+  // layer the reference backend's input (teacher forcing), so per-layer errors do not compound.
+  void set_layer_hook(std::function<void(int layer, std::span<float> h)> hook) { layer_hook_ = std::move(hook); }
   const std::vector<float>& layer_outputs() const { return layer_outputs_; }
   const std::vector<RouteRecord>& routes() const { return routes_; }
 
@@ -59,6 +63,7 @@ class Forward {
   const ModelConfig& c_;
   const Kernels& k_;
   bool capture_ = false;
+  std::function<void(int, std::span<float>)> layer_hook_;
   std::vector<float> layer_outputs_;
   std::vector<RouteRecord> routes_;
 

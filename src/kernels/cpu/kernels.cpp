@@ -18,41 +18,61 @@ bool avx2_usable(const QMatrix& w) {
   return (w.bits == 4 || w.bits == 8) && w.group_size % (8 * (32 / w.bits)) == 0;
 }
 
-// Rows are split over the global pool; small products stay on the calling thread, where the
-// cost of waking workers would exceed the work.
-void matmul_cpu(const QMatrix& w, const float* x, int64_t n, float* y) {
+// Splits rows [0, rows) over the global pool; small products stay on the calling thread,
+// where waking workers would cost more than the work.
+template <typename F>
+void split_rows(const QMatrix& w, int64_t n, F&& rows_fn) {
+  ThreadPool& pool = ThreadPool::global();
+  const int64_t work = w.rows * w.cols * n;
+  const int64_t tasks = std::min<int64_t>(w.rows, work < (1 << 16) ? 1 : int64_t(pool.size()) * 4);
+  if (tasks <= 1) {
+    rows_fn(int64_t(0), w.rows);
+    return;
+  }
+  pool.parallel_for(tasks, [&](int64_t i) { rows_fn(w.rows * i / tasks, w.rows * (i + 1) / tasks); });
+}
+
+void matmul_f32act(const QMatrix& w, const float* x, int64_t n, float* y) {
   if (!avx2_usable(w)) {
     ref::matmul(w, x, n, y);
     return;
   }
   thread_local avx2::Prepared prep;
   avx2::prepare(w, x, n, prep);
-  ThreadPool& pool = ThreadPool::global();
-  const int64_t work = w.rows * w.cols * n;
-  int64_t tasks = std::min<int64_t>(w.rows, work < (1 << 16) ? 1 : int64_t(pool.size()) * 4);
-  if (tasks <= 1) {
-    avx2::matmul_rows(w, x, prep, n, y, 0, w.rows);
+  const avx2::Prepared& p = prep;
+  split_rows(w, n, [&](int64_t r0, int64_t r1) { avx2::matmul_rows(w, x, p, n, y, r0, r1); });
+}
+
+void matmul_q8act(const QMatrix& w, const float* x, int64_t n, float* y) {
+  if (!avx2_usable(w) || !avx2::q8_supported(w)) {
+    matmul_f32act(w, x, n, y);
     return;
   }
-  const avx2::Prepared& p = prep;
-  pool.parallel_for(tasks, [&](int64_t i) {
-    const int64_t r0 = w.rows * i / tasks, r1 = w.rows * (i + 1) / tasks;
-    avx2::matmul_rows(w, x, p, n, y, r0, r1);
-  });
+  thread_local avx2::PreparedQ8 prep;
+  avx2::prepare_q8(w, x, n, prep);
+  const avx2::PreparedQ8& p = prep;
+  split_rows(w, n, [&](int64_t r0, int64_t r1) { avx2::matmul_rows_q8(w, p, n, y, r0, r1); });
 }
 
 }  // namespace
 
 const Kernels& kernels_for(Backend b) {
   static const Kernels reference{&ref::matmul, &ref::dequant_row, "reference"};
-  static const Kernels cpu{&matmul_cpu, &ref::dequant_row, "cpu"};
-  return b == Backend::Reference ? reference : cpu;
+  static const Kernels cpu{&matmul_q8act, &ref::dequant_row, "cpu"};
+  static const Kernels cpu_f32{&matmul_f32act, &ref::dequant_row, "cpu-f32"};
+  switch (b) {
+    case Backend::Reference: return reference;
+    case Backend::Cpu: return cpu;
+    case Backend::CpuF32: return cpu_f32;
+  }
+  return reference;
 }
 
 Backend parse_backend(std::string_view s) {
   if (s == "reference") return Backend::Reference;
   if (s == "cpu") return Backend::Cpu;
-  fail("unknown backend '{}' (use 'cpu' or 'reference')", s);
+  if (s == "cpu-f32") return Backend::CpuF32;
+  fail("unknown backend '{}' (use 'cpu', 'cpu-f32' or 'reference')", s);
 }
 
 }  // namespace swiftlet

@@ -9,7 +9,10 @@
 
 namespace swiftlet {
 
-enum class Backend { Reference, Cpu };
+// Reference: scalar fp32 (the oracle). Cpu: AVX2 kernels with int8 activations for quantised
+// weights (fast; activations rounded to 8 bits per group of 64). CpuF32: AVX2 kernels with fp32
+// activations throughout (as exact as the reference, slower on quantised weights).
+enum class Backend { Reference, Cpu, CpuF32 };
 
 struct Kernels {
   // Y[t, rows] = W X[t, cols] for t < n.
@@ -20,7 +23,7 @@ struct Kernels {
 };
 
 const Kernels& kernels_for(Backend b);
-// "reference" or "cpu"; throws Error otherwise.
+// "reference", "cpu" or "cpu-f32"; throws Error otherwise.
 Backend parse_backend(std::string_view s);
 
 }  // namespace swiftlet

@@ -4,6 +4,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace swiftlet::avx2 {
@@ -146,6 +148,125 @@ void matmul_rows(const QMatrix& w, const float* x, const Prepared& p, int64_t n,
         for (int64_t t = 0; t < n; ++t)
           y[t * w.rows + r] = dot_dense(static_cast<const uint16_t*>(w.data) + r * cols, x + t * cols, cols, bf16);
       return;
+    }
+  }
+}
+
+// ---- int8 activations ----
+
+bool q8_supported(const QMatrix& w) {
+  return w.format == WeightFormat::Affine && (w.bits == 4 || w.bits == 8) && w.group_size % 64 == 0;
+}
+
+void prepare_q8(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p) {
+  const int64_t cols = w.cols, G = w.group_size, groups = cols / G;
+  if (p.xq.size() < size_t(n * cols)) p.xq.resize(size_t(n * cols));
+  if (p.d.size() < size_t(n * groups)) {
+    p.d.resize(size_t(n * groups));
+    p.xsum.resize(size_t(n * groups));
+    p.isum.resize(size_t(n * groups));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * cols;
+    int8_t* qt = p.xq.data() + t * cols;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = xt + g * G;
+      float amax = 0, sum = 0;
+      for (int64_t i = 0; i < G; ++i) {
+        amax = std::max(amax, std::fabs(xg[i]));
+        sum += xg[i];
+      }
+      const float d = amax / 127.0f;
+      const float inv = d > 0 ? 1.0f / d : 0.0f;
+      int8_t* qg = qt + g * G;
+      int32_t isum = 0;
+      for (int64_t c0 = 0; c0 < G; c0 += 64) {
+        int8_t q[64];
+        for (int i = 0; i < 64; ++i) {
+          q[i] = int8_t(std::lrintf(xg[c0 + i] * inv));
+          isum += q[i];
+        }
+        if (w.bits == 4) {
+          // Byte m of the 32 packed bytes holds elements 8(m/4) + 2(m%4) (low nibble) and +1.
+          for (int m = 0; m < 32; ++m) {
+            const int e = 8 * (m >> 2) + 2 * (m & 3);
+            qg[c0 + m] = q[e];
+            qg[c0 + 32 + m] = q[e + 1];
+          }
+        } else {
+          std::memcpy(qg + c0, q, 64);  // 8-bit: byte m is element m
+        }
+      }
+      p.d[size_t(t * groups + g)] = d;
+      p.xsum[size_t(t * groups + g)] = sum;
+      p.isum[size_t(t * groups + g)] = isum;
+    }
+  }
+}
+
+namespace {
+
+inline __m256i dot_q4_64(const uint8_t* wq, const int8_t* xq) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  const __m256i lo = _mm256_and_si256(p, m4);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), m4);
+  const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32));
+  const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+  return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+// (q - 128) . x for 32 unsigned 8-bit weights; |q - 128| <= 128 keeps vpmaddubsw exact.
+inline __m256i dot_q8_32(const uint8_t* wq, const int8_t* xq) {
+  const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+  const __m256i a = _mm256_sub_epi8(p, _mm256_set1_epi8(char(0x80)));
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i s16 = _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(x, a));
+  return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+template <int Bits>
+float dot_row_q8(const QMatrix& w, const uint8_t* row, const void* srow, const void* brow,
+                 const int8_t* xq, const float* d, const float* xsum, const int32_t* isum) {
+  const int64_t G = w.group_size, groups = w.cols / G;
+  __m256 acc = _mm256_setzero_ps();
+  float extra = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i s32 = _mm256_setzero_si256();
+    for (int64_t c0 = 0; c0 < G; c0 += 64) {
+      if constexpr (Bits == 4) {
+        s32 = _mm256_add_epi32(s32, dot_q4_64(row + (g * G + c0) / 2, xq + g * G + c0));
+      } else {
+        s32 = _mm256_add_epi32(s32, dot_q8_32(row + g * G + c0, xq + g * G + c0));
+        s32 = _mm256_add_epi32(s32, dot_q8_32(row + g * G + c0 + 32, xq + g * G + c0 + 32));
+      }
+    }
+    const float s = load_scale(w.scale_dtype, srow, g);
+    const float sd = s * d[g];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(sd), acc);
+    extra += load_scale(w.scale_dtype, brow, g) * xsum[g];
+    if constexpr (Bits == 8) extra += sd * 128.0f * float(isum[g]);
+  }
+  return hsum(acc) + extra;
+}
+
+}  // namespace
+
+void matmul_rows_q8(const QMatrix& w, const PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
+  const int64_t cols = w.cols, groups = cols / w.group_size;
+  const size_t srb = w.scale_row_bytes(), rb = w.row_bytes();
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * rb;
+    const void* srow = static_cast<const uint8_t*>(w.scales) + size_t(r) * srb;
+    const void* brow = static_cast<const uint8_t*>(w.biases) + size_t(r) * srb;
+    for (int64_t t = 0; t < n; ++t) {
+      const int8_t* xq = p.xq.data() + t * cols;
+      const float* d = p.d.data() + t * groups;
+      const float* xs = p.xsum.data() + t * groups;
+      const int32_t* is = p.isum.data() + t * groups;
+      y[t * w.rows + r] = w.bits == 4 ? dot_row_q8<4>(w, row, srow, brow, xq, d, xs, is)
+                                      : dot_row_q8<8>(w, row, srow, brow, xq, d, xs, is);
     }
   }
 }
