@@ -57,6 +57,17 @@ class QpackExperts : public ExpertSource {
   void release(int layer) override {}
 
   const ExpertReadStats& stats() const { return stats_; }
+  // No cache yet: every expert asked for is a miss that was read from disk, and the compute
+  // waits for every read.
+  ExpertStats expert_stats() const override {
+    ExpertStats e;
+    e.misses = stats_.experts;
+    e.bytes_read = stats_.bytes;
+    e.read_seconds = stats_.read_seconds;
+    e.wait_seconds = stats_.read_seconds;
+    e.verify_seconds = stats_.verify_seconds;
+    return e;
+  }
   bool verifying() const { return verify_; }
 
  private:
