@@ -1,11 +1,142 @@
-// swiftlet-server: OpenAI-compatible HTTP server.
+// swiftlet-server: OpenAI-compatible HTTP server (chat completions, completions, models,
+// health, Prometheus metrics, and a chat page at /).
+//
+//   swiftlet-server --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--ctx N] [--parallel N]
+//
+// Listens at once (GET /health answers 503 while the model loads) and prints
+// "listening on http://HOST:PORT" on stdout; --port 0 picks a free port.
+#include "core/error.h"
+#include "kernels/cpu/kernels.h"
+#include "server/engine_worker.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/routes.h"
+
 #include <CLI/CLI.hpp>
 
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
+#include <filesystem>
+#include <thread>
+
+namespace {
+
+std::string default_model_id(const std::string& path) {
+  std::filesystem::path p(path);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // a trailing slash
+  std::string name = p.filename().string();
+  if (name.ends_with(".qpack")) name.resize(name.size() - 6);
+  return name.empty() ? "swiftlet" : name;
+}
+
+int serve(int argc, char** argv) {
+  CLI::App app{"swiftlet-server: OpenAI-compatible server for Qwen3-Next / Qwen3.5-MoE models"};
+  std::string model, tokenizer, backend = "cpu", alias;
+  int threads = 0;
+  bool no_verify = false;
+  swiftlet::server::ServerOptions so;
+  swiftlet::server::WorkerOptions wo;
+  double max_body_mb = double(so.max_body_bytes) / (1 << 20);
+  app.add_option("--model,-m", model, "checkpoint directory or .qpack container")->required();
+  app.add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
+  app.add_option("--backend", backend, "cpu (default) or reference");
+  app.add_option("--threads", threads, "compute threads (default: all cores)");
+  app.add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
+  app.add_option("--alias", alias, "model name to serve under (default: the model's file name)");
+  app.add_option("--host", so.host, "address to listen on; anything but loopback should come with --api-key")
+      ->capture_default_str();
+  app.add_option("--port", so.port, "port (0: any free port, printed at start)")->capture_default_str();
+  app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' on /v1/* and /metrics")
+      ->envname("SWIFTLET_API_KEY");
+  app.add_option("--ctx", wo.max_context, "context length per conversation, in tokens (prompt + answer)")
+      ->capture_default_str();
+  app.add_option("--parallel", wo.sessions, "conversations whose state is kept for prefix reuse")->capture_default_str();
+  app.add_option("--max-queue", wo.max_queue, "requests that may wait for the engine; more get 429")
+      ->capture_default_str();
+  app.add_option("--max-body-mb", max_body_mb, "largest request body accepted, in MiB (larger: 413)")
+      ->capture_default_str();
+  app.add_option("--http-threads", so.http_threads, "connections served at once")->capture_default_str();
+  app.add_flag("--log-requests", so.log_requests, "print one line per request on stderr");
+  CLI11_PARSE(app, argc, argv);
+
+  so.max_body_bytes = size_t(max_body_mb * (1 << 20));
+  so.http_threads = std::max<int>(so.http_threads, int(wo.max_queue) + 8);
+  wo.engine.model = model;
+  wo.engine.tokenizer = tokenizer;
+  wo.engine.backend = swiftlet::parse_backend(backend);
+  wo.engine.threads = threads;
+  wo.engine.load.verify_experts = !no_verify;
+
+  if (!swiftlet::server::is_loopback_host(so.host) && so.api_key.empty())
+    std::fprintf(stderr,
+                 "swiftlet-server: WARNING: listening on %s without an API key: anyone who can reach this address "
+                 "can use the model. Pass --api-key KEY (or SWIFTLET_API_KEY).\n",
+                 so.host.c_str());
+
+  // Signals are handled by a watcher thread (sigtimedwait), never in a handler: block them
+  // before any thread starts so every thread inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  swiftlet::server::Metrics metrics;
+  swiftlet::server::EngineWorker worker(wo, metrics);
+  swiftlet::server::Routes routes(worker, metrics, {alias.empty() ? default_model_id(model) : alias});
+  swiftlet::server::HttpServer server(routes, metrics, so);
+  const int port = server.bind();
+  std::printf("swiftlet-server: listening on http://%s:%d (loading %s)\n", so.host.c_str(), port, model.c_str());
+  std::fflush(stdout);
+
+  std::atomic<bool> finished{false};
+  std::atomic<int> exit_code{0};
+  std::thread watcher([&] {
+    const timespec tick{0, 100'000'000};
+    bool reported = false;
+    auto stop_server = [&] {
+      while (!finished.load()) {
+        server.stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    };
+    while (!finished.load()) {
+      siginfo_t info;
+      if (sigtimedwait(&sigs, &info, &tick) > 0) {
+        std::fprintf(stderr, "swiftlet-server: stopping\n");
+        stop_server();
+        return;
+      }
+      if (!reported && worker.status() == swiftlet::server::EngineWorker::Status::Ready) {
+        reported = true;
+        std::printf("swiftlet-server: model ready\n");
+        std::fflush(stdout);
+      }
+      if (worker.status() == swiftlet::server::EngineWorker::Status::Failed) {
+        std::fprintf(stderr, "swiftlet-server: cannot load the model: %s\n", worker.load_error().c_str());
+        exit_code.store(1);
+        stop_server();
+        return;
+      }
+    }
+  });
+  if (!server.run()) exit_code.store(exit_code.load() ? exit_code.load() : 1);
+  finished.store(true);
+  watcher.join();
+  worker.shutdown();
+  return exit_code.load();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"swiftlet-server: OpenAI-compatible server"};
-  CLI11_PARSE(app, argc, argv);
-  std::fprintf(stderr, "swiftlet-server: not implemented yet\n");
-  return 2;
+  try {
+    return serve(argc, argv);
+  } catch (const swiftlet::Error& e) {
+    std::fprintf(stderr, "swiftlet-server: %s\n", e.what());
+    return 1;
+  }
 }

@@ -1,0 +1,74 @@
+// Shared by the .cu files: error checking and small device helpers. Not part of the API.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace swiftlet::cuda::detail {
+
+[[noreturn]] inline void cuda_failed(cudaError_t e, const char* what, const char* file, int line) {
+  std::fprintf(stderr, "swiftlet: CUDA error at %s:%d: %s: %s (%s)\n", file, line, what, cudaGetErrorString(e),
+               cudaGetErrorName(e));
+  std::abort();
+}
+
+[[noreturn]] inline void invariant_failed(const char* what, const char* file, int line) {
+  std::fprintf(stderr, "swiftlet: internal error at %s:%d: %s\n", file, line, what);
+  std::abort();
+}
+
+inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `red` is 32 floats of shared memory; the call synchronises the block.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // red may still be read by an earlier call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+}  // namespace swiftlet::cuda::detail
+
+#define SWIFTLET_CUDA_CHECK(call)                                                               \
+  do {                                                                                          \
+    cudaError_t e_ = (call);                                                                    \
+    if (e_ != cudaSuccess) ::swiftlet::cuda::detail::cuda_failed(e_, #call, __FILE__, __LINE__); \
+  } while (0)
+// After a kernel launch: reports a bad launch configuration at once (not at the next sync).
+#define SWIFTLET_CUDA_LAUNCHED() SWIFTLET_CUDA_CHECK(cudaGetLastError())
+#define SWIFTLET_CUDA_REQUIRE(cond)                                                     \
+  do {                                                                                  \
+    if (!(cond)) ::swiftlet::cuda::detail::invariant_failed(#cond, __FILE__, __LINE__); \
+  } while (0)

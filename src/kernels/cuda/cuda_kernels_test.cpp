@@ -1,0 +1,384 @@
+// Every CUDA kernel against the scalar reference (kernels/cpu/ops_ref.h, or the loops of
+// model/qwen3_hybrid.cpp restated here) on random shapes with ragged edges. Skips where no
+// usable GPU is present (CI), saying why.
+#include "kernels/cuda/cuda_kernels.h"
+
+#include "core/dtype.h"
+#include "kernels/cpu/ops_ref.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace swiftlet {
+namespace {
+
+#define REQUIRE_GPU()                                                 \
+  do {                                                                \
+    std::string why_;                                                 \
+    if (!cuda::cuda_available(&why_)) GTEST_SKIP() << "no usable CUDA GPU: " << why_; \
+  } while (0)
+
+// A device copy of a host vector; frees itself.
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(const std::vector<T>& h) : p(static_cast<T*>(cuda::gpu_alloc(h.size() * sizeof(T)))), n(h.size()) {
+    cuda::gpu_upload(p, h.data(), n * sizeof(T));
+  }
+  explicit DevBuf(size_t count) : p(static_cast<T*>(cuda::gpu_alloc(count * sizeof(T)))), n(count) {
+    cuda::gpu_memset(p, 0, n * sizeof(T));
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() { cuda::gpu_free(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    cuda::gpu_download(h.data(), p, n * sizeof(T));
+    return h;
+  }
+};
+
+std::vector<float> randn(std::mt19937& rng, size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// got ~ want within atol + rtol |want| everywhere; reports the first miss.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rtol, float atol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " at " << i;
+}
+
+struct HostMatrix {
+  QMatrix m;
+  std::vector<uint8_t> data, scales, biases;
+};
+
+HostMatrix random_matrix(std::mt19937& rng, WeightFormat f, int64_t rows, int64_t cols, int bits, int gs,
+                         DType sdt) {
+  HostMatrix o;
+  o.m.format = f;
+  o.m.rows = rows;
+  o.m.cols = cols;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto put16 = [](std::vector<uint8_t>& v, size_t i, uint16_t h) { std::memcpy(v.data() + 2 * i, &h, 2); };
+  auto put = [&](std::vector<uint8_t>& v, size_t i, float x, DType t) {
+    if (t == DType::F32) std::memcpy(v.data() + 4 * i, &x, 4);
+    else put16(v, i, t == DType::BF16 ? f32_to_bf16(x) : f32_to_f16(x));
+  };
+  if (f == WeightFormat::Affine) {
+    o.m.bits = bits;
+    o.m.group_size = gs;
+    o.m.scale_dtype = sdt;
+    o.data.resize(size_t(rows * cols * bits / 8));
+    for (auto& b : o.data) b = uint8_t(byte(rng));
+    const size_t groups = size_t(rows * (cols / gs)), es = dtype_size(sdt);
+    o.scales.resize(groups * es);
+    o.biases.resize(groups * es);
+    for (size_t i = 0; i < groups; ++i) {
+      put(o.scales, i, nd(rng) * 0.1f, sdt);
+      put(o.biases, i, nd(rng) * 0.5f, sdt);
+    }
+    o.m.scales = o.scales.data();
+    o.m.biases = o.biases.data();
+  } else {
+    const DType t = f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::BF16 ? DType::BF16 : DType::F16;
+    o.data.resize(size_t(rows * cols) * dtype_size(t));
+    for (size_t i = 0; i < size_t(rows * cols); ++i) put(o.data, i, nd(rng), t);
+  }
+  o.m.data = o.data.data();
+  return o;
+}
+
+TEST(CudaKernels, DeviceIsUsable) {
+  REQUIRE_GPU();
+  const std::string d = cuda::device_description();
+  EXPECT_FALSE(d.empty());
+  std::printf("CUDA device: %s\n", d.c_str());
+}
+
+TEST(CudaKernels, MatmulMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  struct Case {
+    WeightFormat f;
+    int bits, gs;
+    DType sdt;
+  };
+  const Case cases[] = {
+      {WeightFormat::F32, 0, 0, DType::BF16},      {WeightFormat::BF16, 0, 0, DType::BF16},
+      {WeightFormat::F16, 0, 0, DType::BF16},      {WeightFormat::Affine, 4, 64, DType::BF16},
+      {WeightFormat::Affine, 8, 64, DType::BF16},  {WeightFormat::Affine, 4, 64, DType::F16},
+      {WeightFormat::Affine, 4, 64, DType::F32},   {WeightFormat::Affine, 8, 64, DType::F32},
+      {WeightFormat::Affine, 4, 128, DType::BF16}, {WeightFormat::Affine, 4, 32, DType::BF16},
+      {WeightFormat::Affine, 8, 32, DType::BF16},
+  };
+  for (const Case& c : cases) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {7, 256}, {33, 384}, {130, 512}, {515, 2048},
+                              {9, 4096}}) {
+      if (c.f != WeightFormat::Affine) cols += rows % 5;  // ragged rows: the scalar (unaligned) path
+      HostMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, c.gs, c.sdt);
+      void* owner = nullptr;
+      const cuda::GpuMatrix g = cuda::upload_matrix(w.m, &owner);
+      for (int64_t n : {1, 3, 8, 11}) {
+        const std::vector<float> x = randn(rng, size_t(n * cols));
+        std::vector<float> want(size_t(n * rows));
+        ref::matmul(w.m, x.data(), n, want.data());
+        DevBuf<float> dx(x), dy(size_t(n * rows));
+        cuda::matmul(g, dx.p, n, dy.p);
+        const std::string what = "format " + std::to_string(int(c.f)) + " bits " + std::to_string(c.bits) + " gs " +
+                                 std::to_string(c.gs) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                 " n=" + std::to_string(n);
+        expect_close(dy.get(), want, 1e-4f, 1e-3f, what);
+      }
+      cuda::gpu_free(owner);
+    }
+  }
+}
+
+TEST(CudaKernels, NormsMatchReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(3);
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {16, 256}, {5, 2048}, {2, 2049}}) {
+    const std::vector<float> x = randn(rng, size_t(rows * n), 2.0f), w = randn(rng, size_t(n));
+    std::vector<float> want(x.size());
+    for (int64_t r = 0; r < rows; ++r) ref::rms_norm(x.data() + r * n, w.data(), n, 1e-6f, want.data() + r * n);
+    DevBuf<float> dx(x), dw(w), dy(x.size());
+    cuda::rms_norm(dx.p, dw.p, rows, n, 1e-6f, dy.p);
+    expect_close(dy.get(), want, 1e-5f, 1e-5f, "rms_norm " + std::to_string(rows) + "x" + std::to_string(n));
+    cuda::rms_norm(dx.p, dw.p, rows, n, 1e-6f, dx.p);  // in place
+    expect_close(dx.get(), want, 1e-5f, 1e-5f, "rms_norm in place");
+
+    std::vector<float> l2 = x;
+    for (int64_t r = 0; r < rows; ++r) ref::l2_norm_scaled(l2.data() + r * n, n, 1e-6f, 0.25f);
+    DevBuf<float> dl(x);
+    cuda::l2_norm_rows(dl.p, rows, n, 1e-6f, 0.25f);
+    expect_close(dl.get(), l2, 1e-5f, 1e-6f, "l2_norm_rows " + std::to_string(rows) + "x" + std::to_string(n));
+
+    // Gated RMSNorm over heads (model-spec.md 3.9).
+    const std::vector<float> z = randn(rng, x.size());
+    std::vector<float> gw = x;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* o = gw.data() + r * n;
+      ref::rms_norm(o, w.data(), n, 1e-6f, o);
+      for (int64_t j = 0; j < n; ++j) o[j] *= ref::silu(z[size_t(r * n + j)]);
+    }
+    DevBuf<float> dg(x), dz(z);
+    cuda::gated_rms_norm(dg.p, dz.p, dw.p, rows, n, 1e-6f);
+    expect_close(dg.get(), gw, 1e-5f, 1e-5f, "gated_rms_norm");
+  }
+}
+
+TEST(CudaKernels, ElementwiseMatchReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(5);
+  for (int64_t n : {1, 255, 256, 1000, 70001}) {
+    const std::vector<float> g = randn(rng, size_t(n), 3.0f), u = randn(rng, size_t(n)), y0 = randn(rng, size_t(n));
+    std::vector<float> want(static_cast<size_t>(n)), want_axpy = y0, want_sig = y0;
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] = ref::silu(g[size_t(i)]) * u[size_t(i)];
+    const float a = 0.37f, gate = -0.8f;
+    for (int64_t i = 0; i < n; ++i) {
+      want_axpy[size_t(i)] += a * u[size_t(i)];
+      want_sig[size_t(i)] += ref::sigmoid(gate) * u[size_t(i)];
+    }
+    DevBuf<float> dg(g), du(u), dy(static_cast<size_t>(n)), da(y0), dd(y0), dgate(std::vector<float>{gate}), dw(std::vector<float>{a});
+    cuda::silu_mul(dg.p, du.p, n, dy.p);
+    expect_close(dy.get(), want, 1e-6f, 1e-6f, "silu_mul n=" + std::to_string(n));
+    cuda::axpy(da.p, du.p, n, 0.0f, dw.p);
+    expect_close(da.get(), want_axpy, 1e-6f, 1e-6f, "axpy (device scalar)");
+    cuda::add_sigmoid_scaled(dd.p, du.p, dgate.p, n);
+    expect_close(dd.get(), want_sig, 1e-6f, 1e-6f, "add_sigmoid_scaled");
+  }
+}
+
+TEST(CudaKernels, RouterTopkMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(9);
+  for (auto [E, k] : {std::pair<int, int>{8, 1}, {8, 8}, {64, 4}, {256, 8}, {300, 10}, {512, 10}, {512, 16}}) {
+    const int64_t T = 5;
+    const std::vector<float> logits = randn(rng, size_t(T * E), 2.0f);
+    std::vector<int32_t> want_ids;
+    std::vector<float> want_w;
+    for (int64_t t = 0; t < T; ++t) {
+      // As Forward::sparse_moe: softmax over all E, top k by probability, renormalise.
+      std::vector<float> p(logits.begin() + t * E, logits.begin() + (t + 1) * E);
+      ref::softmax(p.data(), E);
+      std::vector<int32_t> order(static_cast<size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      double sum = 0;
+      for (int i = 0; i < k; ++i) sum += p[size_t(order[size_t(i)])];
+      for (int i = 0; i < k; ++i) {
+        want_ids.push_back(order[size_t(i)]);
+        want_w.push_back(float(p[size_t(order[size_t(i)])] / sum));
+      }
+    }
+    DevBuf<float> dl(logits), dw(size_t(T * k));
+    DevBuf<int32_t> di(size_t(T * k));
+    cuda::router_topk(dl.p, T, E, k, true, di.p, dw.p);
+    const std::string what = "router E=" + std::to_string(E) + " k=" + std::to_string(k);
+    EXPECT_EQ(di.get(), want_ids) << what;
+    expect_close(dw.get(), want_w, 1e-5f, 1e-6f, what);
+  }
+}
+
+TEST(CudaKernels, RopeMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(13);
+  const float theta = 1e7f;
+  for (auto [heads, hd, rot] : {std::tuple<int, int, int>{16, 256, 64}, {2, 256, 64}, {4, 128, 128}, {3, 64, 16}}) {
+    for (int64_t pos : {0, 1, 17, 1000}) {
+      const int stride = 2 * hd;  // as q inside the gated q_proj output: [query | gate] per head
+      const std::vector<float> x = randn(rng, size_t(heads * stride));
+      std::vector<float> want = x, cs(size_t(rot / 2)), sn(size_t(rot / 2));
+      for (int i = 0; i < rot / 2; ++i) {  // as Forward::rope_tables
+        const float inv = 1.0f / std::pow(theta, float(2 * i) / float(rot));
+        cs[size_t(i)] = std::cos(float(pos) * inv);
+        sn[size_t(i)] = std::sin(float(pos) * inv);
+      }
+      for (int h = 0; h < heads; ++h) ref::rope_neox(want.data() + h * stride, rot, cs.data(), sn.data());
+      DevBuf<float> dx(x);
+      cuda::rope_neox(dx.p, heads, stride, rot, pos, theta);
+      expect_close(dx.get(), want, 1e-4f, 2e-5f, "rope pos " + std::to_string(pos));
+    }
+  }
+}
+
+// Decode attention for the last query over a cache of n positions, as Forward::gated_attention.
+std::vector<float> attention_ref(const std::vector<float>& q, const std::vector<float>& kc, const std::vector<float>& vc,
+                                 int64_t n, int nh, int nkv, int hd, const std::vector<float>* gate) {
+  const int64_t kvd = int64_t(nkv) * hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<float> out(static_cast<size_t>(nh * hd)), sc(static_cast<size_t>(n));
+  for (int j = 0; j < nh; ++j) {
+    const int kh = j / (nh / nkv);
+    for (int64_t s = 0; s < n; ++s) {
+      double acc = 0;
+      for (int d = 0; d < hd; ++d) acc += double(q[size_t(j * hd + d)]) * kc[size_t(s * kvd + kh * hd + d)];
+      sc[size_t(s)] = float(acc) * scale;
+    }
+    ref::softmax(sc.data(), n);
+    for (int d = 0; d < hd; ++d) {
+      double o = 0;
+      for (int64_t s = 0; s < n; ++s) o += double(sc[size_t(s)]) * vc[size_t(s * kvd + kh * hd + d)];
+      float v = float(o);
+      if (gate) v *= ref::sigmoid((*gate)[size_t(j * hd + d)]);
+      out[size_t(j * hd + d)] = v;
+    }
+  }
+  return out;
+}
+
+TEST(CudaKernels, AttentionDecodeMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(17);
+  for (auto [nh, nkv, hd] : {std::tuple<int, int, int>{16, 2, 256}, {4, 4, 128}, {6, 2, 96}, {2, 1, 32}}) {
+    for (int64_t n : {1, 5, 37, 300}) {
+      for (bool gated : {false, true}) {
+        const int64_t kvd = int64_t(nkv) * hd;
+        const std::vector<float> q = randn(rng, size_t(nh * hd), 0.5f), kc = randn(rng, size_t(n * kvd)),
+                                 vc = randn(rng, size_t(n * kvd)), gate = randn(rng, size_t(nh * hd));
+        const std::vector<float> want = attention_ref(q, kc, vc, n, nh, nkv, hd, gated ? &gate : nullptr);
+        DevBuf<float> dq(q), dk(kc), dv(vc), dg(gate), dout(size_t(nh * hd));
+        cuda::attention_decode(dq.p, dk.p, dv.p, n, nh, nkv, hd, 1.0f / std::sqrt(float(hd)), gated ? dg.p : nullptr,
+                               dout.p);
+        expect_close(dout.get(), want, 1e-4f, 1e-5f,
+                     "attention nh=" + std::to_string(nh) + " nkv=" + std::to_string(nkv) + " hd=" +
+                         std::to_string(hd) + " n=" + std::to_string(n) + (gated ? " gated" : ""));
+      }
+    }
+  }
+}
+
+struct DeltaShape {
+  int hk, hv, dk, dv, K;
+};
+
+// Several decode steps of a Gated DeltaNet mixer core (conv + SiLU, L2 norms, delta rule, gated
+// RMSNorm), restating Forward::gated_delta_net for one token at a time.
+TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(23);
+  for (const DeltaShape& sh : {DeltaShape{4, 8, 128, 128, 4}, DeltaShape{2, 6, 96, 80, 4}, DeltaShape{1, 1, 256, 40, 2},
+                               DeltaShape{16, 32, 128, 128, 4}}) {
+    const int64_t kd = int64_t(sh.hk) * sh.dk, vd = int64_t(sh.hv) * sh.dv, C = 2 * kd + vd;
+    const int r = sh.hv / sh.hk, K = sh.K;
+    const float q_scale = 1.0f / std::sqrt(float(sh.dk)), eps = 1e-6f;
+    const std::vector<float> conv_w = randn(rng, size_t(C * K), 0.5f), norm_w = randn(rng, size_t(sh.dv), 0.3f),
+                             A_log = randn(rng, size_t(sh.hv), 0.5f), dt_bias = randn(rng, size_t(sh.hv), 0.5f);
+    std::vector<float> conv(size_t((K - 1) * C)), S(size_t(sh.hv) * sh.dk * sh.dv);
+    DevBuf<float> d_conv_w(conv_w), d_norm_w(norm_w), d_A(A_log), d_dt(dt_bias), d_conv(conv.size()), d_S(S.size()),
+        d_u(static_cast<size_t>(C)), d_o(static_cast<size_t>(vd));
+    for (int step = 0; step < 4; ++step) {
+      const std::vector<float> x = randn(rng, size_t(C)), z = randn(rng, size_t(vd)), b = randn(rng, size_t(sh.hv)),
+                               a = randn(rng, size_t(sh.hv));
+      // Reference.
+      std::vector<float> u(static_cast<size_t>(C)), o(static_cast<size_t>(vd));
+      for (int64_t ch = 0; ch < C; ++ch) {
+        const float* wc = conv_w.data() + ch * K;
+        float acc = wc[K - 1] * x[size_t(ch)];
+        for (int j = 0; j < K - 1; ++j) acc += wc[j] * conv[size_t(j * C + ch)];
+        u[size_t(ch)] = ref::silu(acc);
+      }
+      if (K > 1) {
+        std::memmove(conv.data(), conv.data() + C, sizeof(float) * size_t((K - 2) * C));
+        std::copy(x.begin(), x.end(), conv.begin() + (K - 2) * C);
+      }
+      for (int g = 0; g < sh.hk; ++g) {
+        ref::l2_norm_scaled(u.data() + g * sh.dk, sh.dk, eps, q_scale);
+        ref::l2_norm_scaled(u.data() + kd + g * sh.dk, sh.dk, eps, 1.0f);
+      }
+      for (int h = 0; h < sh.hv; ++h) {
+        const float* qh = u.data() + (h / r) * sh.dk;
+        const float* kh = u.data() + kd + (h / r) * sh.dk;
+        const float* vh = u.data() + 2 * kd + int64_t(h) * sh.dv;
+        const float beta = ref::sigmoid(b[size_t(h)]);
+        const float alpha = std::exp(-std::exp(A_log[size_t(h)]) * ref::softplus(a[size_t(h)] + dt_bias[size_t(h)]));
+        float* Sh = S.data() + int64_t(h) * sh.dk * sh.dv;
+        std::vector<float> m(size_t(sh.dv)), delta(size_t(sh.dv));
+        for (int64_t i = 0; i < int64_t(sh.dk) * sh.dv; ++i) Sh[i] *= alpha;
+        for (int i = 0; i < sh.dk; ++i)
+          for (int j = 0; j < sh.dv; ++j) m[size_t(j)] += Sh[i * sh.dv + j] * kh[i];
+        for (int j = 0; j < sh.dv; ++j) delta[size_t(j)] = beta * (vh[j] - m[size_t(j)]);
+        for (int i = 0; i < sh.dk; ++i)
+          for (int j = 0; j < sh.dv; ++j) Sh[i * sh.dv + j] += kh[i] * delta[size_t(j)];
+        float* oh = o.data() + int64_t(h) * sh.dv;
+        for (int i = 0; i < sh.dk; ++i)
+          for (int j = 0; j < sh.dv; ++j) oh[j] += Sh[i * sh.dv + j] * qh[i];
+        ref::rms_norm(oh, norm_w.data(), sh.dv, eps, oh);
+        for (int j = 0; j < sh.dv; ++j) oh[j] *= ref::silu(z[size_t(h * sh.dv + j)]);
+      }
+      // GPU.
+      DevBuf<float> dx(x), dz(z), db(b), da(a);
+      cuda::conv1d_silu_step(dx.p, d_conv_w.p, d_conv.p, C, K, d_u.p);
+      cuda::l2_norm_rows(d_u.p, sh.hk, sh.dk, eps, q_scale);
+      cuda::l2_norm_rows(d_u.p + kd, sh.hk, sh.dk, eps, 1.0f);
+      cuda::delta_rule_step(d_u.p, d_u.p + kd, d_u.p + 2 * kd, db.p, da.p, d_A.p, d_dt.p, d_S.p, sh.hk, sh.hv, sh.dk,
+                            sh.dv, d_o.p);
+      cuda::gated_rms_norm(d_o.p, dz.p, d_norm_w.p, sh.hv, sh.dv, eps);
+      const std::string what = "deltanet hk=" + std::to_string(sh.hk) + " hv=" + std::to_string(sh.hv) + " dk=" +
+                               std::to_string(sh.dk) + " dv=" + std::to_string(sh.dv) + " step " + std::to_string(step);
+      expect_close(d_u.get(), u, 1e-5f, 1e-5f, what + " conv/l2");
+      expect_close(d_conv.get(), conv, 0.0f, 0.0f, what + " conv state");
+      expect_close(d_S.get(), S, 1e-4f, 1e-5f, what + " state");
+      expect_close(d_o.get(), o, 1e-4f, 1e-4f, what + " output");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace swiftlet

@@ -1,0 +1,244 @@
+// Matrix-vector / small matrix-matrix products on affine 4/8-bit (MLX, model-spec.md 5.1) and
+// dense F32/F16/BF16 weights, fp32 activations and accumulation.
+//
+// Decode is memory bound: one warp owns one weight row and streams it in 16-byte loads
+// (coalesced: the warp reads 512 contiguous bytes per step), dequantises in registers and dots
+// it with up to 8 activation rows at once (staged in shared memory for the quantised formats),
+// so the weights are read once per 8 tokens. Larger
+// batches loop over blocks of 8 tokens (a tensor-core GEMM for prefill is future work).
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <cuda_fp16.h>
+
+namespace swiftlet::cuda {
+
+using detail::warp_sum;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;
+constexpr int kMaxTokens = 8;
+
+enum ScaleType : int { kScaleBF16 = 0, kScaleF16 = 1, kScaleF32 = 2 };
+
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t h) { return __uint_as_float(h << 16); }
+
+__device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
+  if (st == kScaleF32) return __ldg(static_cast<const float*>(p) + i);
+  const uint16_t h = __ldg(static_cast<const unsigned short*>(p) + i);
+  if (st == kScaleBF16) return bf16_bits_to_float(h);
+  return __half2float(__ushort_as_half(h));
+}
+
+// q as float without an int->float conversion: 2^23 + q has q in its mantissa (q < 2^23).
+__device__ __forceinline__ float small_uint_to_float(uint32_t q) {
+  return __uint_as_float(0x4B000000u | q) - 8388608.0f;
+}
+
+// Columns of X staged in shared memory per step: fewer tokens, wider tiles (<= 37 KB).
+template <int NT>
+__host__ __device__ constexpr int affine_tile() { return NT <= 4 ? 2048 : 1024; }
+// Shared-memory layout of a staged X row: 4 floats of padding after every 32, so the lanes'
+// 16-byte reads of their own 32 (4-bit) or 16 (8-bit) values hit distinct banks.
+__device__ __forceinline__ int padded(int i) { return i + (i >> 5) * 4; }
+template <int NT>
+__host__ __device__ constexpr int affine_smem_bytes() { return NT * (affine_tile<NT>() / 32) * 36 * 4; }
+
+// Y[t][r] = sum_c W[r][c] X[t][c] for t < NT. Row r is handled by one warp; the block first
+// stages a tile of X's columns in shared memory (reading X straight from global memory with
+// each lane at a 128-byte stride made L1 wavefronts, not HBM, the limit).
+template <int BITS, int NT>
+__global__ void __launch_bounds__(kThreads) affine_matvec_kernel(const uint32_t* __restrict__ w,
+                                                                 const void* __restrict__ scales,
+                                                                 const void* __restrict__ biases, int st,
+                                                                 int64_t rows, int64_t cols, int gs,
+                                                                 const float* __restrict__ x,
+                                                                 float* __restrict__ y) {
+  constexpr int kPerWord = 32 / BITS;
+  constexpr int kPerChunk = 4 * kPerWord;  // elements in one 16-byte load
+  constexpr uint32_t kMask = (1u << BITS) - 1u;
+  constexpr int kTile = affine_tile<NT>();
+  constexpr int kTokStride = (kTile / 32) * 36;
+  extern __shared__ float4 xs_raw[];
+  float* xs = reinterpret_cast<float*>(xs_raw);
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  const bool active = r < rows;  // no early return: every thread takes part in the staging
+
+  const uint4* row = reinterpret_cast<const uint4*>(w + (active ? r : 0) * (cols / kPerWord));
+  const int64_t groups = cols / gs;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+
+  for (int64_t base = 0; base < cols; base += kTile) {
+    const int tile = int(cols - base < kTile ? cols - base : kTile);
+    __syncthreads();  // the previous tile is consumed
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      for (int i = threadIdx.x; i < tile; i += kThreads) xs[t * kTokStride + padded(i)] = __ldg(x + t * cols + base + i);
+    __syncthreads();
+    if (!active) continue;
+    const int chunks = tile / kPerChunk;
+#pragma unroll 2
+    for (int ch = lane; ch < chunks; ch += 32) {
+      const uint4 pk = __ldg(row + base / kPerChunk + ch);
+      const int e0 = ch * kPerChunk;  // column within the tile
+      const int64_t gi = r * groups + (base + e0) / gs;  // a chunk never straddles groups (gs % kPerChunk == 0)
+      const float sc = load_scale(scales, gi, st);
+      const float bi = load_scale(biases, gi, st);
+      const uint32_t words[4] = {pk.x, pk.y, pk.z, pk.w};
+      float wv[kPerChunk];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int e = 0; e < kPerWord; ++e)
+          wv[k * kPerWord + e] = fmaf(sc, small_uint_to_float((words[k] >> (BITS * e)) & kMask), bi);
+      const int sp = padded(e0);  // the chunk's values are contiguous there (kPerChunk <= 32)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xv = reinterpret_cast<const float4*>(xs + t * kTokStride + sp);
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kPerChunk / 4; ++j) {
+          const float4 v = xv[j];
+          a = fmaf(wv[4 * j], v.x, a);
+          a = fmaf(wv[4 * j + 1], v.y, a);
+          a = fmaf(wv[4 * j + 2], v.z, a);
+          a = fmaf(wv[4 * j + 3], v.w, a);
+        }
+        acc[t] += a;
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) y[t * rows + r] = v;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float elem_to_float(T v);
+template <>
+__device__ __forceinline__ float elem_to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float elem_to_float<uint16_t>(uint16_t v) { return bf16_bits_to_float(v); }
+template <>
+__device__ __forceinline__ float elem_to_float<__half>(__half v) { return __half2float(v); }
+
+// Dense rows (F32, BF16 as uint16_t bits, F16). VEC: 16-byte loads (needs cols * sizeof(T) % 16
+// == 0 so every row starts aligned); otherwise one element per lane per step.
+template <typename T, bool VEC, int NT>
+__global__ void __launch_bounds__(kThreads) dense_matvec_kernel(const T* __restrict__ w, int64_t rows, int64_t cols,
+                                                                const float* __restrict__ x,
+                                                                float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const T* row = w + r * cols;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  if constexpr (VEC) {
+    constexpr int kPer = 16 / sizeof(T);
+    const int64_t chunks = cols / kPer;
+#pragma unroll 2
+    for (int64_t ch = lane; ch < chunks; ch += 32) {
+      union {
+        uint4 u;
+        T e[kPer];
+      } pk;
+      pk.u = __ldg(reinterpret_cast<const uint4*>(row) + ch);
+      float wv[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) wv[j] = elem_to_float<T>(pk.e[j]);
+      const int64_t c0 = ch * kPer;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float* xt = x + t * cols + c0;
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) a = fmaf(wv[j], __ldg(xt + j), a);
+        acc[t] += a;
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float wv = elem_to_float<T>(row[c]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[t] = fmaf(wv, __ldg(x + t * cols + c), acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) y[t * rows + r] = v;
+  }
+}
+
+int scale_type(DType t) {
+  switch (t) {
+    case DType::BF16: return kScaleBF16;
+    case DType::F16: return kScaleF16;
+    case DType::F32: return kScaleF32;
+    default: detail::invariant_failed("affine scales must be BF16, F16 or F32", __FILE__, __LINE__);
+  }
+}
+
+template <typename T, int NT>
+void launch_dense(const GpuMatrix& w, const float* x, float* y, cudaStream_t s) {
+  const unsigned grid = detail::blocks_for(w.rows, kRowsPerBlock);
+  const T* d = static_cast<const T*>(w.data);
+  if ((w.cols * int64_t(sizeof(T))) % 16 == 0)
+    dense_matvec_kernel<T, true, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y);
+  else
+    dense_matvec_kernel<T, false, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y);
+}
+
+template <int NT>
+void launch_matvec(const GpuMatrix& w, const float* x, float* y, cudaStream_t s) {
+  const unsigned grid = detail::blocks_for(w.rows, kRowsPerBlock);
+  switch (w.format) {
+    case WeightFormat::F32: launch_dense<float, NT>(w, x, y, s); break;
+    case WeightFormat::BF16: launch_dense<uint16_t, NT>(w, x, y, s); break;
+    case WeightFormat::F16: launch_dense<__half, NT>(w, x, y, s); break;
+    case WeightFormat::Affine: {
+      const int st = scale_type(w.scale_dtype);
+      const auto* d = static_cast<const uint32_t*>(w.data);
+      if (w.bits == 4)
+        affine_matvec_kernel<4, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(d, w.scales, w.biases, st, w.rows, w.cols,
+                                                              w.group_size, x, y);
+      else
+        affine_matvec_kernel<8, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(d, w.scales, w.biases, st, w.rows, w.cols,
+                                                              w.group_size, x, y);
+      break;
+    }
+  }
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+using LaunchFn = void (*)(const GpuMatrix&, const float*, float*, cudaStream_t);
+constexpr LaunchFn kLaunch[kMaxTokens + 1] = {nullptr,          launch_matvec<1>, launch_matvec<2>,
+                                              launch_matvec<3>, launch_matvec<4>, launch_matvec<5>,
+                                              launch_matvec<6>, launch_matvec<7>, launch_matvec<8>};
+
+}  // namespace
+
+void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s) {
+  if (w.format == WeightFormat::Affine) {
+    SWIFTLET_CUDA_REQUIRE(w.bits == 4 || w.bits == 8);
+    SWIFTLET_CUDA_REQUIRE(w.group_size > 0 && w.group_size % (128 / w.bits) == 0);
+    SWIFTLET_CUDA_REQUIRE(w.cols % w.group_size == 0);
+  }
+  if (w.rows == 0 || n == 0) return;
+  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
+    const int nt = int(n - t0 < kMaxTokens ? n - t0 : kMaxTokens);
+    kLaunch[nt](w, d_x + t0 * w.cols, d_y + t0 * w.rows, s);
+  }
+}
+
+}  // namespace swiftlet::cuda

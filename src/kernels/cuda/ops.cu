@@ -1,0 +1,418 @@
+// Norms, element-wise ops, the MoE router, RoPE, gated-attention decode and the Gated DeltaNet
+// decode step (model-spec.md sections 3.1 - 3.10). Each mirrors a scalar loop of
+// kernels/cpu/ops_ref.cpp or model/qwen3_hybrid.cpp; fp32 throughout.
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace swiftlet::cuda {
+
+using detail::block_max;
+using detail::block_sum;
+using detail::blocks_for;
+using detail::sigmoidf_;
+using detail::siluf_;
+using detail::softplusf_;
+using detail::warp_sum;
+
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int kEltThreads = 256;
+
+// --- norms ------------------------------------------------------------------------------------
+
+__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n, float eps,
+                                float* y) {
+  __shared__ float red[32];
+  const float* xr = x + int64_t(blockIdx.x) * n;
+  float* yr = y + int64_t(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+__global__ void l2_norm_kernel(float* x, int64_t n, float eps, float scale) {
+  __shared__ float red[32];
+  float* xr = x + int64_t(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss + eps) * scale;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
+}
+
+// o <- w * rmsnorm(o) * SiLU(z), one block per head.
+__global__ void gated_rms_norm_kernel(float* o, const float* __restrict__ z, const float* __restrict__ w,
+                                      int64_t dv, float eps) {
+  __shared__ float red[32];
+  float* oh = o + int64_t(blockIdx.x) * dv;
+  const float* zh = z + int64_t(blockIdx.x) * dv;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) ss = fmaf(oh[i], oh[i], ss);
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(dv) + eps);
+  for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) oh[i] = oh[i] * inv * w[i] * siluf_(zh[i]);
+}
+
+// --- element-wise -----------------------------------------------------------------------------
+
+__global__ void silu_mul_kernel(const float* g, const float* u, int64_t n, float* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = siluf_(g[i]) * u[i];
+}
+
+__global__ void axpy_kernel(float* y, const float* __restrict__ x, int64_t n, float a, const float* d_a) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = fmaf(d_a ? *d_a : a, x[i], y[i]);
+}
+
+__global__ void add_sigmoid_scaled_kernel(float* y, const float* __restrict__ x, const float* __restrict__ gate,
+                                          int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = fmaf(sigmoidf_(*gate), x[i], y[i]);
+}
+
+// --- router -----------------------------------------------------------------------------------
+
+constexpr int kRouterThreads = 256;
+constexpr int kRouterMaxE = 4096;
+constexpr int kRouterMaxK = 16;
+
+// a beats b: higher probability, ties to the lower index (as the CPU's partial_sort comparator).
+__device__ __forceinline__ bool beats(float av, int ai, float bv, int bi) {
+  return av > bv || (av == bv && ai < bi);
+}
+
+__global__ void router_topk_kernel(const float* __restrict__ logits, int E, int k, bool renormalise,
+                                   int32_t* ids, float* weights) {
+  __shared__ float p[kRouterMaxE];
+  __shared__ float red[32];
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  __shared__ float chosen_p[kRouterMaxK];
+  __shared__ int chosen_i[kRouterMaxK];
+  const float* lr = logits + int64_t(blockIdx.x) * E;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+
+  // softmax over all E (ref::softmax: subtract the max, exp, times 1/sum)
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) {
+    p[i] = lr[i];
+    m = fmaxf(m, p[i]);
+  }
+  m = block_max(m, red);
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) {
+    p[i] = expf(p[i] - m);
+    s += p[i];
+  }
+  s = block_sum(s, red);
+  const float inv = 1.0f / s;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) p[i] *= inv;
+  __syncthreads();
+
+  // k rounds of arg-max; a chosen entry is set to -1 (probabilities are >= 0).
+  for (int round = 0; round < k; ++round) {
+    float bv = -2.0f;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < E; i += blockDim.x)
+      if (beats(p[i], i, bv, bi)) {
+        bv = p[i];
+        bi = i;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (beats(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      best_v[warp] = bv;
+      best_i[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < nw; ++w)
+        if (beats(best_v[w], best_i[w], bv, bi)) {
+          bv = best_v[w];
+          bi = best_i[w];
+        }
+      chosen_p[round] = bv;
+      chosen_i[round] = bi;
+      p[bi] = -1.0f;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum += chosen_p[i];
+    for (int i = 0; i < k; ++i) {
+      ids[int64_t(blockIdx.x) * k + i] = chosen_i[i];
+      weights[int64_t(blockIdx.x) * k + i] = renormalise ? chosen_p[i] / sum : chosen_p[i];
+    }
+  }
+}
+
+// --- RoPE -------------------------------------------------------------------------------------
+
+__global__ void rope_neox_kernel(float* x, int n_heads, int64_t head_stride, int rot_dim, int64_t pos,
+                                 float theta) {
+  const int half = rot_dim / 2;
+  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= n_heads * half) return;
+  const int h = idx / half, i = idx % half;
+  // As the CPU (and transformers): inverse frequency and angle in fp32.
+  const float inv = 1.0f / powf(theta, float(2 * i) / float(rot_dim));
+  const float angle = float(pos) * inv;
+  const float c = cosf(angle), s = sinf(angle);
+  float* xh = x + int64_t(h) * head_stride;
+  const float a = xh[i], b = xh[i + half];
+  xh[i] = a * c - b * s;
+  xh[i + half] = b * c + a * s;
+}
+
+// --- attention decode -------------------------------------------------------------------------
+
+constexpr int kAttnWarps = 8;
+
+// One block per query head. Warp w takes positions w, w + 8, ...; lane l holds dims l + 32 i.
+// Each warp keeps an online softmax (running max, sum, weighted V); the block merges them.
+template <int DPL>
+__global__ void __launch_bounds__(kAttnWarps * 32) attention_decode_kernel(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc, int64_t n_pos,
+    int n_heads, int n_kv, float scale, const float* __restrict__ gate, float* __restrict__ out) {
+  constexpr int hd = DPL * 32;
+  __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
+  __shared__ float sm_acc[kAttnWarps][hd];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = blockIdx.x;
+  const int kh = j / (n_heads / n_kv);
+  const int64_t kvd = int64_t(n_kv) * hd;
+
+  float qr[DPL], acc[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    qr[i] = q[int64_t(j) * hd + lane + 32 * i];
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t p = warp; p < n_pos; p += kAttnWarps) {
+    const float* kp = kc + p * kvd + int64_t(kh) * hd;
+    float d = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) d = fmaf(qr[i], kp[lane + 32 * i], d);
+    const float sc = warp_sum(d) * scale;
+    const float mn = fmaxf(m, sc);
+    const float corr = expf(m - mn);  // 0 on the first position (m = -inf)
+    const float e = expf(sc - mn);
+    const float* vp = vc + p * kvd + int64_t(kh) * hd;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, vp[lane + 32 * i], acc[i] * corr);
+    l = l * corr + e;
+    m = mn;
+  }
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) sm_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+
+  float M = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm_m[w]);
+  float L = 0.0f;
+  for (int w = 0; w < kAttnWarps; ++w) L += sm_m[w] == -INFINITY ? 0.0f : sm_l[w] * expf(sm_m[w] - M);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kAttnWarps; ++w)
+      if (sm_m[w] != -INFINITY) o = fmaf(sm_acc[w][d], expf(sm_m[w] - M), o);
+    o /= L;
+    const int64_t oi = int64_t(j) * hd + d;
+    if (gate) o *= sigmoidf_(gate[oi]);
+    out[oi] = o;
+  }
+}
+
+// --- Gated DeltaNet ---------------------------------------------------------------------------
+
+__global__ void conv1d_silu_step_kernel(const float* __restrict__ x, const float* __restrict__ w, float* state,
+                                        int64_t C, int K, float* __restrict__ u) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const float* wc = w + c * K;
+  const float xc = x[c];
+  float acc = wc[K - 1] * xc;
+  for (int j = 0; j < K - 1; ++j) acc += wc[j] * state[j * C + c];
+  u[c] = siluf_(acc);
+  // Each thread owns its channel's column of the state, so the shift needs no barrier.
+  for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
+  if (K > 1) state[int64_t(K - 2) * C + c] = xc;
+}
+
+constexpr int kDeltaCols = 32;   // value columns per block (threadIdx.x)
+constexpr int kDeltaSlices = 8;  // key rows split over threadIdx.y
+constexpr int kDeltaMaxDk = 256;
+constexpr int kDeltaRows = kDeltaMaxDk / kDeltaSlices;  // rows per thread, held in registers
+
+// Block (32 x 8) owns 32 value columns j of one head's state S[dk][dv]; thread (x, y) keeps rows
+// y, y + 8, ... of column j in registers between the read (m = S^T k) and the update.
+__global__ void __launch_bounds__(kDeltaCols * kDeltaSlices) delta_rule_step_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ A_log,
+    const float* __restrict__ dt_bias, float* S, int hk, int hv, int dk, int dv, float* __restrict__ o) {
+  __shared__ float ks[kDeltaMaxDk], qs[kDeltaMaxDk];
+  __shared__ float red[kDeltaSlices][kDeltaCols + 1];
+  const int h = blockIdx.y, g = h / (hv / hk);
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kDeltaCols + tx;
+  const int j = blockIdx.x * kDeltaCols + tx;
+  for (int i = tid; i < dk; i += kDeltaCols * kDeltaSlices) {
+    ks[i] = k[int64_t(g) * dk + i];
+    qs[i] = q[int64_t(g) * dk + i];
+  }
+  const float beta = sigmoidf_(b[h]);
+  const float alpha = expf(-expf(A_log[h]) * softplusf_(a[h] + dt_bias[h]));
+  __syncthreads();
+
+  float* Sh = S + int64_t(h) * dk * dv;
+  const bool col = j < dv;
+  float s_reg[kDeltaRows];
+  float part = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kDeltaRows; ++r) {
+    const int i = ty + kDeltaSlices * r;
+    s_reg[r] = (col && i < dk) ? Sh[int64_t(i) * dv + j] * alpha : 0.0f;
+    if (i < dk) part = fmaf(s_reg[r], ks[i], part);
+  }
+  red[ty][tx] = part;
+  __syncthreads();
+  float mj = 0.0f;
+#pragma unroll
+  for (int y = 0; y < kDeltaSlices; ++y) mj += red[y][tx];
+  const float delta = col ? beta * (v[int64_t(h) * dv + j] - mj) : 0.0f;
+  __syncthreads();  // red is reused below
+
+  part = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kDeltaRows; ++r) {
+    const int i = ty + kDeltaSlices * r;
+    if (i < dk) {
+      s_reg[r] = fmaf(ks[i], delta, s_reg[r]);
+      if (col) Sh[int64_t(i) * dv + j] = s_reg[r];
+      part = fmaf(s_reg[r], qs[i], part);
+    }
+  }
+  red[ty][tx] = part;
+  __syncthreads();
+  if (ty == 0 && col) {
+    float oj = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kDeltaSlices; ++y) oj += red[y][tx];
+    o[int64_t(h) * dv + j] = oj;
+  }
+}
+
+}  // namespace
+
+void rms_norm(const float* d_x, const float* d_w, int64_t rows, int64_t n, float eps, float* d_y, GpuStream s) {
+  if (rows == 0) return;
+  rms_norm_kernel<<<unsigned(rows), kNormThreads, 0, s>>>(d_x, d_w, n, eps, d_y);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void l2_norm_rows(float* d_x, int64_t rows, int64_t n, float eps, float scale, GpuStream s) {
+  if (rows == 0) return;
+  l2_norm_kernel<<<unsigned(rows), kNormThreads, 0, s>>>(d_x, n, eps, scale);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
+                    GpuStream s) {
+  if (heads == 0) return;
+  gated_rms_norm_kernel<<<unsigned(heads), 128, 0, s>>>(d_o, d_z, d_w, dv, eps);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void silu_mul(const float* d_g, const float* d_u, int64_t n, float* d_y, GpuStream s) {
+  if (n == 0) return;
+  silu_mul_kernel<<<blocks_for(n, kEltThreads), kEltThreads, 0, s>>>(d_g, d_u, n, d_y);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void axpy(float* d_y, const float* d_x, int64_t n, float a, const float* d_a, GpuStream s) {
+  if (n == 0) return;
+  axpy_kernel<<<blocks_for(n, kEltThreads), kEltThreads, 0, s>>>(d_y, d_x, n, a, d_a);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void add_sigmoid_scaled(float* d_y, const float* d_x, const float* d_gate, int64_t n, GpuStream s) {
+  if (n == 0) return;
+  add_sigmoid_scaled_kernel<<<blocks_for(n, kEltThreads), kEltThreads, 0, s>>>(d_y, d_x, d_gate, n);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
+                 float* d_weights, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(E >= 1 && E <= kRouterMaxE);
+  SWIFTLET_CUDA_REQUIRE(k >= 1 && k <= kRouterMaxK && k <= E);
+  if (n_tok == 0) return;
+  router_topk_kernel<<<unsigned(n_tok), kRouterThreads, 0, s>>>(d_logits, E, k, renormalise, d_ids, d_weights);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_t pos, float theta, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(rot_dim % 2 == 0);
+  const int n = n_heads * (rot_dim / 2);
+  if (n == 0) return;
+  rope_neox_kernel<<<blocks_for(n, 128), 128, 0, s>>>(d_x, n_heads, head_stride, rot_dim, pos, theta);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void attention_decode(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t n_pos,
+                      int n_heads, int n_kv_heads, int head_dim, float scale, const float* d_gate, float* d_out,
+                      GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(n_pos >= 1);
+  SWIFTLET_CUDA_REQUIRE(n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
+  SWIFTLET_CUDA_REQUIRE(head_dim % 32 == 0 && head_dim <= 256);
+  const dim3 grid{unsigned(n_heads)}, block{kAttnWarps * 32};
+  auto args = [&](auto kernel) {
+    kernel<<<grid, block, 0, s>>>(d_q, d_k_cache, d_v_cache, n_pos, n_heads, n_kv_heads, scale, d_gate, d_out);
+  };
+  switch (head_dim / 32) {
+    case 1: args(attention_decode_kernel<1>); break;
+    case 2: args(attention_decode_kernel<2>); break;
+    case 3: args(attention_decode_kernel<3>); break;
+    case 4: args(attention_decode_kernel<4>); break;
+    case 5: args(attention_decode_kernel<5>); break;
+    case 6: args(attention_decode_kernel<6>); break;
+    case 7: args(attention_decode_kernel<7>); break;
+    case 8: args(attention_decode_kernel<8>); break;
+  }
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, int64_t C, int K, float* d_u,
+                      GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(K >= 1);
+  if (C == 0) return;
+  conv1d_silu_step_kernel<<<blocks_for(C, kEltThreads), kEltThreads, 0, s>>>(d_x, d_conv_w, d_state, C, K, d_u);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void delta_rule_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
+                     const float* d_A_log, const float* d_dt_bias, float* d_S, int hk, int hv, int dk, int dv,
+                     float* d_o, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0);
+  SWIFTLET_CUDA_REQUIRE(dk >= 1 && dk <= kDeltaMaxDk);
+  const dim3 grid(blocks_for(dv, kDeltaCols), unsigned(hv)), block(kDeltaCols, kDeltaSlices);
+  delta_rule_step_kernel<<<grid, block, 0, s>>>(d_q, d_k, d_v, d_b, d_a, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv,
+                                                d_o);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+}  // namespace swiftlet::cuda

@@ -1,0 +1,146 @@
+// Device discovery, memory and timing helpers of the CUDA backend.
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <cstring>
+#include <string>
+
+namespace swiftlet::cuda {
+
+bool cuda_available(std::string* reason) {
+  auto no = [&](std::string why) {
+    if (reason) *reason = std::move(why);
+    return false;
+  };
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return no(std::string("CUDA driver: ") + cudaGetErrorString(e));
+  }
+  if (n == 0) return no("no CUDA device found");
+  cudaDeviceProp p{};
+  e = cudaGetDeviceProperties(&p, 0);
+  if (e != cudaSuccess) return no(std::string("CUDA device 0: ") + cudaGetErrorString(e));
+  if (p.major < 8)
+    return no(std::string("CUDA device 0 (") + p.name + ") has compute capability " + std::to_string(p.major) + "." +
+              std::to_string(p.minor) + "; swiftlet's CUDA kernels need 8.0 or newer");
+  // A context can still fail (e.g. a device in exclusive use): make one now.
+  e = cudaFree(nullptr);
+  if (e != cudaSuccess) return no(std::string("CUDA context: ") + cudaGetErrorString(e));
+  if (reason) reason->clear();
+  return true;
+}
+
+std::string device_description() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return {};
+  }
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return {};
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " (sm_%d%d, %d SMs, %.1f GiB, L2 %d MiB)", p.major, p.minor, p.multiProcessorCount,
+                double(p.totalGlobalMem) / double(1ull << 30), p.l2CacheSize >> 20);
+  return std::string(p.name) + buf;
+}
+
+void* gpu_alloc(size_t bytes) {
+  void* d = nullptr;
+  SWIFTLET_CUDA_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+  return d;
+}
+void gpu_free(void* d) {
+  if (d) SWIFTLET_CUDA_CHECK(cudaFree(d));
+}
+void* gpu_alloc_pinned(size_t bytes) {
+  void* h = nullptr;
+  SWIFTLET_CUDA_CHECK(cudaMallocHost(&h, bytes ? bytes : 1));
+  return h;
+}
+void gpu_free_pinned(void* h) {
+  if (h) SWIFTLET_CUDA_CHECK(cudaFreeHost(h));
+}
+void gpu_upload(void* d_dst, const void* h_src, size_t bytes, GpuStream s) {
+  if (bytes) SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(d_dst, h_src, bytes, cudaMemcpyHostToDevice, s));
+}
+void gpu_download(void* h_dst, const void* d_src, size_t bytes, GpuStream s) {
+  if (bytes) SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(h_dst, d_src, bytes, cudaMemcpyDeviceToHost, s));
+  SWIFTLET_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+void gpu_copy(void* d_dst, const void* d_src, size_t bytes, GpuStream s) {
+  if (bytes) SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, s));
+}
+void gpu_memset(void* d, int value, size_t bytes, GpuStream s) {
+  if (bytes) SWIFTLET_CUDA_CHECK(cudaMemsetAsync(d, value, bytes, s));
+}
+void gpu_sync(GpuStream s) { SWIFTLET_CUDA_CHECK(cudaStreamSynchronize(s)); }
+
+double gpu_time_ms(const std::function<void()>& fn, int iters, GpuStream s) {
+  cudaEvent_t a, b;
+  SWIFTLET_CUDA_CHECK(cudaEventCreate(&a));
+  SWIFTLET_CUDA_CHECK(cudaEventCreate(&b));
+  fn();
+  SWIFTLET_CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) fn();
+  SWIFTLET_CUDA_CHECK(cudaEventRecord(b, s));
+  SWIFTLET_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  SWIFTLET_CUDA_CHECK(cudaEventDestroy(a));
+  SWIFTLET_CUDA_CHECK(cudaEventDestroy(b));
+  return double(ms) / double(iters > 0 ? iters : 1);
+}
+
+namespace {
+size_t elem_size(WeightFormat f) { return f == WeightFormat::F32 ? 4 : 2; }
+size_t scale_size(DType t) { return t == DType::F32 ? 4 : 2; }
+size_t align_up(size_t n) { return (n + 255) & ~size_t(255); }
+}  // namespace
+
+size_t matrix_data_bytes(const QMatrix& w) {
+  if (w.format == WeightFormat::Affine) return size_t(w.rows) * size_t(w.cols) * size_t(w.bits) / 8;
+  return size_t(w.rows) * size_t(w.cols) * elem_size(w.format);
+}
+
+size_t matrix_scale_bytes(const QMatrix& w) {
+  if (w.format != WeightFormat::Affine) return 0;
+  return size_t(w.rows) * size_t(w.cols / w.group_size) * scale_size(w.scale_dtype);
+}
+
+GpuMatrix upload_matrix_to(const QMatrix& w, void* d_dst, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(w.format != WeightFormat::Affine || w.scale_dtype == DType::BF16 ||
+                        w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32);
+  GpuMatrix g;
+  g.format = w.format;
+  g.rows = w.rows;
+  g.cols = w.cols;
+  g.bits = w.bits;
+  g.group_size = w.group_size;
+  g.scale_dtype = w.scale_dtype;
+  char* p = static_cast<char*>(d_dst);
+  const size_t db = matrix_data_bytes(w), sb = matrix_scale_bytes(w);
+  gpu_upload(p, w.data, db, s);
+  g.data = p;
+  if (w.format == WeightFormat::Affine) {
+    char* ps = p + align_up(db);
+    char* pb = ps + align_up(sb);
+    gpu_upload(ps, w.scales, sb, s);
+    gpu_upload(pb, w.biases, sb, s);
+    g.scales = ps;
+    g.biases = pb;
+  }
+  return g;
+}
+
+size_t matrix_device_bytes(const QMatrix& w) {
+  return align_up(matrix_data_bytes(w)) + 2 * align_up(matrix_scale_bytes(w));
+}
+
+GpuMatrix upload_matrix(const QMatrix& w, void** d_owner, GpuStream s) {
+  *d_owner = gpu_alloc(matrix_device_bytes(w));
+  return upload_matrix_to(w, *d_owner, s);
+}
+
+}  // namespace swiftlet::cuda

@@ -1,0 +1,177 @@
+#include "server/engine_worker.h"
+
+#include "server/metrics.h"
+#include "support/tiny_model.h"
+
+#include <gtest/gtest.h>
+
+namespace swiftlet::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Outcome {
+  std::string text;
+  JobEvent done;
+};
+
+Outcome wait_done(Job& job) {
+  Outcome o;
+  std::vector<JobEvent> evs;
+  for (;;) {
+    evs.clear();
+    job.wait_events(evs, 100ms);
+    for (auto& ev : evs) {
+      if (ev.kind == JobEvent::Kind::Text) {
+        o.text += ev.text;
+        continue;
+      }
+      o.done = ev;
+      return o;
+    }
+  }
+}
+
+class EngineWorkerTest : public ::testing::Test {
+ protected:
+  void start(size_t max_queue = 8, int sessions = 2) {
+    WorkerOptions o;
+    o.engine.model = testing::tiny_qpack_with_tokenizer();
+    o.sessions = sessions;
+    o.max_queue = max_queue;
+    o.max_context = 4096;
+    worker_ = std::make_unique<EngineWorker>(o, metrics_);
+    ASSERT_EQ(worker_->wait_loaded(), EngineWorker::Status::Ready) << worker_->load_error();
+  }
+  std::vector<int32_t> encode(const std::string& s) { return worker_->engine()->tokenizer()->encode(s); }
+  JobSpec spec(std::vector<int32_t> prompt, int max_new) {
+    JobSpec s;
+    s.prompt = std::move(prompt);
+    s.sampling.greedy = true;
+    s.max_new_tokens = max_new;
+    return s;
+  }
+  Metrics metrics_;
+  std::unique_ptr<EngineWorker> worker_;
+};
+
+TEST_F(EngineWorkerTest, GreedyIsRepeatableAndFollowUpsReuseThePrefix) {
+  start();
+  // Qwen3 with enable_thinking=false: the generation prompt holds an empty think block, which
+  // the next turn's rendering of this answer drops.
+  const auto turn1 = encode("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  JobSpec s1 = spec(turn1, 12);
+  for (size_t i = turn1.size(); i-- > 0;)
+    if (turn1[i] == worker_->engine()->tokenizer()->token_id("<|im_start|>")) {
+      s1.snapshot_at = i;
+      break;
+    }
+  ASSERT_GT(s1.snapshot_at, 0u);
+  auto j1 = worker_->submit(s1);
+  ASSERT_TRUE(j1);
+  Outcome a = wait_done(*j1);
+  EXPECT_EQ(a.done.kind, JobEvent::Kind::Done);
+  EXPECT_EQ(a.done.stats.reused_tokens, 0);
+  EXPECT_EQ(a.done.stats.prefilled_tokens, int64_t(turn1.size()));
+
+  // The same request again: the same answer, the prompt (up to a snapshot) not run again.
+  auto j2 = worker_->submit(s1);
+  Outcome b = wait_done(*j2);
+  EXPECT_EQ(b.text, a.text);
+  EXPECT_EQ(b.done.finish, a.done.finish);
+  EXPECT_GE(b.done.stats.reused_tokens, int64_t(s1.snapshot_at));
+
+  // A follow-up that re-renders the last turn differently (as Qwen3's template does) rewinds
+  // to the turn boundary: everything before it is reused.
+  std::vector<int32_t> turn2(turn1.begin(), turn1.begin() + long(s1.snapshot_at));
+  const auto more = encode("<|im_start|>assistant\nHi!<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n");
+  turn2.insert(turn2.end(), more.begin(), more.end());
+  auto j3 = worker_->submit(spec(turn2, 4));
+  Outcome c = wait_done(*j3);
+  EXPECT_EQ(c.done.stats.reused_tokens, int64_t(s1.snapshot_at));
+  EXPECT_EQ(c.done.stats.prefilled_tokens, int64_t(turn2.size() - s1.snapshot_at));
+
+  Metrics::Totals t = metrics_.totals();
+  EXPECT_EQ(t.jobs, 3u);
+  EXPECT_GT(t.reused_tokens, 0u);
+}
+
+TEST_F(EngineWorkerTest, ANewConversationDoesNotOverwriteAnother) {
+  start(/*max_queue=*/8, /*sessions=*/2);
+  const int32_t im_start = worker_->engine()->tokenizer()->token_id("<|im_start|>");
+  auto chat_spec = [&](const std::string& text) {
+    JobSpec s = spec(encode(text), 6);
+    for (size_t i = s.prompt.size(); i-- > 0;)
+      if (s.prompt[i] == im_start) {
+        s.snapshot_at = i;
+        break;
+      }
+    return s;
+  };
+  const std::string system = "<|im_start|>system\nYou are terse.<|im_end|>\n";
+  const std::string gen = "<|im_start|>assistant\n";
+  JobSpec a1 = chat_spec(system + "<|im_start|>user\nFirst question<|im_end|>\n" + gen);
+  wait_done(*worker_->submit(a1));
+  // B shares only the system prompt with A: it goes to the unused session ...
+  JobSpec b1 = chat_spec(system + "<|im_start|>user\nSomething else entirely<|im_end|>\n" + gen);
+  EXPECT_EQ(wait_done(*worker_->submit(b1)).done.stats.reused_tokens, 0);
+  // ... so A's follow-up still finds A's state.
+  JobSpec a2 = chat_spec(system + "<|im_start|>user\nFirst question<|im_end|>\n" + gen +
+                         "An answer<|im_end|>\n<|im_start|>user\nNext<|im_end|>\n" + gen);
+  EXPECT_GE(wait_done(*worker_->submit(a2)).done.stats.reused_tokens, int64_t(a1.snapshot_at));
+}
+
+TEST_F(EngineWorkerTest, BoundedQueueAndCancel) {
+  start(/*max_queue=*/1);
+  const auto prompt = encode("Once upon a time");
+  auto running = worker_->submit(spec(prompt, 100000));
+  ASSERT_TRUE(running);
+  // Wait until the engine has taken it, so the queue is empty again.
+  std::vector<JobEvent> evs;
+  while (!running->wait_events(evs, 100ms)) {
+  }
+  auto waiting = worker_->submit(spec(prompt, 4));
+  ASSERT_TRUE(waiting);
+  EXPECT_EQ(worker_->queued(), 1u);
+  EXPECT_FALSE(worker_->submit(spec(prompt, 4)));  // full
+
+  waiting->cancel();  // the client left while queued: never run
+  running->cancel();
+  Outcome r = wait_done(*running);
+  EXPECT_EQ(r.done.finish, FinishReason::Cancelled);
+  EXPECT_LT(r.done.stats.generated_tokens, 100000);
+  Outcome w = wait_done(*waiting);
+  EXPECT_EQ(w.done.finish, FinishReason::Cancelled);
+  EXPECT_EQ(w.done.stats.generated_tokens, 0);
+
+  // Still serving.
+  auto next = worker_->submit(spec(prompt, 3));
+  ASSERT_TRUE(next);
+  EXPECT_EQ(wait_done(*next).done.stats.generated_tokens, 3);
+  EXPECT_EQ(metrics_.totals().jobs_cancelled, 2u);
+}
+
+TEST_F(EngineWorkerTest, EngineErrorsReachTheClient) {
+  start();
+  JobSpec s = spec(encode("Hello"), 4);
+  s.sampling.top_p = 5;  // rejected by the sampler's validation inside generate()
+  auto job = worker_->submit(s);
+  Outcome o = wait_done(*job);
+  EXPECT_EQ(o.done.kind, JobEvent::Kind::Failed);
+  EXPECT_TRUE(o.done.client_error);
+  auto ok = worker_->submit(spec(encode("Hello"), 2));
+  EXPECT_EQ(wait_done(*ok).done.kind, JobEvent::Kind::Done);
+}
+
+TEST(EngineWorker, ReportsALoadFailure) {
+  Metrics m;
+  WorkerOptions o;
+  o.engine.model = "/nonexistent/model.qpack";
+  EngineWorker w(o, m);
+  EXPECT_EQ(w.wait_loaded(), EngineWorker::Status::Failed);
+  EXPECT_FALSE(w.load_error().empty());
+  EXPECT_EQ(w.engine(), nullptr);
+}
+
+}  // namespace
+}  // namespace swiftlet::server

