@@ -115,6 +115,24 @@ TEST_F(QpackCli, MlxFixtureRepackedGivesTransformersLogits) {
   EXPECT_LT(m, 1e-3f);
 }
 
+TEST_F(QpackCli, CtrlCLeavesNothingBehind) {
+  const std::string out = path("big.qpack");
+  const std::string cmd = "sh -c '" + bin_path("swiftlet-repack") + " --synthetic small -o " + out +
+                          " & pid=$!; sleep 0.3; kill -INT $pid; wait $pid; echo rc=$?' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) text.append(buf.data(), n);
+  pclose(p);
+  if (text.find("rc=0") != std::string::npos) GTEST_SKIP() << "the repack finished before the signal";
+  EXPECT_NE(text.find("interrupted"), std::string::npos) << text;
+  EXPECT_NE(text.find("rc=1"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
+}
+
 TEST_F(QpackCli, RepackRefusesBadRequests) {
   CmdOut r = sh("swiftlet-repack", "--synthetic nope -o " + path("x.qpack"));
   EXPECT_EQ(r.status, 1);

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -23,7 +25,12 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-uint64_t xxh3_64(const void* data, size_t n) { return XXH3_64bits(data, n); }
+uint64_t xxh3_64_avx2(const void* data, size_t n);  // xxh3_avx2.cpp
+
+uint64_t xxh3_64(const void* data, size_t n) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 ? xxh3_64_avx2(data, n) : XXH3_64bits(data, n);
+}
 
 std::string hash_hex(uint64_t h) { return fmt::format("{:016x}", h); }
 
@@ -473,6 +480,10 @@ size_t read_at(int fd, uint8_t* dst, size_t n, uint64_t off, const std::string& 
     ssize_t r = ::pread(fd, dst + done, n - done, off_t(off + done));
     if (r < 0) {
       if (errno == EINTR) continue;
+      if (errno == EINVAL && (::fcntl(fd, F_GETFL) & O_DIRECT)) {  // O_DIRECT refused: go buffered
+        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT);
+        continue;
+      }
       fail("cannot read '{}': {}", path, std::strerror(errno));
     }
     if (r == 0) break;
@@ -524,20 +535,36 @@ QpackVerifyReport verify_qpack(const QpackContainer& qc,
                                          hash_hex(want), hash_hex(got)));
   }
 
+  // Layer files: O_DIRECT reads (no page cache churn over tens of GB) of whole experts, the
+  // next chunk read while the current one is hashed.
   const uint64_t stride = qc.layout.expert_stride, payload = qc.layout.payload();
-  const int per_read = int(std::max<uint64_t>(1, chunk / stride));
-  std::unique_ptr<uint8_t[]> blob(new uint8_t[size_t(stride) * size_t(per_read)]);
+  const int per_read = int(std::max<uint64_t>(1, (16u << 20) / stride));
+  const size_t chunk_bytes = size_t(stride) * size_t(per_read);
+  struct Aligned {
+    uint8_t* p;
+    ~Aligned() { std::free(p); }
+  } bufs[2] = {{static_cast<uint8_t*>(std::aligned_alloc(4096, chunk_bytes))},
+               {static_cast<uint8_t*>(std::aligned_alloc(4096, chunk_bytes))}};
+  if (!bufs[0].p || !bufs[1].p) fail("cannot allocate {} bytes of read buffers", 2 * chunk_bytes);
   for (int l = 0; l < qc.layout.layer_count; ++l) {
     const std::string p = qc.layer_path(l);
-    Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC)};
+    Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT)};
+    if (f.fd < 0) f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (f.fd < 0) {
       rep.problems.push_back(fmt::format("layer {:02d}: cannot open '{}': {}", l, p, std::strerror(errno)));
       continue;
     }
-    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    for (int e0 = 0; e0 < qc.layout.expert_count; e0 += per_read) {
+    auto read_chunk = [&, fd = f.fd](int e0, uint8_t* dst) {
       const int n = std::min(per_read, qc.layout.expert_count - e0);
-      const size_t got = read_at(f.fd, blob.get(), size_t(stride) * size_t(n), uint64_t(e0) * stride, p);
+      return read_at(fd, dst, size_t(stride) * size_t(n), uint64_t(e0) * stride, p);
+    };
+    std::future<size_t> next = std::async(std::launch::async, read_chunk, 0, bufs[0].p);
+    for (int e0 = 0, which = 0; e0 < qc.layout.expert_count; e0 += per_read, which ^= 1) {
+      const size_t got = next.get();
+      if (e0 + per_read < qc.layout.expert_count)
+        next = std::async(std::launch::async, read_chunk, e0 + per_read, bufs[which ^ 1].p);
+      const uint8_t* blob = bufs[which].p;
+      const int n = std::min(per_read, qc.layout.expert_count - e0);
       for (int i = 0; i < n; ++i) {
         const int e = e0 + i;
         rep.experts_checked++;
@@ -545,7 +572,7 @@ QpackVerifyReport verify_qpack(const QpackContainer& qc,
           rep.problems.push_back(fmt::format("layer {:02d} expert {}: short read (file truncated)", l, e));
           continue;
         }
-        const uint64_t h = xxh3_64(blob.get() + size_t(i) * stride, payload);
+        const uint64_t h = xxh3_64(blob + size_t(i) * stride, payload);
         if (h != cs.experts[size_t(l)][size_t(e)])
           rep.problems.push_back(fmt::format("layer {:02d} expert {}: checksum mismatch (stored {}, computed {})",
                                              l, e, hash_hex(cs.experts[size_t(l)][size_t(e)]), hash_hex(h)));
@@ -553,7 +580,6 @@ QpackVerifyReport verify_qpack(const QpackContainer& qc,
       rep.bytes_hashed += uint64_t(n) * payload;
       if (progress) progress(rep.bytes_hashed, total);
     }
-    ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
   }
   return rep;
 }

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <cstring>
 #include <random>
@@ -151,6 +152,20 @@ TEST(QpackFormat, ManifestChecksMagicAndVersion) {
   bad = j;
   bad["files"]["../etc/passwd"] = 1;
   EXPECT_NE(error_of([&] { QpackManifest::parse(bad, "m"); }).find("relative path"), std::string::npos);
+}
+
+TEST(QpackFormat, Xxh3MatchesTheLibraryAtEverySize) {
+  // xxh3_64 may run an AVX2 build of XXH3; the value must be the library's (and the spec's).
+  std::vector<uint8_t> buf(300000);
+  std::mt19937 rng(3);
+  for (auto& b : buf) b = uint8_t(rng());
+  for (size_t n : {size_t(0), size_t(1), size_t(3), size_t(16), size_t(17), size_t(128), size_t(129), size_t(240),
+                   size_t(241), size_t(1023), size_t(1024), size_t(4096), size_t(65537), buf.size()})
+    for (size_t off : {size_t(0), size_t(1), size_t(7)}) {
+      if (off + n > buf.size()) continue;
+      ASSERT_EQ(xxh3_64(buf.data() + off, n), XXH3_64bits(buf.data() + off, n)) << n;
+    }
+  EXPECT_EQ(xxh3_64("", 0), 0x2d06800538d394c2ull);  // XXH3_64bits of empty input, seed 0
 }
 
 TEST(QpackFormat, ChecksumsRoundTrip) {

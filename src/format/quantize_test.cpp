@@ -97,8 +97,9 @@ TEST_P(QuantizeRoundTrip, MatchesMlxFormulaAndStaysWithinOneStep) {
     }
   }
   for (int64_t c = 0; c < 64; ++c) EXPECT_EQ(deq[size_t(5 * cols + c)], 3.0f);
-  if (bits == 4)  // scale -0.25 and bias 3.75 are exact in bf16
+  if (bits == 4) {  // scale -0.25 and bias 3.75 are exact in bf16
     for (int64_t c = 64; c < 128; ++c) EXPECT_EQ(deq[size_t(7 * cols + c)], float(c % 16) * 0.25f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Quantize, QuantizeRoundTrip, ::testing::Values(4, 8),

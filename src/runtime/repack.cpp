@@ -1,12 +1,7 @@
 #include "runtime/repack.h"
 
 #include "core/error.h"
-#include "experts/tensor_experts.h"
-#include "format/quantize.h"
-#include "format/safetensors.h"
 #include "io/mapped_file.h"
-#include "kernels/cpu/ops_ref.h"
-#include "model/weights.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -47,24 +42,6 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::string gb(uint64_t b) { return fmt::format("{:.2f} GB", double(b) / 1e9); }
-
-// Lets the kernel drop the pages of a read-only file mapping we are done with, so that
-// converting a checkpoint larger than RAM does not keep it all resident.
-void drop_pages(const void* p, size_t n) {
-  if (!p || n == 0) return;
-  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t a = uintptr_t(p) & ~(page - 1);
-  const uintptr_t e = (uintptr_t(p) + n + page - 1) & ~(page - 1);
-  ::madvise(reinterpret_cast<void*>(a), e - a, MADV_DONTNEED);
-}
-
-void drop_matrix_pages(const QMatrix& m) {
-  drop_pages(m.data, size_t(m.rows) * m.row_bytes());
-  if (m.format == WeightFormat::Affine) {
-    drop_pages(m.scales, size_t(m.rows) * m.scale_row_bytes());
-    drop_pages(m.biases, size_t(m.rows) * m.scale_row_bytes());
-  }
-}
 
 // A file being written: full writes with clear errors, a running xxh3-64, fsync on close.
 // With `direct`, data goes through O_DIRECT (bypassing the page cache: no copy into the kernel,
@@ -299,272 +276,6 @@ void parallel_for(int n, int threads, F&& f) {
   if (err) std::rethrow_exception(err);
 }
 
-// ------------------------------------------------------------------------ checkpoint source
-
-bool is_eight_bit_module(const std::string& path) {
-  // mlx-lm's quant_predicate for qwen3_next / qwen3_5: the router and the shared expert gate.
-  return path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate");
-}
-
-DType float_dtype(WeightFormat f) {
-  return f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::F16 ? DType::F16 : DType::BF16;
-}
-
-ProjectionFormat format_of(const QMatrix& m) {
-  ProjectionFormat f;
-  if (m.format == WeightFormat::Affine) {
-    f.bits = m.bits;
-    f.group_size = m.group_size;
-    f.dtype = m.scale_dtype;
-  } else {
-    f.bits = 16;
-    f.dtype = float_dtype(m.format);
-  }
-  return f;
-}
-
-const QMatrix& projection(const ExpertWeights& w, int p) { return p == 0 ? w.gate : p == 1 ? w.up : w.down; }
-
-// Quantises a float matrix (any stored float format) into MLX affine tensors.
-std::vector<TensorBytes> quantize_matrix(const QMatrix& m, int bits, int group) {
-  std::vector<TensorBytes> out(3);
-  out[0].owned.resize(affine_packed_bytes(m.rows, m.cols, bits));
-  out[1].owned.resize(affine_scale_bytes(m.rows, m.cols, group));
-  out[2].owned.resize(out[1].owned.size());
-  const int64_t chunk = std::max<int64_t>(1, (1 << 20) / m.cols);
-  std::vector<float> tmp(size_t(std::min(chunk, m.rows) * m.cols));
-  for (int64_t r0 = 0; r0 < m.rows; r0 += chunk) {
-    const int64_t n = std::min(chunk, m.rows - r0);
-    for (int64_t r = 0; r < n; ++r) ref::dequant_row(m, r0 + r, tmp.data() + r * m.cols);
-    affine_quantize(tmp.data(), n, m.cols, bits, group,
-                    reinterpret_cast<uint32_t*>(out[0].owned.data()) + r0 * m.cols * bits / 32,
-                    reinterpret_cast<uint16_t*>(out[1].owned.data()) + r0 * (m.cols / group),
-                    reinterpret_cast<uint16_t*>(out[2].owned.data()) + r0 * (m.cols / group));
-  }
-  return out;
-}
-
-TensorBytes view_bytes(const void* p, size_t n) {
-  TensorBytes b;
-  b.ptr = static_cast<const uint8_t*>(p);
-  b.size = n;
-  return b;
-}
-
-const char* kCopiedFiles[] = {"tokenizer.json",         "tokenizer_config.json", "chat_template.jinja",
-                              "chat_template.json",     "generation_config.json", "special_tokens_map.json",
-                              "vocab.json",             "merges.txt",             "added_tokens.json"};
-
-class CheckpointSource : public RepackSource {
- public:
-  CheckpointSource(const std::string& dir, const RepackOptions& o)
-      : dir_(fs::absolute(dir).lexically_normal().string()) {
-    const std::string cfg_path = (fs::path(dir) / "config.json").string();
-    if (!fs::exists(cfg_path)) fail("'{}' has no config.json; is it a model directory?", dir);
-    raw_config_ = json::parse(read_text_file(cfg_path), nullptr, false);
-    if (raw_config_.is_discarded()) fail("'{}' is not valid JSON", cfg_path);
-    config_ = ModelConfig::load(cfg_path);
-    ts_ = std::make_unique<TensorSet>(TensorSet::open_dir(dir));
-    src_names_ = NameScheme::detect(*ts_, config_);
-    dst_names_ = NameScheme::mlx(config_);
-    shifted_ = norms_hold_one_plus_w(*ts_, config_, src_names_);
-    experts_ = std::make_unique<TensorExperts>(*ts_, config_, src_names_);
-    group_ = o.group_size;
-
-    if (config_.quant.quantized()) {
-      if (o.bits != 0 && o.bits != config_.quant.default_spec.bits)
-        fail("'{}' is already MLX-quantised ({} bits); its tensors are copied untouched, so "
-             "--bits {} cannot apply (omit --bits)", dir, config_.quant.default_spec.bits, o.bits);
-      bits_ = config_.quant.default_spec.bits;
-      group_ = config_.quant.default_spec.group_size;
-    } else {
-      bits_ = o.bits == 0 ? 4 : o.bits;
-    }
-    if (bits_ != 4 && bits_ != 8 && bits_ != 16) fail("--bits must be 4, 8 or 16, got {}", bits_);
-
-    // One format for every expert of every layer (a layout describes one blob).
-    const ExpertWeights& first = experts_->get(0, 0);
-    for (int p = 0; p < 3; ++p) {
-      const QMatrix& m = projection(first, p);
-      ProjectionFormat f = format_of(m);
-      if (!f.affine() && bits_ != 16 && m.cols % group_ == 0) f = ProjectionFormat{bits_, group_, DType::BF16};
-      formats_[size_t(p)] = f;
-      src_formats_[size_t(p)] = format_of(m);
-    }
-    for (int l = 0; l < config_.num_layers; ++l)
-      for (int e = 0; e < config_.num_experts; ++e)
-        for (int p = 0; p < 3; ++p)
-          if (format_of(projection(experts_->get(l, e), p)) != src_formats_[size_t(p)])
-            fail("'{}': layer {} expert {} {} is stored as {} but layer 0 expert 0 as {}; a .qpack "
-                 "holds all experts in one format", dir, l, e, kExpertProjections[p],
-                 format_of(projection(experts_->get(l, e), p)).describe(),
-                 src_formats_[size_t(p)].describe());
-  }
-
-  std::string describe() const override { return dir_; }
-  const ModelConfig& config() const override { return config_; }
-  int quant_bits() const override { return bits_; }
-  int quant_group_size() const override { return group_; }
-  std::array<ProjectionFormat, 3> expert_formats() const override { return formats_; }
-
-  std::string config_json() const override {
-    json c = raw_config_;
-    c.erase("quantization");
-    c.erase("quantization_config");
-    if (bits_ != 16) {
-      json q = {{"group_size", group_}, {"bits", bits_}, {"mode", "affine"}};
-      for (const auto& [path, spec] : overrides_) q[path] = {{"group_size", spec.group_size}, {"bits", spec.bits}};
-      c["quantization"] = q;
-      c["quantization_config"] = q;
-    }
-    return c.dump(2) + "\n";
-  }
-
-  std::vector<std::pair<std::string, std::string>> files() const override {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const char* f : kCopiedFiles) {
-      const fs::path p = fs::path(dir_) / f;
-      if (fs::is_regular_file(p)) out.emplace_back(f, p.string());
-    }
-    return out;
-  }
-
-  std::vector<ResidentItem> resident() override {
-    std::vector<DenseTensorSpec> src, dst;
-    std::vector<ResidentItem> items;
-    ModelWeights scratch;
-    for_each_dense_tensor(config_, src_names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { src.push_back(s); });
-    for_each_dense_tensor(config_, dst_names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { dst.push_back(s); });
-    SWIFTLET_CHECK(src.size() == dst.size(), "tensor tables differ");
-    overrides_.clear();
-    for (size_t i = 0; i < src.size(); ++i) items.push_back(resident_item(src[i], dst[i]));
-    return items;
-  }
-
-  void expert(int layer, int e, const QpackLayout& layout, uint8_t* blob) const override {
-    const ExpertWeights& w = experts_->get(layer, e);
-    for (int p = 0; p < 3; ++p) {
-      const QMatrix& m = projection(w, p);
-      const ProjectionFormat& f = formats_[size_t(p)];
-      const std::string proj = kExpertProjections[p];
-      uint8_t* wdst = blob + layout.find(proj + ".weight")->offset;
-      if (f.affine() && m.format != WeightFormat::Affine) {
-        std::vector<TensorBytes> q = quantize_matrix(m, f.bits, f.group_size);
-        std::memcpy(wdst, q[0].data(), q[0].nbytes());
-        std::memcpy(blob + layout.find(proj + ".scales")->offset, q[1].data(), q[1].nbytes());
-        std::memcpy(blob + layout.find(proj + ".biases")->offset, q[2].data(), q[2].nbytes());
-        continue;
-      }
-      // Same format on both sides: the bytes pass through untouched.
-      std::memcpy(wdst, m.data, size_t(m.rows) * m.row_bytes());
-      if (f.affine()) {
-        std::memcpy(blob + layout.find(proj + ".scales")->offset, m.scales, size_t(m.rows) * m.scale_row_bytes());
-        std::memcpy(blob + layout.find(proj + ".biases")->offset, m.biases, size_t(m.rows) * m.scale_row_bytes());
-      }
-    }
-  }
-
-  void layer_done(int layer) override {
-    for (int e = 0; e < config_.num_experts; ++e) {
-      const ExpertWeights& w = experts_->get(layer, e);
-      drop_matrix_pages(w.gate);
-      drop_matrix_pages(w.up);
-      drop_matrix_pages(w.down);
-    }
-  }
-
- private:
-  ResidentItem resident_item(const DenseTensorSpec& s, const DenseTensorSpec& d) {
-    ResidentItem it;
-    switch (s.kind) {
-      case TensorKind::Linear: {
-        const QMatrix m = view_linear(*ts_, s.name, s.rows, s.cols, config_.quant);
-        const std::string w = d.name + ".weight";
-        if (m.format == WeightFormat::Affine) {
-          const int64_t g = s.cols / m.group_size;
-          it.tensors = {{w, DType::U32, {s.rows, s.cols * m.bits / 32}, nullptr},
-                        {d.name + ".scales", m.scale_dtype, {s.rows, g}, nullptr},
-                        {d.name + ".biases", m.scale_dtype, {s.rows, g}, nullptr}};
-          if (m.bits != bits_ || m.group_size != group_) overrides_[d.name] = QuantSpec{m.bits, m.group_size};
-          it.produce = [m] {
-            std::vector<TensorBytes> out;
-            out.push_back(view_bytes(m.data, size_t(m.rows) * m.row_bytes()));
-            out.push_back(view_bytes(m.scales, size_t(m.rows) * m.scale_row_bytes()));
-            out.push_back(view_bytes(m.biases, size_t(m.rows) * m.scale_row_bytes()));
-            return out;
-          };
-          return it;
-        }
-        const int bits = bits_ == 16 ? 16 : is_eight_bit_module(s.name) ? 8 : bits_;
-        if (bits == 16 || s.cols % group_ != 0) {
-          const DType dt = float_dtype(m.format);
-          it.tensors = {{w, dt, {s.rows, s.cols}, nullptr}};
-          it.produce = [m] { return std::vector<TensorBytes>{view_bytes(m.data, size_t(m.rows) * m.row_bytes())}; };
-          return it;
-        }
-        const int group = group_;
-        it.tensors = {{w, DType::U32, {s.rows, s.cols * bits / 32}, nullptr},
-                      {d.name + ".scales", DType::BF16, {s.rows, s.cols / group}, nullptr},
-                      {d.name + ".biases", DType::BF16, {s.rows, s.cols / group}, nullptr}};
-        if (bits != bits_) overrides_[d.name] = QuantSpec{bits, group};
-        it.produce = [m, bits, group] { return quantize_matrix(m, bits, group); };
-        return it;
-      }
-      case TensorKind::ZeroCentredNorm: {
-        const TensorView& t = ts_->get(s.name);
-        if (t.numel() != s.rows)
-          fail("tensor '{}' in '{}' has shape {}; expected [{}]", t.name, *t.file, t.shape_str(), s.rows);
-        if (shifted_) {
-          it.tensors = {{d.name, t.dtype, t.shape, nullptr}};
-          it.produce = [t] { return std::vector<TensorBytes>{view_bytes(t.data, t.nbytes)}; };
-          return it;
-        }
-        // Bake 1 + w in fp32 (MLX convention: the stored weight is applied as is). fp32 keeps
-        // it exact, so a --bits 16 container computes what the checkpoint does.
-        it.tensors = {{d.name, DType::F32, {s.rows}, nullptr}};
-        it.produce = [t] {
-          TensorBytes b;
-          b.owned.resize(size_t(t.numel()) * 4);
-          float* f = reinterpret_cast<float*>(b.owned.data());
-          to_f32(t.dtype, t.data, f, size_t(t.numel()));
-          for (int64_t i = 0; i < t.numel(); ++i) f[i] += 1.0f;
-          return std::vector<TensorBytes>{std::move(b)};
-        };
-        return it;
-      }
-      case TensorKind::Conv: {
-        const TensorView& t = ts_->get(s.name);
-        if (t.numel() != s.rows * s.cols)
-          fail("tensor '{}' in '{}' has shape {}; expected [{}, 1, {}] or [{}, {}, 1]", t.name, *t.file,
-               t.shape_str(), s.rows, s.cols, s.rows, s.cols);
-        // HF [C, 1, K] and MLX [C, K, 1] have the same bytes; MLX layout also tells the
-        // loader that norms already hold 1 + w.
-        it.tensors = {{d.name, t.dtype, {s.rows, s.cols, 1}, nullptr}};
-        it.produce = [t] { return std::vector<TensorBytes>{view_bytes(t.data, t.nbytes)}; };
-        return it;
-      }
-      case TensorKind::Vector: {
-        const TensorView& t = ts_->get(s.name);
-        it.tensors = {{d.name, t.dtype, t.shape, nullptr}};
-        it.produce = [t] { return std::vector<TensorBytes>{view_bytes(t.data, t.nbytes)}; };
-        return it;
-      }
-    }
-    return it;
-  }
-
-  std::string dir_;
-  json raw_config_;
-  ModelConfig config_;
-  std::unique_ptr<TensorSet> ts_;
-  NameScheme src_names_, dst_names_;
-  bool shifted_ = false;
-  std::unique_ptr<TensorExperts> experts_;
-  int bits_ = 4, group_ = 64;
-  std::array<ProjectionFormat, 3> formats_, src_formats_;
-  std::map<std::string, QuantSpec> overrides_;
-};
-
 // ------------------------------------------------------------------------------- the writer
 
 struct ResidentPlan {
@@ -619,7 +330,7 @@ void write_resident(ResidentPlan& plan, ContainerWriter& cw) {
     SWIFTLET_CHECK(b.nbytes() == tensor_bytes(plan.tensors[k]), "tensor '{}': {} bytes produced, {} planned",
                    plan.tensors[k].name, b.nbytes(), tensor_bytes(plan.tensors[k]));
     f.write(b.data(), b.nbytes());
-    if (b.ptr) drop_pages(b.ptr, b.size);
+    if (b.ptr) release_source_pages(b.ptr, b.size);
     if (k + 1 == plan.tensors.size() || plan.slot[k + 1].first != cur) {
       bytes.clear();
       cur = SIZE_MAX;
@@ -692,6 +403,14 @@ std::vector<uint64_t> write_layer(RepackSource& src, const QpackLayout& layout, 
 
 void request_repack_interrupt(bool on) { g_interrupted.store(on); }
 
+void release_source_pages(const void* p, size_t n) {
+  if (!p || n == 0) return;
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = uintptr_t(p) & ~(page - 1);
+  const uintptr_t e = (uintptr_t(p) + n + page - 1) & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(a), e - a, MADV_DONTNEED);
+}
+
 void require_free_space(const std::string& dir, uint64_t need, const std::string& what,
                         const std::string& note) {
   struct statvfs sv {};
@@ -715,10 +434,6 @@ void move_into_place(const std::string& tmp, const std::string& out) {
     fail("cannot rename '{}' to '{}': {}", tmp, out, std::strerror(errno));
   }
   fsync_dir(fs::path(out).parent_path().string());
-}
-
-std::unique_ptr<RepackSource> open_checkpoint_source(const std::string& dir, const RepackOptions& opts) {
-  return std::make_unique<CheckpointSource>(dir, opts);
 }
 
 RepackStats write_container(RepackSource& src, const RepackOptions& o) {

@@ -94,6 +94,10 @@ void require_free_space(const std::string& dir, uint64_t need, const std::string
 // (renameat2 RENAME_EXCHANGE) and then deleted.
 void move_into_place(const std::string& tmp, const std::string& out);
 
+// Lets the kernel drop the pages of a read-only file mapping a repack is done with, so that
+// converting a checkpoint larger than RAM does not keep it resident.
+void release_source_pages(const void* p, size_t n);
+
 // Makes write_container stop at its next check and clean up (for SIGINT / SIGTERM handlers:
 // only sets an atomic flag). false clears the request.
 void request_repack_interrupt(bool on = true);
