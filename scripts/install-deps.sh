@@ -7,12 +7,16 @@ cd "$(dirname "$0")/.."
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libicu-dev liburing-dev
       libxxhash-dev libcpp-httplib-dev libcurl4-openssl-dev libreadline-dev
-      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm tmux python3 python3-numpy
+      libgtest-dev libgmock-dev libbenchmark-dev tmux python3 python3-numpy
       chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+# Node: Debian's nodejs + npm, unless a node with npm is already there (NodeSource's nodejs
+# ships npm itself and conflicts with Debian's npm package).
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   SUDO=""
