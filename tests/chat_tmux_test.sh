@@ -25,6 +25,13 @@ wait_for() {  # wait_for PATTERN SECONDS
   return 1
 }
 count() { tmux -S "$sock" capture-pane -p -t "$session" -S -500 | grep -c -- "$1" || true; }
+wait_count() {  # wait_count PATTERN N SECONDS: until PATTERN is on the screen N times
+  for _ in $(seq 1 $(($3 * 10))); do
+    [ "$(count "$1")" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 
 wait_for "Ctrl-C stops an answer" 30 || fail "no prompt"
 # 1. A short exchange: the per-turn statistics line appears when the answer is done.
@@ -40,8 +47,8 @@ wait_for "cancelled" 10 || fail "no statistics after the stopped answer"
 tmux -S "$sock" send-keys -t "$session" "And again" Enter
 sleep 1.5
 tmux -S "$sock" send-keys -t "$session" C-c
-wait_for "reused" 20 || fail "no statistics for the second turn"
-[ "$(count '\[stopped\]')" -ge 2 ] || fail "second answer was not stopped by Ctrl-C"
+wait_count "\[stopped\]" 2 20 || fail "second answer was not stopped by Ctrl-C"
+wait_count "prompt tokens:" 2 20 || fail "no statistics for the second turn"
 tmux -S "$sock" capture-pane -p -t "$session" -S -500 | grep -E "^\[[0-9]+ prompt tokens" | tail -1 |
   grep -vq " 0 reused" || fail "the second turn re-read the conversation"
 # 4. /stats and /exit.
