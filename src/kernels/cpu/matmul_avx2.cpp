@@ -226,12 +226,40 @@ inline __m256i dot_q8_32(const uint8_t* wq, const int8_t* xq) {
   return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
 }
 
+// Loads 8 scales (bf16 / f16 / f32) as floats.
+inline __m256 load_scales8(DType t, const void* base, int64_t i) {
+  switch (t) {
+    case DType::BF16: return load8(static_cast<const uint16_t*>(base) + i, true);
+    case DType::F16: return load8(static_cast<const uint16_t*>(base) + i, false);
+    default: return load8(static_cast<const float*>(base) + i);
+  }
+}
+
 template <int Bits>
 float dot_row_q8(const QMatrix& w, const uint8_t* row, const void* srow, const void* brow,
                  const int8_t* xq, const float* d, const float* xsum, const int32_t* isum) {
   const int64_t G = w.group_size, groups = w.cols / G;
-  __m256 acc = _mm256_setzero_ps();
+  // Per-group factors first, 8 groups at a time: sd = scale * d (and the bias term, a dot of
+  // the biases with the exact group sums), so the main loop has no scalar work.
+  constexpr int64_t kMaxGroups = 512;
+  alignas(32) float sd[kMaxGroups];
   float extra = 0;
+  int64_t g8 = 0;
+  if (groups <= kMaxGroups) {
+    __m256 bsum = _mm256_setzero_ps();
+    for (; g8 + 8 <= groups; g8 += 8) {
+      const __m256 s = _mm256_mul_ps(load_scales8(w.scale_dtype, srow, g8), load8(d + g8));
+      _mm256_store_ps(sd + g8, s);
+      bsum = _mm256_fmadd_ps(load_scales8(w.scale_dtype, brow, g8), load8(xsum + g8), bsum);
+    }
+    extra = hsum(bsum);
+  }
+  for (int64_t g = g8; g < groups; ++g) {
+    const float s = load_scale(w.scale_dtype, srow, g) * d[g];
+    if (g < kMaxGroups) sd[g] = s;
+    extra += load_scale(w.scale_dtype, brow, g) * xsum[g];
+  }
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     __m256i s32 = _mm256_setzero_si256();
     for (int64_t c0 = 0; c0 < G; c0 += 64) {
@@ -242,11 +270,9 @@ float dot_row_q8(const QMatrix& w, const uint8_t* row, const void* srow, const v
         s32 = _mm256_add_epi32(s32, dot_q8_32(row + g * G + c0 + 32, xq + g * G + c0 + 32));
       }
     }
-    const float s = load_scale(w.scale_dtype, srow, g);
-    const float sd = s * d[g];
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(sd), acc);
-    extra += load_scale(w.scale_dtype, brow, g) * xsum[g];
-    if constexpr (Bits == 8) extra += sd * 128.0f * float(isum[g]);
+    const float sdg = g < kMaxGroups ? sd[g] : load_scale(w.scale_dtype, srow, g) * d[g];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_set1_ps(sdg), acc);
+    if constexpr (Bits == 8) extra += sdg * 128.0f * float(isum[g]);
   }
   return hsum(acc) + extra;
 }
