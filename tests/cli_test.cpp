@@ -1,6 +1,7 @@
 // End-to-end: the built `swiftlet` executable on the committed fixtures.
 #include "io/mapped_file.h"
 #include "support/test_paths.h"
+#include "support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -19,23 +20,11 @@ namespace fs = std::filesystem;
 using swiftlet::testing::bin_path;
 using swiftlet::testing::fixture_dir;
 
-struct CmdResult {
-  int status;
-  std::string out;
-};
+using swiftlet::testing::CmdResult;
 
 // Runs `swiftlet ARGS`; stderr is captured too unless `stdout_only`.
 CmdResult run(const std::string& args, bool stdout_only = false) {
-  std::string cmd = bin_path("swiftlet") + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  CmdResult r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return swiftlet::testing::run_binary("swiftlet", args, stdout_only);
 }
 
 std::vector<float> read_f32(const std::string& path) {

@@ -1,6 +1,7 @@
 // End-to-end: swiftlet-repack, then `swiftlet info / verify / logits / generate` on the .qpack.
 #include "io/mapped_file.h"
 #include "support/test_paths.h"
+#include "support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -22,23 +23,9 @@ namespace fs = std::filesystem;
 using swiftlet::testing::bin_path;
 using swiftlet::testing::fixture_dir;
 
-struct CmdOut {
-  int status;
-  std::string out;  // stdout and stderr together
-};
+using CmdOut = swiftlet::testing::CmdResult;
 
-CmdOut sh(const std::string& exe, const std::string& args) {
-  const std::string cmd = bin_path(exe) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CmdOut r{-1, ""};
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+CmdOut sh(const std::string& exe, const std::string& args) { return swiftlet::testing::run_binary(exe, args); }
 
 class QpackCli : public ::testing::Test {
  protected:

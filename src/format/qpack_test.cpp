@@ -6,6 +6,8 @@
 #include "format/quantize.h"
 #include "kernels/cpu/ops_ref.h"
 
+#include "support/test_util.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
@@ -31,15 +33,7 @@ ModelConfig next80b() {
 
 std::array<ProjectionFormat, 3> all(ProjectionFormat f) { return {f, f, f}; }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using swiftlet::testing::error_of;
 
 TEST(QpackFormat, LayoutOf80BMatchesPublishedStride) {
   const ModelConfig c = next80b();

@@ -13,6 +13,8 @@
 #include "runtime/synthetic.h"
 #include "support/test_paths.h"
 
+#include "support/test_util.h"
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -59,15 +61,7 @@ class TempDir {
   fs::path path_;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using swiftlet::testing::error_of;
 
 RepackOptions opts(const std::string& out, int bits = 0) {
   RepackOptions o;

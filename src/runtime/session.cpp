@@ -163,8 +163,6 @@ GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback
     forward_.run(state_, std::span(&next, 1), LogitsMode::Last, logits_);
     logits_pos_ = state_.pos;
   }
-  if (res.finish == FinishReason::Length && int(res.tokens.size()) < req.max_new_tokens && req.max_new_tokens > 0)
-    res.finish = FinishReason::Cancelled;  // loop left early without a stop: only cancel does that
   if (decoder && res.finish != FinishReason::Stop) {
     std::string tail = decoder->flush();
     StopMatcher::Result r = stops.feed(tail);
