@@ -29,7 +29,13 @@ void split_rows(const QMatrix& w, int64_t n, F&& rows_fn) {
     rows_fn(int64_t(0), w.rows);
     return;
   }
-  pool.parallel_for(tasks, [&](int64_t i) { rows_fn(w.rows * i / tasks, w.rows * (i + 1) / tasks); });
+  // One captured pointer keeps the lambda inside std::function's small buffer: no allocation
+  // per call (decode makes thousands of these).
+  struct Job {
+    int64_t rows, tasks;
+    F& fn;
+  } job{w.rows, tasks, rows_fn};
+  pool.parallel_for(tasks, [j = &job](int64_t i) { j->fn(j->rows * i / j->tasks, j->rows * (i + 1) / j->tasks); });
 }
 
 void matmul_f32act(const QMatrix& w, const float* x, int64_t n, float* y) {

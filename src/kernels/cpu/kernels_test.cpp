@@ -1,4 +1,12 @@
 // Every fast kernel against the scalar reference on random shapes, formats and batch sizes.
+//
+// Error bounds, per output y[t, r]:
+// - fp32 activations (cpu-f32, and dense weights on every backend): float rounding only,
+//   1e-4 (1 + |y|) + 2e-4.
+// - int8 activations (cpu, affine weights): each x in a block of 64 is replaced by xq * d with
+//   d = amax / 127, so it moves by at most d / 2, and the error is at most
+//   sum over blocks of d / 2 * sum |scale * q| (the bias term uses exact fp32 block sums, so the
+//   bias part of W does not enter), plus float rounding: 1e-5 sum |W x| + 1e-6.
 #include "kernels/cpu/kernels.h"
 
 #include "core/dtype.h"
@@ -7,8 +15,33 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
 #include <random>
+
+// Counts operator new calls while g_count_news is set (Kernels.MatmulDoesNotAllocate). Not
+// under AddressSanitizer, which supplies its own operator new.
+#if !defined(__SANITIZE_ADDRESS__)
+#define SWIFTLET_COUNT_NEWS 1
+namespace {
+std::atomic<bool> g_count_news{false};
+std::atomic<int64_t> g_news{0};
+}  // namespace
+// GCC takes the free() of a replaced operator new's pointer for a mismatch.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(size_t n) {
+  if (g_count_news.load(std::memory_order_relaxed)) g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+#endif
 
 namespace swiftlet {
 namespace {
@@ -18,8 +51,17 @@ struct OwnedMatrix {
   std::vector<uint8_t> data, scales, biases;
 };
 
+void put_scale(std::vector<uint8_t>& v, DType sdt, size_t i, float f) {
+  if (sdt == DType::F32) {
+    std::memcpy(v.data() + 4 * i, &f, 4);
+    return;
+  }
+  const uint16_t h = sdt == DType::BF16 ? f32_to_bf16(f) : f32_to_f16(f);
+  std::memcpy(v.data() + 2 * i, &h, 2);
+}
+
 OwnedMatrix random_matrix(std::mt19937& rng, WeightFormat f, int64_t rows, int64_t cols, int bits = 4,
-                          DType sdt = DType::BF16) {
+                          DType sdt = DType::BF16, int group = 64) {
   OwnedMatrix o;
   o.m.format = f;
   o.m.rows = rows;
@@ -43,22 +85,16 @@ OwnedMatrix random_matrix(std::mt19937& rng, WeightFormat f, int64_t rows, int64
       break;
     case WeightFormat::Affine: {
       o.m.bits = bits;
-      o.m.group_size = 64;
+      o.m.group_size = group;
       o.m.scale_dtype = sdt;
       o.data.resize(size_t(rows * cols * bits / 8));
       for (auto& b : o.data) b = uint8_t(ud(rng));
-      const size_t ng = size_t(rows * cols / 64), es = dtype_size(sdt);
+      const size_t ng = size_t(rows * cols / group), es = dtype_size(sdt);
       o.scales.resize(ng * es);
       o.biases.resize(ng * es);
       for (size_t i = 0; i < ng; ++i) {
-        float s = nd(rng) * 0.1f, b = nd(rng) * 0.5f;
-        if (sdt == DType::F32) {
-          std::memcpy(o.scales.data() + 4 * i, &s, 4);
-          std::memcpy(o.biases.data() + 4 * i, &b, 4);
-        } else {
-          put16(o.scales, i, sdt == DType::BF16 ? f32_to_bf16(s) : f32_to_f16(s));
-          put16(o.biases, i, sdt == DType::BF16 ? f32_to_bf16(b) : f32_to_f16(b));
-        }
+        put_scale(o.scales, sdt, i, nd(rng) * 0.1f);
+        put_scale(o.biases, sdt, i, nd(rng) * 0.5f);
       }
       o.m.scales = o.scales.data();
       o.m.biases = o.biases.data();
@@ -69,73 +105,231 @@ OwnedMatrix random_matrix(std::mt19937& rng, WeightFormat f, int64_t rows, int64
   return o;
 }
 
+std::vector<float> random_x(std::mt19937& rng, int64_t n, int64_t cols) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(n * cols));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])) + 2e-4f) << what << " at " << i;
 }
 
-// Largest error int8 activations may add to y[t, r]: each x in a group of 64 moves by at most
-// half its quantisation step (amax / 127 / 2), times |W|.
+// The int8-activation bound for every y[t, r] (see the top of the file).
 std::vector<float> q8_bound(const QMatrix& w, const std::vector<float>& x, int64_t n) {
-  std::vector<float> bound(static_cast<size_t>(n * w.rows)), row(static_cast<size_t>(w.cols));
+  QMatrix sq = w;  // scale * q only: the same matrix with zero biases
+  std::vector<uint8_t> zeros(w.scale_row_bytes() * size_t(w.rows), 0);
+  sq.biases = zeros.data();
+  std::vector<float> bound(size_t(n * w.rows)), row(size_t(w.cols)), full(size_t(w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
-    ref::dequant_row(w, r, row.data());
+    ref::dequant_row(sq, r, row.data());
+    ref::dequant_row(w, r, full.data());
     for (int64_t t = 0; t < n; ++t) {
-      double b = 0;
+      const float* xt = x.data() + t * w.cols;
+      double b = 0, mag = 0;
       for (int64_t g = 0; g < w.cols / 64; ++g) {
         float amax = 0;
-        for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(x[size_t(t * w.cols + g * 64 + i)]));
+        for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(xt[g * 64 + i]));
         for (int i = 0; i < 64; ++i) b += std::fabs(row[size_t(g * 64 + i)]) * amax / 254.0;
       }
-      bound[size_t(t * w.rows + r)] = float(b);
+      for (int64_t c = 0; c < w.cols; ++c) mag += std::fabs(double(full[size_t(c)]) * xt[c]);
+      bound[size_t(t * w.rows + r)] = float(b + 1e-5 * mag + 1e-6);
     }
   }
   return bound;
 }
 
-TEST(Kernels, CpuMatmulMatchesReference) {
+// Largest |got - want| / bound; <= 1 passes. Also the mean error over the mean bound.
+struct Fit {
+  double worst = 0, mean_share = 0;
+  size_t at = 0;
+};
+Fit fit_q8(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& bound) {
+  Fit f;
+  double err = 0, lim = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(double(got[i]) - want[i]);
+    if (!(e / bound[i] <= f.worst)) {  // NaN counts as the worst
+      f.worst = std::isnan(e) ? INFINITY : e / bound[i];
+      f.at = i;
+    }
+    err += e;
+    lim += bound[i];
+  }
+  f.mean_share = err / lim;
+  return f;
+}
+
+constexpr int64_t kBatches[] = {1, 2, 3, 5, 8, 17, 64};
+
+// int8 activations (cpu backend): 4 and 8 bits, groups of 64 and 128, bf16 / f16 / f32 scales,
+// row counts that do not fill the row tiles (1, 7, 130), block counts below, at and past a
+// multiple of 8 (the kernels take factors 8 blocks at a time), every tile shape of tokens.
+TEST(Kernels, Int8ActivationsWithinRoundingBound) {
+  std::mt19937 rng(11);
+  const Kernels& fast = kernels_for(Backend::Cpu);
+  for (int bits : {4, 8})
+    for (int group : {64, 128})
+      for (DType sdt : {DType::BF16, DType::F16, DType::F32})
+        for (auto [rows, groups] : {std::pair<int64_t, int64_t>{1, 1}, {7, 5}, {130, 9}, {33, 8}}) {
+          const int64_t cols = groups * group;
+          OwnedMatrix w = random_matrix(rng, WeightFormat::Affine, rows, cols, bits, sdt, group);
+          for (int64_t n : kBatches) {
+            const std::vector<float> x = random_x(rng, n, cols);
+            std::vector<float> want(size_t(n * rows)), got(size_t(n * rows));
+            ref::matmul(w.m, x.data(), n, want.data());
+            fast.matmul(w.m, x.data(), n, got.data());
+            const Fit f = fit_q8(got, want, q8_bound(w.m, x, n));
+            const std::string what = fmt::format("q{} g{} scales {} {}x{} n={}", bits, group, dtype_name(sdt), rows,
+                                                 cols, n);
+            ASSERT_LE(f.worst, 1.0) << what << " at t=" << f.at / size_t(rows) << " r=" << f.at % size_t(rows)
+                                    << ": got " << got[f.at] << " want " << want[f.at];
+            // Rounding errors add up like a random walk: well inside the worst case on average.
+            EXPECT_LT(f.mean_share, 0.25) << what;
+          }
+        }
+}
+
+// The same check fails on a kernel that is wrong by one weight: row 0 of a copy gets one
+// nibble moved by 8 where x is large, and the copy's product is checked against the original.
+TEST(Kernels, Int8BoundCatchesOneWrongWeight) {
+  std::mt19937 rng(5);
+  const Kernels& fast = kernels_for(Backend::Cpu);
+  for (int64_t n : {1, 8}) {
+    OwnedMatrix w = random_matrix(rng, WeightFormat::Affine, 4, 256, 4, DType::BF16, 64);
+    put_scale(w.scales, DType::BF16, 0, 0.2f);  // row 0, group 0
+    std::vector<float> x = random_x(rng, n, 256);
+    for (int64_t t = 0; t < n; ++t) x[size_t(t * 256 + 5)] = 10.0f;
+    std::vector<float> want(size_t(n * 4)), got(size_t(n * 4));
+    ref::matmul(w.m, x.data(), n, want.data());
+    fast.matmul(w.m, x.data(), n, got.data());
+    const std::vector<float> bound = q8_bound(w.m, x, n);
+    EXPECT_LE(fit_q8(got, want, bound).worst, 1.0);
+    OwnedMatrix bad = w;
+    bad.m.data = bad.data.data();
+    bad.m.scales = bad.scales.data();
+    bad.m.biases = bad.biases.data();
+    bad.data[2] ^= 0x80;  // element 5 = byte 2, high nibble: q +- 8
+    fast.matmul(bad.m, x.data(), n, got.data());
+    EXPECT_GT(fit_q8(got, want, bound).worst, 1.0) << "n=" << n;
+  }
+}
+
+// fp32 activations: dense weights on both fast backends, affine weights on cpu-f32.
+TEST(Kernels, Fp32ActivationsMatchReference) {
   std::mt19937 rng(7);
   struct Case {
     WeightFormat f;
     int bits;
     DType sdt;
+    int group;
   };
-  const Case cases[] = {{WeightFormat::F32, 0, DType::BF16},    {WeightFormat::BF16, 0, DType::BF16},
-                        {WeightFormat::F16, 0, DType::BF16},    {WeightFormat::Affine, 4, DType::BF16},
-                        {WeightFormat::Affine, 8, DType::BF16}, {WeightFormat::Affine, 4, DType::F16},
-                        {WeightFormat::Affine, 4, DType::F32},  {WeightFormat::Affine, 8, DType::F32}};
-  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const Case cases[] = {{WeightFormat::F32, 0, DType::BF16, 0},    {WeightFormat::BF16, 0, DType::BF16, 0},
+                        {WeightFormat::F16, 0, DType::BF16, 0},    {WeightFormat::Affine, 4, DType::BF16, 64},
+                        {WeightFormat::Affine, 8, DType::BF16, 64}, {WeightFormat::Affine, 4, DType::F16, 128},
+                        {WeightFormat::Affine, 4, DType::F32, 64},  {WeightFormat::Affine, 8, DType::F32, 128}};
   for (Backend backend : {Backend::CpuF32, Backend::Cpu}) {
     const Kernels& fast = kernels_for(backend);
     for (const Case& c : cases) {
-      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 64}, {7, 128}, {33, 192}, {130, 512}, {515, 2048}}) {
-        if (c.f != WeightFormat::Affine) cols += rows % 5;  // ragged tails for dense formats
-        OwnedMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, c.sdt);
-        for (int64_t n : {1, 3, 8}) {
-          std::vector<float> x(size_t(n * cols));
-          for (auto& v : x) v = nd(rng);
+      if (backend == Backend::Cpu && c.f == WeightFormat::Affine) continue;  // int8 test above
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {7, 256}, {33, 384}, {130, 512}}) {
+        if (c.f != WeightFormat::Affine) cols += rows % 5 + 3;  // ragged tails for dense formats
+        OwnedMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, c.sdt, c.group);
+        for (int64_t n : kBatches) {
+          const std::vector<float> x = random_x(rng, n, cols);
           std::vector<float> want(size_t(n * rows)), got(size_t(n * rows));
           ref::matmul(w.m, x.data(), n, want.data());
           fast.matmul(w.m, x.data(), n, got.data());
-          const std::string what = fmt::format("{} format {} bits {} {}x{} n={}", fast.name, int(c.f), c.bits, rows, cols, n);
-          if (backend == Backend::Cpu && c.f == WeightFormat::Affine) {
-            // int8 activations: within the bound, and well inside it on average.
-            std::vector<float> bound = q8_bound(w.m, x, n);
-            double err = 0, lim = 0;
-            for (size_t i = 0; i < got.size(); ++i) {
-              ASSERT_LE(std::fabs(got[i] - want[i]), bound[i] + 1e-3f * (1 + std::fabs(want[i]))) << what << " at " << i;
-              err += std::fabs(got[i] - want[i]);
-              lim += bound[i];
-            }
-            EXPECT_LT(err, 0.25 * lim) << what;
-          } else {
-            expect_close(got, want, what);
-          }
+          expect_close(got, want,
+                       fmt::format("{} format {} bits {} g{} {}x{} n={}", fast.name, int(c.f), c.bits, c.group, rows,
+                                   cols, n));
         }
       }
     }
   }
+}
+
+// Large enough to be split over the thread pool, with prefill row chunks and every tile.
+TEST(Kernels, LargeMatmulsMatchReference) {
+  std::mt19937 rng(9);
+  for (auto [f, bits] : {std::pair<WeightFormat, int>{WeightFormat::Affine, 4}, {WeightFormat::Affine, 8},
+                         {WeightFormat::BF16, 0}}) {
+    OwnedMatrix w = random_matrix(rng, f, 515, 2048, bits);
+    for (int64_t n : {1, 13}) {
+      const std::vector<float> x = random_x(rng, n, 2048);
+      std::vector<float> want(size_t(n * 515)), got(size_t(n * 515));
+      ref::matmul(w.m, x.data(), n, want.data());
+      kernels_for(Backend::Cpu).matmul(w.m, x.data(), n, got.data());
+      const std::string what = fmt::format("format {} bits {} n={}", int(f), bits, n);
+      if (f == WeightFormat::Affine) {
+        const Fit fit = fit_q8(got, want, q8_bound(w.m, x, n));
+        ASSERT_LE(fit.worst, 1.0) << what;
+        EXPECT_LT(fit.mean_share, 0.25) << what;
+      } else {
+        expect_close(got, want, what);
+      }
+    }
+  }
+}
+
+// A token's output does not depend on the batch it is in: prefix reuse prefills a suffix and
+// must continue exactly like a fresh run that prefilled everything at once.
+TEST(Kernels, BatchGivesDecodeResultsBitForBit) {
+  std::mt19937 rng(13);
+  struct Case {
+    WeightFormat f;
+    int bits;
+    int group;
+  };
+  const Case cases[] = {{WeightFormat::Affine, 4, 64}, {WeightFormat::Affine, 8, 64}, {WeightFormat::Affine, 4, 128},
+                        {WeightFormat::BF16, 0, 0},    {WeightFormat::F32, 0, 0},     {WeightFormat::F16, 0, 0}};
+  for (Backend backend : {Backend::Cpu, Backend::CpuF32}) {
+    const Kernels& k = kernels_for(backend);
+    for (const Case& c : cases) {
+      const int64_t rows = 37, cols = c.f == WeightFormat::Affine ? 9 * 128 : 1000;
+      OwnedMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, DType::BF16, c.group);
+      for (int64_t n : {2, 3, 7, 64}) {
+        const std::vector<float> x = random_x(rng, n, cols);
+        std::vector<float> batch(size_t(n * rows)), one(static_cast<size_t>(rows));
+        k.matmul(w.m, x.data(), n, batch.data());
+        for (int64_t t = 0; t < n; ++t) {
+          k.matmul(w.m, x.data() + t * cols, 1, one.data());
+          for (int64_t r = 0; r < rows; ++r)
+            ASSERT_EQ(batch[size_t(t * rows + r)], one[size_t(r)])
+                << k.name << " format " << int(c.f) << " bits " << c.bits << " n=" << n << " t=" << t << " r=" << r;
+        }
+      }
+    }
+  }
+}
+
+// Decode and batches reuse their buffers: once warm, a matmul allocates nothing (also the
+// thread pool's job, split over every thread).
+TEST(Kernels, MatmulDoesNotAllocate) {
+#ifndef SWIFTLET_COUNT_NEWS
+  GTEST_SKIP() << "operator new is AddressSanitizer's";
+#else
+  std::mt19937 rng(3);
+  for (Backend backend : {Backend::Cpu, Backend::CpuF32}) {
+    for (auto [f, bits] : {std::pair<WeightFormat, int>{WeightFormat::Affine, 4}, {WeightFormat::BF16, 0}}) {
+      OwnedMatrix w = random_matrix(rng, f, 1024, 1024, bits);
+      for (int64_t n : {1, 8}) {
+        const std::vector<float> x = random_x(rng, n, 1024);
+        std::vector<float> y(size_t(n * 1024));
+        const Kernels& k = kernels_for(backend);
+        k.matmul(w.m, x.data(), n, y.data());  // warm: buffers grow to size
+        g_news = 0;
+        g_count_news = true;
+        for (int i = 0; i < 10; ++i) k.matmul(w.m, x.data(), n, y.data());
+        g_count_news = false;
+        EXPECT_EQ(g_news.load(), 0) << k.name << " format " << int(f) << " n=" << n;
+      }
+    }
+  }
+#endif
 }
 
 TEST(Kernels, ReferenceDequantFollowsMlxPacking) {

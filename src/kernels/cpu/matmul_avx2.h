@@ -1,5 +1,6 @@
-// AVX2 + FMA kernels for Y = W X with fp32 activations (compiled with -mavx2 -mfma -mf16c in
-// their own translation unit; call only when cpu_has_avx2() says so).
+// AVX2 + FMA kernels for Y = W X: fp32 activations (matmul_avx2.cpp) and int8 activations for
+// affine weights (matmul_q8_avx2.cpp), compiled with -mavx2 -mfma -mf16c in their own
+// translation units; call only when cpu_has_avx2() says so.
 #pragma once
 
 #include "kernels/cpu/qmatrix.h"
@@ -19,19 +20,22 @@ struct Prepared {
 };
 void prepare(const QMatrix& w, const float* x, int64_t n, Prepared& p);
 
-// Rows [r0, r1) of Y[t, rows] = W X[t, cols], t < n. `p` from prepare() for affine W.
+// Rows [r0, r1) of Y[t, rows] = W X[t, cols], t < n. `p` from prepare() for affine W. Dense
+// W with n > 1 goes in tiles of 2 rows x 4 tokens (each weight converted once per 4 tokens).
 void matmul_rows(const QMatrix& w, const float* x, const Prepared& p, int64_t n, float* y,
                  int64_t r0, int64_t r1);
 
-// ---- int8 activations (the fast default for affine weights) ----
-// Each group of x is quantised to int8 with its own scale (amax / 127), laid out to meet the
-// packed weight bytes directly, so a group of 64 weights is two integer multiply-adds
-// (vpmaddubsw) instead of 64 float FMAs. The bias term uses the exact fp32 group sums.
+// ---- int8 activations (the fast default for affine weights; matmul_q8_avx2.cpp) ----
+// Each block of 64 values of x is quantised to int8 with its own scale (amax / 127), laid out
+// to meet the packed weight bytes directly, so 64 weights are two integer multiply-adds
+// (vpmaddubsw) instead of 64 float FMAs. The bias term uses the exact fp32 block sums.
+// Per-token arrays of block factors are zero-padded to a multiple of 8 blocks (nbp) so the
+// kernels read them 8 at a time. prepare_q8 only grows the buffers: keep one per thread.
 struct PreparedQ8 {
-  std::vector<int8_t> xq;    // [n][cols] permuted to the weight byte order
-  std::vector<float> d;      // [n][groups] activation scale per group
-  std::vector<float> xsum;   // [n][groups] exact sum of x per group
-  std::vector<int32_t> isum; // [n][groups] sum of xq per group (8-bit weights' offset)
+  std::vector<int8_t> xq;   // [n][cols] permuted to the weight byte order
+  std::vector<float> d;     // [n][nbp] activation scale per block of 64
+  std::vector<float> xsum;  // [n][nbp] exact sum of x per block
+  std::vector<float> qsum;  // [n][nbp] 128 * sum of xq per block (8-bit weights' offset)
 };
 bool q8_supported(const QMatrix& w);  // affine, 4 or 8 bits, group a multiple of 64
 void prepare_q8(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p);
