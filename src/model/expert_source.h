@@ -14,6 +14,10 @@ struct ExpertWeights {
   QMatrix gate;  // [moe_intermediate, hidden]
   QMatrix up;    // [moe_intermediate, hidden]
   QMatrix down;  // [hidden, moe_intermediate]
+  // The whole blob the views point into, when the source has one (a .qpack slot): a GPU cache
+  // copies it in one transfer and rebuilds the views at the same offsets. Null otherwise.
+  const uint8_t* blob = nullptr;
+  size_t blob_bytes = 0;
 };
 
 // Counters every source keeps (zeros where a notion does not apply, e.g. no cache).
@@ -25,6 +29,10 @@ struct ExpertStats {
   double read_seconds = 0;    // time spent reading (may overlap compute)
   double wait_seconds = 0;    // time the compute waited for reads
   double verify_seconds = 0;  // time spent checking checksums
+  uint64_t predicted = 0;       // speculative reads started for a predicted expert
+  uint64_t predicted_used = 0;  // ... of which the expert was then used
+  size_t cache_bytes = 0;       // memory the cache holds now
+  size_t cache_budget = 0;      // the most it may hold
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
 
@@ -33,6 +41,17 @@ class ExpertSource {
   virtual ~ExpertSource() = default;
   // The most experts that can be held at once (acquire() is never asked for more).
   virtual int max_batch() const = 0;
+  // A hint, given as soon as the router has chosen: these experts of `layer` will be acquired
+  // soon. A streaming source starts reading them so the reads overlap other compute. Never
+  // blocks on IO and never throws for IO errors (acquire() reports them).
+  virtual void prefetch(int /*layer*/, std::span<const int32_t> /*experts*/) {}
+  // The same for experts a predictor expects (they may not be used): read only into room the
+  // cache can spare, and counted apart.
+  virtual void predict(int /*layer*/, std::span<const int32_t> /*experts*/) {}
+  // Whether predict() does anything (a streaming source): else the model skips predicting.
+  virtual bool wants_predictions() const { return false; }
+  // Whether acquire() would find the expert in memory now (the compute takes those first).
+  virtual bool ready(int /*layer*/, int /*expert*/) const { return true; }
   // Makes `experts` of `layer` available and fills `out` (same order). Views stay valid until
   // the next release(layer). Throws Error naming the layer and expert if one cannot be read.
   virtual void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) = 0;

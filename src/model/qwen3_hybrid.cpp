@@ -2,8 +2,11 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops_ref.h"
+#include "model/attention.h"
+#include "model/delta_net.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -12,6 +15,11 @@
 namespace swiftlet {
 
 namespace {
+using ProfileClock = std::chrono::steady_clock;
+double seconds_between(ProfileClock::time_point a, ProfileClock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
 template <typename T>
 T* grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
@@ -45,7 +53,8 @@ void unpack_ba_grouped(const ModelConfig& c, const float* ba, float* b, float* a
     }
 }
 
-Forward::Forward(const Model& m, Backend backend) : m_(m), c_(m.config), k_(kernels_for(backend)) {}
+Forward::Forward(const Model& m, Backend backend)
+    : m_(m), c_(m.config), k_(kernels_for(backend)), fast_(backend != Backend::Reference) {}
 
 void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode,
                   std::vector<float>& logits) {
@@ -74,8 +83,11 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     if (layer_hook_) layer_hook_(l, std::span<float>(h, size_t(T * H)));
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.input_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
+    auto t0 = ProfileClock::now();
     if (lw.linear) gated_delta_net(l, st.layers[size_t(l)], T);
     else gated_attention(l, st.layers[size_t(l)], pos0, T);
+    auto t1 = ProfileClock::now();
+    (lw.linear ? profile_.delta_net : profile_.attention) += seconds_between(t0, t1);
     for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
@@ -92,7 +104,9 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
   for (int64_t t = first; t < T; ++t)
     ref::rms_norm(h + t * H, m_.weights.norm.data(), H, c_.rms_norm_eps, x_.data() + (t - first) * H);
   logits.resize(size_t(rows * c_.vocab_size));
+  const auto t0 = ProfileClock::now();
   k_.matmul(m_.weights.lm_head, x_.data(), rows, logits.data());
+  profile_.lm_head += seconds_between(t0, ProfileClock::now());
 }
 
 void Forward::rope_tables(int64_t pos0, int64_t T) {
@@ -150,6 +164,12 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T) {
 
   // Causal softmax attention, GQA: query head j reads kv head j / (nh / nkv).
   float* o = grow(core_, size_t(T * od));
+  if (fast_) {
+    attn::attend({nh, nkv, hd}, {T, pos0, q, od, st.k.data(), st.v.data(), kvd, 1.0f / std::sqrt(float(hd)), o, od});
+    if (gated) attn::sigmoid_gate(o, gate, T * od);
+    k_.matmul(w.o_proj, o, T, out_.data());
+    return;
+  }
   float* sc = grow(scores_, size_t(n_pos));
   const float scale = 1.0f / std::sqrt(float(hd));
   const int group = nh / nkv;
@@ -211,6 +231,10 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
     }
   }
 
+  if (fast_) {
+    delta_net_fast(w, st, T);
+    return;
+  }
   float* u = grow(u_, size_t(C));
   float* core = grow(core_, size_t(T * vd));
   float* m = grow(tmp_, size_t(2 * dv));
@@ -267,6 +291,48 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
   k_.matmul(w.out_proj, core, T, out_.data());
 }
 
+// The fast backends' DeltaNet after the input projections: the conv and norms vectorised, the
+// delta rule fused per token for decode and in chunks of 64 (WY/UT form, 3.8) for prefill.
+void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T) {
+  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
+  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
+  const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
+  float* mixed = mixed_.data();  // [T][C] q, k, v; after the conv (in place) u
+  float* ba = ba_.data();        // [T][2 hv] b, a; in place -> beta, g (3.6)
+  gdn::conv_silu(mixed, T, C, w.conv1d.data(), c_.linear_conv_kernel_dim, st.conv.data());
+  const float q_scale = 1.0f / std::sqrt(float(dk));
+  for (int64_t t = 0; t < T; ++t) {
+    gdn::l2_norm_heads(mixed + t * C, hk, dk, 1e-6f, q_scale);
+    gdn::l2_norm_heads(mixed + t * C + kd, hk, dk, 1e-6f, 1.0f);
+    float* b = ba + t * 2 * hv;
+    float* a = b + hv;
+    for (int h = 0; h < hv; ++h) {
+      a[h] = -std::exp(w.A_log[size_t(h)]) * ref::softplus(a[h] + w.dt_bias[size_t(h)]);
+      b[h] = ref::sigmoid(b[h]);
+    }
+  }
+  float* core = grow(core_, size_t(T * vd));
+  gdn::DeltaBatch db;
+  db.T = T;
+  db.q = mixed;
+  db.k = mixed + kd;
+  db.v = mixed + 2 * kd;
+  db.qkv_stride = C;
+  db.beta = ba;
+  db.g = ba + hv;
+  db.gate_stride = 2 * hv;
+  db.out = core;
+  db.out_stride = vd;
+  const gdn::DeltaShape shape{hk, hv, dk, dv};
+  // The chunked form's fixed cost per chunk (K K^T, Q K^T, the triangular solve) pays off from
+  // about 4 tokens (bench/mixer_bench.cpp); below that the fused recurrence is faster.
+  if (chunked_prefill_ && T >= 4) gdn::delta_rule_chunked(shape, db, st.ssm.data());
+  else gdn::delta_rule_recurrent(shape, db, st.ssm.data());
+  for (int64_t t = 0; t < T; ++t)
+    gdn::gated_rms_norm(core + t * vd, z_.data() + t * vd, w.norm.data(), hv, dv, c_.rms_norm_eps);
+  k_.matmul(w.out_proj, core, T, out_.data());
+}
+
 void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
   const MoeDenseWeights& w = m_.weights.layers[size_t(li)].moe;
   const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
@@ -274,6 +340,7 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
   const float* x = x_.data();
   float* out = out_.data();
 
+  const auto t_start = ProfileClock::now();
   // Router: softmax over all experts, top-k, renormalise (3.10).
   float* probs = grow(router_, size_t(T * E));
   k_.matmul(w.router, x, T, probs);
@@ -295,6 +362,14 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
     if (capture_) routes_.push_back({li, pos0 + t, std::vector<int32_t>(order.begin(), order.begin() + top_k)});
   }
 
+  // The experts the chunk needs, known now: the source starts reading the missing ones, which
+  // overlaps the shared expert and the cached experts computed meanwhile.
+  std::vector<int32_t>& ids = ids_;
+  ids.clear();
+  for (const auto& [e, list] : by_expert) ids.push_back(e);
+  m_.experts->prefetch(li, ids);
+  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions()) predict_next_layer(li, ids);
+
   // Shared expert with its sigmoid gate, written first; routed experts accumulate on top.
   float* sh = grow(shared_h_, size_t(T * SI));
   float* su = grow(shared_u_, size_t(T * SI));
@@ -309,32 +384,84 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
     for (int64_t d = 0; d < H; ++d) out[t * H + d] *= s;
   }
 
-  // Routed experts: each chosen expert is fetched once and applied to all its tokens.
-  std::vector<int32_t> ids;
-  for (const auto& [e, list] : by_expert) ids.push_back(e);
+  // Routed experts: each chosen expert is fetched once and applied to all its tokens; those
+  // already in memory first, so the compute runs while the others are still being read. One
+  // acquire per expert: computing expert i overlaps the reads of the ones after it. Outputs are
+  // kept per expert and added in expert order, so the result does not depend on which experts
+  // happened to be cached (the cache size never changes the logits).
+  std::vector<int64_t>& first_row = expert_rows_;
+  first_row.assign(size_t(E) + 1, 0);
+  int64_t rows = 0;
+  for (const auto& [e, list] : by_expert) {
+    first_row[size_t(e)] = rows;
+    rows += int64_t(list.size());
+  }
+  float* yall = grow(ye_, size_t(rows * H));
+  std::stable_partition(ids.begin(), ids.end(), [&](int32_t e) { return m_.experts->ready(li, e); });
   const size_t batch = size_t(std::max(1, m_.experts->max_batch()));
-  std::vector<ExpertWeights> ew(std::min(batch, ids.size()));
-  for (size_t first = 0; first < ids.size(); first += batch) {
-    const size_t n = std::min(batch, ids.size() - first);
-    m_.experts->acquire(li, std::span(ids).subspan(first, n), std::span(ew).first(n));
-    for (size_t i = 0; i < n; ++i) {
-      const auto& list = by_expert[ids[first + i]];
-      const int64_t nt = int64_t(list.size());
-      float* xe = grow(xe_, size_t(nt * H));
-      float* he = grow(he_, size_t(nt * I));
-      float* ue = grow(ue_, size_t(nt * I));
-      float* ye = grow(ye_, size_t(nt * H));
-      for (int64_t j = 0; j < nt; ++j) std::copy(x + list[size_t(j)].first * H, x + (list[size_t(j)].first + 1) * H, xe + j * H);
-      k_.matmul(ew[i].gate, xe, nt, he);
-      k_.matmul(ew[i].up, xe, nt, ue);
-      for (int64_t j = 0; j < nt * I; ++j) he[j] = ref::silu(he[j]) * ue[j];
-      k_.matmul(ew[i].down, he, nt, ye);
-      for (int64_t j = 0; j < nt; ++j) {
-        const auto [t, wgt] = list[size_t(j)];
-        for (int64_t d = 0; d < H; ++d) out[t * H + d] += wgt * ye[j * H + d];
-      }
+  ExpertWeights ew;
+  const auto t_routed = ProfileClock::now();
+  profile_.router_shared += seconds_between(t_start, t_routed);
+  double acquiring = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto ta = ProfileClock::now();
+    m_.experts->acquire(li, std::span(ids).subspan(i, 1), std::span(&ew, 1));
+    acquiring += seconds_between(ta, ProfileClock::now());
+    const auto& list = by_expert[ids[i]];
+    const int64_t nt = int64_t(list.size());
+    float* xe = grow(xe_, size_t(nt * H));
+    float* he = grow(he_, size_t(nt * I));
+    float* ue = grow(ue_, size_t(nt * I));
+    for (int64_t j = 0; j < nt; ++j) std::copy(x + list[size_t(j)].first * H, x + (list[size_t(j)].first + 1) * H, xe + j * H);
+    k_.matmul(ew.gate, xe, nt, he);
+    k_.matmul(ew.up, xe, nt, ue);
+    for (int64_t j = 0; j < nt * I; ++j) he[j] = ref::silu(he[j]) * ue[j];
+    k_.matmul(ew.down, he, nt, yall + first_row[size_t(ids[i])] * H);
+    if ((i + 1) % batch == 0 || i + 1 == ids.size()) m_.experts->release(li);
+  }
+  profile_.expert_acquire += acquiring;
+  profile_.expert_compute += seconds_between(t_routed, ProfileClock::now()) - acquiring;
+  for (const auto& [e, list] : by_expert) {
+    const float* ye = yall + first_row[size_t(e)] * H;
+    for (size_t j = 0; j < list.size(); ++j) {
+      const auto [t, wgt] = list[j];
+      for (int64_t d = 0; d < H; ++d) out[t * H + d] += wgt * ye[int64_t(j) * H + d];
     }
-    m_.experts->release(li);
+  }
+}
+
+// Guesses the experts of layers li + 1 .. li + predict_next_ from the residual stream as it is
+// now (before this layer's MoE output is added), by applying those layers' norms and routers
+// early, and asks the source to start reading them. The guess for the next layer is scored when
+// that layer routes for real.
+void Forward::predict_next_layer(int li, std::span<const int32_t> actual) {
+  if (!predicted_.empty() && predicted_layer_ == li) {
+    int hit = 0;
+    for (int32_t e : actual) hit += std::count(predicted_.begin(), predicted_.end(), e) ? 1 : 0;
+    prediction_.hits += uint64_t(hit);
+    prediction_.total += uint64_t(actual.size());
+  }
+  predicted_.clear();
+  const int64_t H = c_.hidden_size;
+  const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
+  float* xn = grow(predict_x_, size_t(H));
+  float* p = grow(predict_probs_, size_t(E));
+  std::vector<int32_t>& order = predict_order_;
+  order.resize(size_t(E));
+  for (int ahead = 1; ahead <= predict_next_ && li + ahead < c_.num_layers; ++ahead) {
+    const int target = li + ahead;
+    const LayerWeights& lw = m_.weights.layers[size_t(target)];
+    // h_ holds the residual after this layer's mixer; later layers' MoE inputs stay close to it.
+    ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, xn);
+    k_.matmul(lw.moe.router, xn, 1, p);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    if (ahead == 1) {
+      predicted_.assign(order.begin(), order.begin() + top_k);
+      predicted_layer_ = target;
+    }
+    m_.experts->predict(target, std::span(order).first(size_t(top_k)));
   }
 }
 

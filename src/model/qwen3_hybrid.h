@@ -47,21 +47,55 @@ class Forward {
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
   // run, and the experts chosen.
   void set_capture(bool on) { capture_ = on; }
+  // Fast backends, prefill of 4+ tokens: the DeltaNet delta rule in chunks of 64 (WY/UT form)
+  // instead of token by token. Off by default: a prefilled token then gives bits that depend on
+  // where the chunks fell, so prefix reuse (Conversation, Session snapshots) would no longer
+  // answer exactly as a fresh run; the rounding differences are ~1e-6 relative.
+  void set_chunked_prefill(bool on) { chunked_prefill_ = on; }
   // Called with the residual stream ([T][H]) before each layer; tests use it to feed every
   // layer the reference backend's input (teacher forcing), so per-layer errors do not compound.
   void set_layer_hook(std::function<void(int layer, std::span<float> h)> hook) { layer_hook_ = std::move(hook); }
   const std::vector<float>& layer_outputs() const { return layer_outputs_; }
   const std::vector<RouteRecord>& routes() const { return routes_; }
 
+  // Decode only: guess the experts of the next `layers` layers by applying their routers to the
+  // residual stream early, and have the expert source start reading them (ExpertSource::predict).
+  // 0: off.
+  void set_predict_next(int layers) { predict_next_ = layers; }
+  struct PredictionStats {
+    uint64_t hits = 0;   // routed experts that had been predicted
+    uint64_t total = 0;  // routed experts of layers that had a prediction
+    double accuracy() const { return total ? double(hits) / double(total) : 0.0; }
+  };
+  const PredictionStats& prediction_stats() const { return prediction_; }
+
+  // Where the time of run() went, accumulated over calls (seconds; the rest is norms, residual
+  // adds and embedding lookups).
+  struct Profile {
+    double attention = 0;       // gated attention layers (projections, cache, softmax)
+    double delta_net = 0;       // Gated DeltaNet layers (projections, conv, recurrence)
+    double router_shared = 0;   // routers, top-k, shared experts
+    double expert_compute = 0;  // routed experts' products
+    double expert_acquire = 0;  // waiting for routed experts (reads, checksums)
+    double lm_head = 0;         // final projection to the vocabulary
+    double total() const { return attention + delta_net + router_shared + expert_compute + expert_acquire + lm_head; }
+  };
+  const Profile& profile() const { return profile_; }
+  void reset_profile() { profile_ = {}; }
+
  private:
   void gated_attention(int layer, LayerState& st, int64_t pos0, int64_t T);
   void gated_delta_net(int layer, LayerState& st, int64_t T);
+  void delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T);
   void sparse_moe(int layer, int64_t pos0, int64_t T);
   void rope_tables(int64_t pos0, int64_t T);
+  void predict_next_layer(int layer, std::span<const int32_t> actual);
 
   const Model& m_;
   const ModelConfig& c_;
   const Kernels& k_;
+  bool fast_;  // token mixers: AVX2 kernels (attention.h, delta_net.h), else the scalar oracle loops
+  bool chunked_prefill_ = false;
   bool capture_ = false;
   std::function<void(int, std::span<float>)> layer_hook_;
   std::vector<float> layer_outputs_;
@@ -85,8 +119,17 @@ class Forward {
   std::vector<float> u_;        // [conv_dim] one token after conv + SiLU
   std::vector<float> tmp_;      // [max dim] scratch
   std::vector<float> router_;   // [T][experts]
-  std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I], [n][H]
+  std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I]; outputs [T*top_k][H]
   std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]
+  std::vector<int32_t> ids_;      // experts the chunk routes to, in compute order
+  std::vector<int64_t> expert_rows_;  // [expert] first row of its outputs in ye_
+  int predict_next_ = 0;
+  std::vector<int32_t> predicted_;  // guess for layer predicted_layer_
+  int predicted_layer_ = -1;
+  std::vector<float> predict_x_, predict_probs_;
+  std::vector<int32_t> predict_order_;
+  PredictionStats prediction_;
+  Profile profile_;
 };
 
 // Qwen3-Next packs in_proj_qkvz per key head g as [q_g | k_g | v (r heads) | z (r heads)] and
