@@ -79,6 +79,42 @@ TEST_F(QpackCli, RepackInfoVerifyAndRunTheTinyPreset) {
   EXPECT_NE(r.out.find("layer 01 expert 9: checksum mismatch"), std::string::npos) << r.out;
 }
 
+// The cache flags: every setting gives the same tokens; bad values are refused with a message
+// and a non-zero exit; the bench command runs every configuration and prints its table.
+TEST_F(QpackCli, CacheFlagsAndBench) {
+  const std::string q = path("tiny.qpack");
+  ASSERT_EQ(sh("swiftlet-repack", "--synthetic tiny --output " + q).status, 0);
+  const std::string gen = "generate " + q + " --ids 1,2,3,4,5,6 --max-new 6 --greedy --print-ids";
+  CmdOut base = sh("swiftlet", gen + " --cache-gb all -q");
+  ASSERT_EQ(base.status, 0) << base.out;
+  for (const char* flags : {"--cache-mb 0.0164", "--cache-mb 0.05 --io serial", "--ram-budget 4G --predict-next 2",
+                            "--resident read", "--resident map --io uring --predict-next 0"}) {
+    CmdOut r = sh("swiftlet", gen + " -q " + flags);
+    ASSERT_EQ(r.status, 0) << flags << "\n" << r.out;
+    EXPECT_EQ(r.out, base.out) << flags;
+  }
+  CmdOut r = sh("swiftlet", gen + " --cache-mb 0.05");
+  EXPECT_NE(r.out.find("evictions"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cache 0.05 of 0.05 MB"), std::string::npos) << r.out;
+  struct Bad {
+    const char* flags;
+    const char* message;
+  };
+  for (const Bad& b : {Bad{"--ram-budget 10M", "cannot be met"}, Bad{"--ram-budget lots", "cannot read 'lots'"},
+                       Bad{"--cache-gb 1 --ram-budget 4G", "only one of"}, Bad{"--io async", "unknown --io mode"},
+                       Bad{"--cache-mb 0", "cannot be empty"}, Bad{"--resident swap", "unknown residency"}}) {
+    CmdOut e = sh("swiftlet", gen + " " + b.flags);
+    EXPECT_EQ(e.status, 1) << b.flags << "\n" << e.out;
+    EXPECT_NE(e.out.find(b.message), std::string::npos) << b.flags << "\n" << e.out;
+  }
+  r = sh("swiftlet", "bench " + q + " --cache default,0.05M,all --io-modes uring,serial --predict off,on "
+                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* want : {"disk bound", "peakRSS", "def ", "0.05M", "all", "serial", "worst case",
+                           "every configuration generated the same 4 tokens: yes"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+}
+
 TEST_F(QpackCli, MlxFixtureRepackedGivesTransformersLogits) {
   const std::string fx = fixture_dir("next_mlx4");
   if (!fs::exists(fx + "/reference.json")) GTEST_SKIP() << "fixture missing";

@@ -44,6 +44,18 @@ int serve(int argc, char** argv) {
   app.add_option("--backend", backend, "cpu (default) or reference");
   app.add_option("--threads", threads, "compute threads (default: all cores)");
   app.add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
+  std::string cache_gb, cache_mb, ram_budget, io = "uring";
+  int predict_next = 1;
+  app.add_option("--cache-gb", cache_gb, "expert cache size in GB, or 'all' (default: one token's experts, top-k x layers)");
+  app.add_option("--cache-mb", cache_mb, "expert cache size in MB");
+  app.add_option("--ram-budget", ram_budget, "size the expert cache so the server fits in this much RAM, e.g. 4G");
+  app.add_option("--io", io, "expert reads: uring (parallel, overlapping compute; default) or serial");
+  app.add_option("--predict-next", predict_next,
+                 "decode: guess the next N layers' experts with their routers and read them early (default 1; 0: off)");
+  bool gpu = false;
+  std::string gpu_cache_gb;
+  app.add_flag("--gpu", gpu, "decode on an NVIDIA GPU (CUDA builds; falls back to the CPU without one)");
+  app.add_option("--gpu-cache-gb", gpu_cache_gb, "VRAM for routed experts, in GB (default: all free GPU memory less 2 GiB)");
   app.add_option("--alias", alias, "model name to serve under (default: the model's file name)");
   app.add_option("--host", so.host, "address to listen on; anything but loopback should come with --api-key")
       ->capture_default_str();
@@ -68,6 +80,12 @@ int serve(int argc, char** argv) {
   wo.engine.backend = swiftlet::parse_backend(backend);
   wo.engine.threads = threads;
   wo.engine.load.verify_experts = !no_verify;
+  wo.engine.predict_next = predict_next;
+  // Every kept conversation holds a KV cache of up to --ctx tokens.
+  swiftlet::apply_cache_flags(wo.engine.load, cache_gb, cache_mb, ram_budget, io,
+                              wo.max_context * std::max(1, int(wo.sessions)));
+  wo.engine.gpu = gpu;
+  if (!gpu_cache_gb.empty()) wo.engine.gpu_cache_bytes = swiftlet::parse_bytes(gpu_cache_gb + "G", "--gpu-cache-gb");
 
   if (!swiftlet::server::is_loopback_host(so.host) && so.api_key.empty())
     std::fprintf(stderr,

@@ -34,7 +34,30 @@ void ModelFlags::add(CLI::App* cmd) {
   cmd->add_option("--threads", threads, "worker threads (default: all cores)");
   cmd->add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
   cmd->add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
+  cmd->add_option("--cache-gb", cache_gb, "expert cache size in GB, or 'all' (default: one token's experts, top-k x layers)");
+  cmd->add_option("--cache-mb", cache_mb, "expert cache size in MB");
+  cmd->add_option("--ram-budget", ram_budget,
+                  "size the expert cache so the whole process fits in this much RAM, e.g. 4G (refused if it cannot)");
+  cmd->add_option("--context", context, "context length the RAM budget leaves room for (default 4096)");
+  cmd->add_option("--io", io, "expert reads: uring (parallel, overlapping compute; default) or serial");
+  cmd->add_option("--resident", resident, "dense weights: populate (mapped and read at start, default), map (read lazily) or read (into private memory)");
+  cmd->add_option("--predict-next", predict_next,
+                  "decode: guess the experts of the next N layers with their routers and start reading them early "
+                  "(default 1; 0: off)");
+  cmd->add_flag("--gpu", gpu, "decode on an NVIDIA GPU (CUDA builds; falls back to the CPU without one)");
+  cmd->add_option("--gpu-cache-gb", gpu_cache_gb,
+                  "VRAM for routed experts, in GB (default: all free GPU memory less 2 GiB)");
 }
+
+void apply_gpu_flags(EngineOptions& o, bool gpu, const std::string& gpu_cache_gb) {
+  if (!gpu_cache_gb.empty() && !gpu) fail("--gpu-cache-gb needs --gpu");
+  o.gpu = gpu;
+  if (!gpu_cache_gb.empty()) {
+    o.gpu_cache_bytes = parse_bytes(gpu_cache_gb + "G", "--gpu-cache-gb");
+    if (o.gpu_cache_bytes == 0) fail("--gpu-cache-gb must be positive (leave it out for all free GPU memory)");
+  }
+}
+
 
 EngineOptions ModelFlags::engine_options() const {
   EngineOptions o;
@@ -43,6 +66,10 @@ EngineOptions ModelFlags::engine_options() const {
   o.backend = parse_backend(backend);
   o.threads = threads;
   o.load.verify_experts = !no_verify;
+  apply_cache_flags(o.load, cache_gb, cache_mb, ram_budget, io, context);
+  o.predict_next = predict_next;
+  o.load.resident = parse_residency(resident);
+  apply_gpu_flags(o, gpu, gpu_cache_gb);
   return o;
 }
 
@@ -81,9 +108,21 @@ std::string stats_text(const GenerateStats& s) {
       s.generated_tokens, s.decode_tok_s(), double(s.peak_rss) / 1e9);
   if (e.hits + e.misses > 0)
     out += fmt::format(
-        "experts: {} hits, {} misses, hit rate {:.1f}% | read {:.2f} GB at {:.2f} GB/s | waited {:.2f} s\n",
-        e.hits, e.misses, 100 * e.hit_rate(), double(e.bytes_read) / 1e9,
-        e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0, e.wait_seconds);
+        "experts: {} hits, {} misses, {} evictions, hit rate {:.1f}% | read {:.2f} GB at {:.2f} GB/s | waited "
+        "{:.2f} s | cache {:.2f} of {:.2f} MB\n",
+        e.hits, e.misses, e.evictions, 100 * e.hit_rate(), double(e.bytes_read) / 1e9,
+        e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0, e.wait_seconds,
+        double(e.cache_bytes) / 1e6, double(e.cache_budget) / 1e6);
+  if (e.predicted > 0)
+    out += fmt::format("next-layer prediction: {} experts read ahead, {} of them used ({:.1f}%)\n", e.predicted,
+                       e.predicted_used, 100.0 * double(e.predicted_used) / double(e.predicted));
+  if (s.on_gpu) {  // --gpu: the VRAM expert cache's share of the request
+    const GpuStats& g = s.gpu;
+    out += fmt::format("GPU experts: {} hits, {} misses, {} evictions, hit rate {:.1f}% | uploaded {:.2f} GB at "
+                       "{:.2f} GB/s\n",
+                       g.hits, g.misses, g.evictions, 100 * g.hit_rate(), double(g.bytes_uploaded) / 1e9,
+                       g.upload_gb_s());
+  }
   return out;
 }
 
@@ -98,7 +137,10 @@ nlohmann::json stats_json(const GenerateStats& s, const GenerateResult* r) {
       {"expert_hits", e.hits},                  {"expert_misses", e.misses},
       {"expert_hit_rate", e.hit_rate()},        {"bytes_read", e.bytes_read},
       {"read_s", e.read_seconds},               {"io_wait_s", e.wait_seconds},
-      {"read_gb_s", e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0}};
+      {"read_gb_s", e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0},
+      {"expert_evictions", e.evictions},        {"cache_bytes", e.cache_bytes},
+      {"cache_budget_bytes", e.cache_budget},   {"predicted", e.predicted},
+      {"predicted_used", e.predicted_used}};
   if (r) j["finish_reason"] = finish_reason_name(r->finish);
   return j;
 }

@@ -51,8 +51,8 @@ void run_info(const InfoOptions& o) {
   const RamEstimate r = estimate_peak_ram(s, cache, o.context, o.prompt);
   std::printf("peak RAM       ~%s with a cache of %lld experts, %lld-token context, %lld-token prompt:\n",
               gib(r.total()).c_str(), (long long)cache, (long long)o.context, (long long)o.prompt);
-  std::printf("                 resident %s, expert cache %s, read buffers %s,\n", gib(r.resident).c_str(),
-              gib(r.expert_cache).c_str(), gib(r.read_buffers).c_str());
+  std::printf("                 resident %s, expert cache %s,\n", gib(r.resident).c_str(),
+              gib(r.expert_cache).c_str());
   std::printf("                 KV cache %s, DeltaNet state %s, activations %s\n", gib(r.kv_cache).c_str(),
               gib(r.linear_state).c_str(), gib(r.activations).c_str());
 }

@@ -13,5 +13,6 @@ void add_chat_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace swiftlet::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   swiftlet::cli::add_tokenize_command(app);
   swiftlet::cli::add_info_command(app);
   swiftlet::cli::add_verify_command(app);
+  swiftlet::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

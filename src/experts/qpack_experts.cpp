@@ -2,103 +2,194 @@
 
 #include "core/error.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
 
 namespace swiftlet {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
-PreadExpertReader::PreadExpertReader(const QpackContainer& qc) : stride_(qc.layout.expert_stride) {
-  for (int l = 0; l < qc.layout.layer_count; ++l) {
-    paths_.push_back(qc.layer_path(l));
-    int fd = ::open(paths_.back().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      const int e = errno;
-      for (int f : fds_) ::close(f);
-      fds_.clear();
-      fail("cannot open layer {:02d} expert file '{}': {}", l, paths_.back(), std::strerror(e));
-    }
-    // Expert reads are random; readahead would only waste bandwidth.
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
-    fds_.push_back(fd);
-  }
-}
-
-PreadExpertReader::~PreadExpertReader() {
-  for (int fd : fds_) ::close(fd);
-}
-
-void PreadExpertReader::read(int layer, int expert, void* dst, size_t bytes) {
-  const int fd = fds_.at(size_t(layer));
-  const uint64_t off = uint64_t(expert) * stride_;
-  size_t done = 0;
-  while (done < bytes) {
-    ssize_t r = ::pread(fd, static_cast<uint8_t*>(dst) + done, bytes - done, off_t(off + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      fail("corrupt or unreadable container: layer {:02d} expert {}: cannot read '{}' at offset {}: {}",
-           layer, expert, paths_[size_t(layer)], off, std::strerror(errno));
-    }
-    if (r == 0)
-      fail("corrupt container: layer {:02d} expert {}: short read of '{}' ({} of {} bytes at offset "
-           "{}; file truncated?) — re-run swiftlet-repack", layer, expert, paths_[size_t(layer)],
-           done, bytes, off);
-    done += size_t(r);
-  }
-}
-
-QpackExperts::QpackExperts(const QpackContainer& qc, bool verify, int max_batch,
-                           std::unique_ptr<ExpertReader> reader)
+QpackExperts::QpackExperts(const QpackContainer& qc, QpackExpertsOptions opts)
     : dir_(qc.dir), config_(qc.config), layout_(qc.layout),
-      verify_(verify && qc.checksums.has_value()),
-      max_batch_(max_batch > 0 ? max_batch : 4 * std::max(1, qc.config.num_experts_per_tok)),
-      reader_(reader ? std::move(reader) : std::make_unique<PreadExpertReader>(qc)) {
+      verify_(opts.verify && qc.checksums.has_value()), io_(opts.io),
+      cache_(qc.layout.layer_count, qc.layout.expert_count, size_t(qc.layout.expert_stride),
+             opts.cache_bytes, std::move(opts.alloc), std::move(opts.free)),
+      reader_(opts.reader ? std::move(opts.reader) : make_expert_reader(qc, opts.io, cache_.capacity())) {
   if (verify_) sums_ = qc.checksums->experts;
-  const size_t bytes = size_t(max_batch_) * size_t(layout_.expert_stride);
-  slots_ = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes));
-  if (!slots_) fail("cannot allocate {} bytes of expert buffers", bytes);
+  const int want = opts.max_batch > 0 ? opts.max_batch : 4 * std::max(1, qc.config.num_experts_per_tok);
+  max_batch_ = std::max(1, std::min(want, cache_.capacity()));
+  const size_t slots = size_t(cache_.capacity());
+  fresh_.assign(slots, 0);
+  speculative_.assign(slots, 0);
+  errors_.assign(slots, {});
+  stats_.cache_budget = slots * size_t(layout_.expert_stride);
 }
 
-QpackExperts::~QpackExperts() { std::free(slots_); }
+QpackExperts::~QpackExperts() {
+  // Reads in flight target cache slots: let them land before the cache frees its memory.
+  try {
+    while (in_flight_ > 0) collect(true);
+  } catch (...) {
+  }
+  reader_.reset();
+}
+
+int QpackExperts::start_read(int layer, int expert, bool speculative) {
+  bool evicted = false;
+  // Experts read ahead and not used yet are kept while anything else can go; a prediction
+  // never pushes them out.
+  int slot = cache_.claim(layer, expert, &evicted, [this](int s) { return !fresh_[size_t(s)]; });
+  if (slot < 0 && !speculative) slot = cache_.claim(layer, expert, &evicted);
+  if (slot < 0) return -1;
+  if (evicted) stats_.evictions++;
+  fresh_[size_t(slot)] = 1;
+  speculative_[size_t(slot)] = speculative ? 1 : 0;
+  if (speculative) stats_.predicted++;
+  if (slot >= registered_) {  // a slot allocated just now: offer it to the reader once
+    reader_->register_buffer(slot, cache_.data(slot), size_t(layout_.expert_stride));
+    registered_ = slot + 1;
+  }
+  if (in_flight_++ == 0) busy_since_ = Clock::now();
+  reader_->submit(layer, expert, cache_.data(slot), size_t(layout_.expert_stride), uint64_t(slot), slot);
+  return slot;
+}
+
+void QpackExperts::collect(bool wait) {
+  done_.clear();
+  reader_->reap(wait, done_);
+  for (const ReadDone& d : done_) finish(d);
+}
+
+void QpackExperts::finish(const ReadDone& d) {
+  const int slot = int(d.tag);
+  const int layer = cache_.layer_of(slot), expert = cache_.expert_of(slot);
+  if (--in_flight_ == 0) stats_.read_seconds += seconds(Clock::now() - busy_since_);
+  stats_.bytes_read += layout_.expert_stride;
+  std::string error = d.error;
+  if (error.empty() && verify_) {
+    const auto t = Clock::now();
+    const uint64_t h = xxh3_64(cache_.data(slot), layout_.payload());
+    stats_.verify_seconds += seconds(Clock::now() - t);
+    const uint64_t want = sums_[size_t(layer)][size_t(expert)];
+    if (h != want)
+      error = fmt::format("corrupt container '{}': layer {:02d} expert {} checksum mismatch (stored {}, "
+                          "read {}) — re-run swiftlet-repack or download the container again",
+                          dir_, layer, expert, hash_hex(want), hash_hex(h));
+  }
+  if (error.empty()) {
+    cache_.loaded(slot);
+  } else if (cache_.pins(slot) > 0) {
+    errors_[size_t(slot)] = std::move(error);  // acquire() is waiting for it: it reports
+  } else {
+    cache_.drop(slot);  // a prefetch; acquire() will read it again and report
+    fresh_[size_t(slot)] = speculative_[size_t(slot)] = 0;
+  }
+}
+
+void QpackExperts::prefetch(int layer, std::span<const int32_t> experts) {
+  if (io_ == IoMode::Serial) return;
+  if (in_flight_ > 0) collect(false);
+  for (int32_t e : experts) {
+    SWIFTLET_CHECK(e >= 0 && e < layout_.expert_count, "expert {} out of range", e);
+    if (cache_.find(layer, e) < 0 && start_read(layer, e, false) < 0) break;  // no room now
+  }
+}
+
+void QpackExperts::predict(int layer, std::span<const int32_t> experts) {
+  if (io_ == IoMode::Serial || layer < 0 || layer >= layout_.layer_count) return;
+  if (in_flight_ > 0) collect(false);
+  for (int32_t e : experts)
+    if (cache_.find(layer, e) < 0 && start_read(layer, e, true) < 0) break;
+}
+
+bool QpackExperts::ready(int layer, int expert) const {
+  const int slot = cache_.find(layer, expert);
+  return slot >= 0 && cache_.state(slot) == ExpertCache::State::Ready;
+}
 
 void QpackExperts::acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) {
-  SWIFTLET_CHECK(int(experts.size()) <= max_batch_, "acquire of {} experts > max_batch {}",
-                 experts.size(), max_batch_);
   SWIFTLET_CHECK(layer >= 0 && layer < layout_.layer_count, "layer {} out of range", layer);
-  const uint64_t stride = layout_.expert_stride, payload = layout_.payload();
+  SWIFTLET_CHECK(out.size() >= experts.size(), "acquire: output too small");
+  SWIFTLET_CHECK(int(experts.size()) <= max_batch_, "acquire of {} experts > max_batch {}", experts.size(),
+                 max_batch_);
+  const auto t0 = Clock::now();
+  bool waited = false;
+  std::vector<int> slots(experts.size(), -1);
+  // Pins everything pinned by this call, so an error leaves the cache as it was.
+  auto give_up = [&](size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const int s = slots[i];
+      cache_.unpin(s);
+      if (cache_.state(s) == ExpertCache::State::Loading && !errors_[size_t(s)].empty()) {
+        errors_[size_t(s)].clear();
+        cache_.drop(s);
+        fresh_[size_t(s)] = speculative_[size_t(s)] = 0;
+      }
+    }
+  };
   for (size_t i = 0; i < experts.size(); ++i) {
     const int e = experts[i];
     SWIFTLET_CHECK(e >= 0 && e < layout_.expert_count, "expert {} out of range", e);
-    uint8_t* blob = slots_ + i * stride;
-    auto t0 = Clock::now();
-    reader_->read(layer, e, blob, stride);
-    stats_.read_seconds += since(t0);
-    stats_.experts++;
-    stats_.bytes += stride;
-    if (verify_) {
-      auto t1 = Clock::now();
-      const uint64_t h = xxh3_64(blob, payload);
-      stats_.verify_seconds += since(t1);
-      const uint64_t want = sums_[size_t(layer)][size_t(e)];
-      if (h != want)
-        fail("corrupt container '{}': layer {:02d} expert {} checksum mismatch (stored {}, read {}) "
-             "— re-run swiftlet-repack or download the container again", dir_, layer, e,
-             hash_hex(want), hash_hex(h));
+    int slot = cache_.find(layer, e);
+    while (slot < 0) {
+      slot = start_read(layer, e, false);
+      if (slot >= 0) break;
+      // Every slot is pinned or being read: wait for a read to land, then try again.
+      SWIFTLET_CHECK(in_flight_ > 0, "expert cache of {} slots has none free for layer {}", cache_.capacity(), layer);
+      waited = true;
+      collect(true);
+      slot = cache_.find(layer, e);
     }
+    cache_.pin(slot);
+    slots[i] = slot;
+  }
+  // Wait for what is still being read.
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int s = slots[i];
+    while (cache_.state(s) == ExpertCache::State::Loading && errors_[size_t(s)].empty()) {
+      waited = true;
+      collect(true);
+    }
+    if (!errors_[size_t(s)].empty()) {
+      const std::string msg = errors_[size_t(s)];
+      give_up(slots.size());
+      fail("{}", msg);
+    }
+  }
+  if (waited || io_ == IoMode::Serial) stats_.wait_seconds += seconds(Clock::now() - t0);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int s = slots[i];
+    cache_.use(s);
+    if (fresh_[size_t(s)]) {
+      stats_.misses++;
+      if (speculative_[size_t(s)]) stats_.predicted_used++;
+      fresh_[size_t(s)] = speculative_[size_t(s)] = 0;
+    } else {
+      stats_.hits++;
+    }
+    pinned_.push_back(s);
+    const uint8_t* blob = cache_.data(s);
     out[i].gate = layout_.view(0, config_, blob);
     out[i].up = layout_.view(1, config_, blob);
     out[i].down = layout_.view(2, config_, blob);
+    out[i].blob = blob;
+    out[i].blob_bytes = size_t(layout_.expert_stride);
   }
+}
+
+void QpackExperts::release(int layer) {
+  std::erase_if(pinned_, [&](int s) {
+    if (cache_.layer_of(s) != layer) return false;
+    cache_.unpin(s);
+    return true;
+  });
+}
+
+ExpertStats QpackExperts::expert_stats() const {
+  ExpertStats s = stats_;
+  s.cache_bytes = cache_.allocated_bytes();
+  return s;
 }
 
 }  // namespace swiftlet

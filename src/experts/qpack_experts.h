@@ -1,85 +1,87 @@
-// Routed experts streamed from a .qpack container (packed_experts/layer_NN.bin). On acquire each
-// expert's blob is read (one read of expertStride bytes) into its own buffer, its xxh3-64 is
-// checked against checksums.json when the container has one, and views of its sections are
-// handed to the model. No cache yet: every acquire reads from the file.
+// Routed experts streamed from a .qpack container (packed_experts/layer_NN.bin) through a
+// bounded cache (expert_cache.h).
 //
-// The disk access sits behind ExpertReader so that a faster reader (O_DIRECT + io_uring) and a
-// cache can replace it without touching the rest.
+// The engine tells the source which experts a layer needs as soon as its router has chosen
+// (prefetch); the missing ones are read at once, all in parallel (io_uring, O_DIRECT), while
+// the compute does the shared expert and the experts already cached. acquire() then waits only
+// for what has not arrived yet. Each blob's xxh3-64 is checked against checksums.json as it
+// arrives; a failed read or a wrong checksum is an Error naming the layer and the expert.
+//
+// In serial mode (IoMode::Serial) prefetches are ignored and acquire() reads each missing
+// expert synchronously, one after the other: the simple scheme, kept to compare against.
+//
+// Not thread-safe: one engine thread calls it.
 #pragma once
 
+#include "experts/expert_cache.h"
+#include "experts/expert_reader.h"
 #include "format/qpack.h"
 #include "model/expert_source.h"
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace swiftlet {
 
-// Reads whole expert blobs. One implementation per IO strategy.
-class ExpertReader {
- public:
-  virtual ~ExpertReader() = default;
-  // Reads `bytes` bytes of blob (layer, expert) into `dst` (4096-aligned). Throws Error naming
-  // the layer, the expert and the file on failure or a short read.
-  virtual void read(int layer, int expert, void* dst, size_t bytes) = 0;
-};
-
-// Plain pread(2) on one descriptor per layer file.
-class PreadExpertReader : public ExpertReader {
- public:
-  explicit PreadExpertReader(const QpackContainer& qc);
-  ~PreadExpertReader() override;
-  void read(int layer, int expert, void* dst, size_t bytes) override;
-
- private:
-  std::vector<int> fds_;
-  std::vector<std::string> paths_;
-  uint64_t stride_ = 0;
-};
-
-struct ExpertReadStats {
-  uint64_t experts = 0;        // blobs read
-  uint64_t bytes = 0;          // bytes read
-  double read_seconds = 0;     // time in ExpertReader::read
-  double verify_seconds = 0;   // time hashing
+struct QpackExpertsOptions {
+  bool verify = true;      // check each blob's checksum when checksums.json exists
+  size_t cache_bytes = 0;  // budget of the cache; 0: room for every expert
+  IoMode io = IoMode::Uring;
+  int max_batch = 0;       // experts held at once; 0: 4 x top-k (at most the cache's slots)
+  // Where slots come from (4096-aligned), e.g. pinned memory for GPU uploads. Default: the heap.
+  ExpertCache::Alloc alloc;
+  ExpertCache::Free free;
+  std::unique_ptr<ExpertReader> reader;  // overrides `io` (tests inject failing readers)
 };
 
 class QpackExperts : public ExpertSource {
  public:
-  // verify: check each blob's checksum when checksums.json exists. max_batch 0: 4 x top-k.
-  QpackExperts(const QpackContainer& qc, bool verify = true, int max_batch = 0,
-               std::unique_ptr<ExpertReader> reader = nullptr);
+  QpackExperts(const QpackContainer& qc, QpackExpertsOptions opts = {});
   ~QpackExperts() override;
 
   int max_batch() const override { return max_batch_; }
+  void prefetch(int layer, std::span<const int32_t> experts) override;
+  void predict(int layer, std::span<const int32_t> experts) override;
+  bool ready(int layer, int expert) const override;
+  bool wants_predictions() const override { return io_ != IoMode::Serial; }
   void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) override;
-  void release(int layer) override {}
+  void release(int layer) override;
+  ExpertStats expert_stats() const override;
 
-  const ExpertReadStats& stats() const { return stats_; }
-  // No cache yet: every expert asked for is a miss that was read from disk, and the compute
-  // waits for every read.
-  ExpertStats expert_stats() const override {
-    ExpertStats e;
-    e.misses = stats_.experts;
-    e.bytes_read = stats_.bytes;
-    e.read_seconds = stats_.read_seconds;
-    e.wait_seconds = stats_.read_seconds;
-    e.verify_seconds = stats_.verify_seconds;
-    return e;
-  }
   bool verifying() const { return verify_; }
+  const ExpertCache& cache() const { return cache_; }
+  const ExpertReader& reader() const { return *reader_; }
+  IoMode io_mode() const { return io_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // Starts reading (layer, expert) into a claimed slot; -1 when no slot can be had now.
+  int start_read(int layer, int expert, bool speculative);
+  // Collects finished reads (blocking for one when wait) and files them into the cache.
+  void collect(bool wait);
+  void finish(const ReadDone& d);
+
   std::string dir_;
   ModelConfig config_;
   QpackLayout layout_;
   std::vector<std::vector<uint64_t>> sums_;  // [layer][expert], empty when not verifying
   bool verify_ = false;
+  IoMode io_;
   int max_batch_ = 0;
+  ExpertCache cache_;
   std::unique_ptr<ExpertReader> reader_;
-  uint8_t* slots_ = nullptr;  // max_batch_ x stride bytes, 4096-aligned
-  ExpertReadStats stats_;
+  std::vector<uint8_t> fresh_;        // [slot] read but not used yet (its first use is a miss)
+  std::vector<uint8_t> speculative_;  // [slot] read for a prediction, not used yet
+  std::vector<std::string> errors_;   // [slot] why its read failed (while pinned)
+  std::vector<int> pinned_;           // slots acquired and not released
+  std::vector<ReadDone> done_;        // scratch
+  int in_flight_ = 0;
+  int registered_ = 0;                // slots below this were offered to the reader
+  Clock::time_point busy_since_;
+  ExpertStats stats_;
 };
 
 }  // namespace swiftlet

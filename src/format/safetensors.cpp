@@ -27,7 +27,7 @@ int64_t TensorView::numel() const {
 
 std::string TensorView::shape_str() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, Residency mode) : file_(path, mode) {
   const size_t size = file_.size();
   if (size < 8)
     fail("'{}' is not a safetensors file: {} bytes, too short for a header (truncated download?)",
@@ -98,10 +98,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   std::sort(tensors_.begin(), tensors_.end(), [](auto& a, auto& b) { return a.name < b.name; });
 }
 
-TensorSet TensorSet::open_files(const std::vector<std::string>& paths) {
+TensorSet TensorSet::open_files(const std::vector<std::string>& paths, Residency mode) {
   TensorSet set;
   for (const auto& p : paths) {
-    set.files_.push_back(std::make_unique<SafetensorsFile>(p));
+    set.files_.push_back(std::make_unique<SafetensorsFile>(p, mode));
     for (const auto& t : set.files_.back()->tensors()) {
       auto [it, inserted] = set.by_name_.emplace(t.name, &t);
       if (!inserted)

@@ -30,7 +30,7 @@ struct TensorView {
 class SafetensorsFile {
  public:
   // Maps and validates the file. Throws Error naming the file (and tensor) on any problem.
-  explicit SafetensorsFile(const std::string& path);
+  explicit SafetensorsFile(const std::string& path, Residency mode = Residency::Map);
   const std::string& path() const { return file_.path(); }
   const std::vector<TensorView>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -47,7 +47,7 @@ class TensorSet {
   // Opens `dir`: model.safetensors.index.json if present (every shard it names must exist and
   // hold the tensors it lists), else model.safetensors, else every *.safetensors file.
   static TensorSet open_dir(const std::string& dir);
-  static TensorSet open_files(const std::vector<std::string>& paths);
+  static TensorSet open_files(const std::vector<std::string>& paths, Residency mode = Residency::Map);
 
   const TensorView* find(const std::string& name) const;
   // Throws Error("missing tensor NAME in DIR ...") when absent.

@@ -7,11 +7,19 @@
 
 namespace swiftlet {
 
+// How a file's bytes come into memory. Map: mapped, pages read on first touch (start-up does
+// no IO; the page cache is the only copy). Populate: mapped and read ahead at open
+// (MAP_POPULATE). Read: read into anonymous memory with O_DIRECT (one private copy, no page
+// cache), falling back to buffered reads where O_DIRECT is refused.
+enum class Residency { Map, Populate, Read };
+// "map", "populate" or "read"; throws Error otherwise.
+Residency parse_residency(const std::string& s);
+
 class MappedFile {
  public:
   MappedFile() = default;
   // Maps `path` read-only. Throws Error naming the file when it cannot be opened or mapped.
-  explicit MappedFile(const std::string& path);
+  explicit MappedFile(const std::string& path, Residency mode = Residency::Map);
   ~MappedFile();
   MappedFile(MappedFile&& o) noexcept;
   MappedFile& operator=(MappedFile&& o) noexcept;
@@ -27,6 +35,7 @@ class MappedFile {
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  bool anonymous_ = false;  // Residency::Read
 };
 
 // Reads a whole (small) file into a string. Throws Error naming the file on failure.

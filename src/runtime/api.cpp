@@ -70,6 +70,11 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& opts) {
   eo.backend = parse_backend(opts.backend);
   eo.threads = opts.threads;
   eo.load.verify_experts = opts.verify_experts;
+  if (!opts.cache_size.empty() && !opts.ram_budget.empty()) fail("give cache_size or ram_budget, not both");
+  if (opts.cache_size == "all") eo.load.cache_bytes = 0;
+  else if (!opts.cache_size.empty()) eo.load.cache_bytes = std::max<uint64_t>(1, parse_bytes(opts.cache_size, "cache_size"));
+  if (!opts.ram_budget.empty()) eo.load.ram_budget = parse_bytes(opts.ram_budget, "ram_budget");
+  eo.predict_next = opts.predict_next;
   auto impl = std::make_unique<Impl>();
   impl->engine = std::make_unique<swiftlet::Engine>(eo);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

@@ -3,10 +3,13 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/mapped_file.h"
+#include "model/gpu_forward.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 namespace swiftlet {
@@ -34,7 +37,27 @@ std::string chat_template_text(const std::string& dir) {
 
 Engine::Engine(const EngineOptions& opts) : opts_(opts) {
   if (opts.threads > 0) ThreadPool::set_global_threads(opts.threads);
-  loaded_ = load_model(opts.model, opts.load);
+  // --gpu: the host expert cache's slots come from page-locked memory, so the VRAM cache's
+  // misses upload by DMA straight from them.
+  std::string no_gpu;
+  // SWIFTLET_GPU=1 acts as --gpu: runs any command or test suite on the GPU path.
+  const char* env_gpu = std::getenv("SWIFTLET_GPU");
+  const bool want_gpu = opts.gpu || (env_gpu && std::string(env_gpu) == "1");
+  const bool gpu = want_gpu && gpu_usable(&no_gpu);
+  if (want_gpu && !gpu) std::fprintf(stderr, "swiftlet: --gpu: %s; falling back to the CPU\n", no_gpu.c_str());
+  LoadOptions load = opts.load;
+  if (gpu && !load.cache_alloc) {
+    load.cache_alloc = gpu_host_alloc;
+    load.cache_free = gpu_host_free;
+  }
+  loaded_ = load_model(opts.model, load);
+  if (gpu) {
+    GpuOptions go;
+    go.cache_bytes = opts.gpu_cache_bytes;
+    gpu_ = make_gpu_model(loaded_->model, go, &no_gpu);
+    if (!gpu_) std::fprintf(stderr, "swiftlet: --gpu: %s; falling back to the CPU\n", no_gpu.c_str());
+    else std::fprintf(stderr, "swiftlet: GPU: %s\n", gpu_summary(*gpu_).c_str());
+  }
   const std::string dir = model_dir(opts.model);
   const std::string tok = !opts.tokenizer.empty() ? opts.tokenizer : (fs::path(dir) / "tokenizer.json").string();
   if (fs::exists(tok)) {
@@ -82,6 +105,8 @@ const Tokenizer& Engine::require_tokenizer() const {
 
 std::unique_ptr<Session> Engine::new_session(SessionOptions opts) const {
   opts.backend = opts_.backend;
+  opts.predict_next = opts_.predict_next;
+  opts.gpu = gpu_;
   return std::make_unique<Session>(model(), tokenizer(), opts);
 }
 

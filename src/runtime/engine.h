@@ -21,6 +21,10 @@ struct EngineOptions {
   Backend backend = Backend::Cpu;
   LoadOptions load;
   int threads = 0;        // 0: all cores
+  int predict_next = 1;  // see SessionOptions::predict_next
+  // Decode on the GPU (CUDA builds; without a usable GPU a line says so and the CPU runs).
+  bool gpu = false;
+  size_t gpu_cache_bytes = 0;  // VRAM for routed experts; 0: what is free less 2 GiB
 };
 
 class Engine {
@@ -42,10 +46,13 @@ class Engine {
   const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
 
   std::unique_ptr<Session> new_session(SessionOptions opts = {}) const;
+  // The GPU model sessions run on; null on the CPU (no --gpu, or no usable GPU).
+  const GpuModel* gpu() const { return gpu_.get(); }
 
  private:
   EngineOptions opts_;
   std::unique_ptr<LoadedModel> loaded_;
+  std::shared_ptr<GpuModel> gpu_;
   std::optional<Tokenizer> tokenizer_;
   TemplateKind template_kind_ = TemplateKind::Qwen3NextInstruct;
   SamplingParams sampling_;

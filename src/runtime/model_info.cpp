@@ -85,7 +85,6 @@ RamEstimate estimate_peak_ram(const ModelSummary& s, int64_t cache_experts, int6
   const uint64_t vectors = uint64_t(c.num_layers) * uint64_t(4 * c.hidden_size + c.conv_dim() * c.linear_conv_kernel_dim) * 4;
   r.resident = s.resident_bytes + vectors;
   r.expert_cache = uint64_t(std::max<int64_t>(0, cache_experts)) * s.expert_stride;
-  r.read_buffers = s.qpack ? uint64_t(4 * c.num_experts_per_tok) * s.expert_stride : 0;
   r.kv_cache = uint64_t(c.kv_bytes_per_token()) * uint64_t(std::max<int64_t>(0, context));
   r.linear_state = uint64_t(c.linear_state_bytes());
   // Per prompt token: residual, normed input and output, the widest projections, DeltaNet

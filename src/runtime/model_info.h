@@ -29,13 +29,12 @@ ModelSummary summarize_model(const std::string& path);
 
 struct RamEstimate {
   uint64_t resident = 0;      // dense weights (mapped) + their fp32 copies
-  uint64_t expert_cache = 0;  // cache_experts x stride
-  uint64_t read_buffers = 0;  // blobs of one acquire (4 x top-k)
+  uint64_t expert_cache = 0;  // cache_experts x stride (experts are read into its slots)
   uint64_t kv_cache = 0;      // full-attention layers, fp32 k and v, `context` tokens
   uint64_t linear_state = 0;  // DeltaNet recurrent + conv state
   uint64_t activations = 0;   // buffers of a `prompt`-token prefill, logits
   uint64_t total() const {
-    return resident + expert_cache + read_buffers + kv_cache + linear_state + activations;
+    return resident + expert_cache + kv_cache + linear_state + activations;
   }
 };
 

@@ -5,7 +5,11 @@
 #include "experts/tensor_experts.h"
 #include "format/qpack.h"
 #include "format/safetensors.h"
+#include "runtime/model_info.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <filesystem>
 
 namespace swiftlet {
@@ -16,6 +20,92 @@ LoadedModel::~LoadedModel() = default;
 
 namespace {
 
+std::string gb(uint64_t b) { return fmt::format("{:.2f} GB", double(b) / 1e9); }
+
+}  // namespace
+
+std::string MemoryPlan::describe() const {
+  std::string s = fmt::format("expert cache {} ({} experts); resident weights {}, state {}, buffers {}, runtime {}",
+                              gb(cache), cache_experts, gb(resident), gb(state), gb(buffers), gb(runtime));
+  if (budget) s += fmt::format(" (RAM budget {})", gb(budget));
+  return s;
+}
+
+uint64_t parse_bytes(const std::string& text, const char* what) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  double mult = 0;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb") mult = 1e3;
+  else if (unit == "m" || unit == "mb") mult = 1e6;
+  else if (unit == "g" || unit == "gb") mult = 1e9;
+  else if (unit == "t" || unit == "tb") mult = 1e12;
+  else if (unit == "kib") mult = 1024.0;
+  else if (unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "gib") mult = 1024.0 * 1024 * 1024;
+  if (used == 0 || mult == 0 || !std::isfinite(v) || v < 0)
+    fail("{}: cannot read '{}' as a size; write e.g. 4G, 3.5GB, 512M or 2GiB", what, text);
+  return uint64_t(v * mult);
+}
+
+void apply_cache_flags(LoadOptions& load, const std::string& cache_gb, const std::string& cache_mb,
+                       const std::string& ram_budget, const std::string& io, int64_t context) {
+  int given = int(!cache_gb.empty()) + int(!cache_mb.empty()) + int(!ram_budget.empty());
+  if (given > 1) fail("give only one of --cache-gb, --cache-mb and --ram-budget");
+  if (cache_gb == "all") load.cache_bytes = 0;
+  else if (!cache_gb.empty()) load.cache_bytes = parse_bytes(cache_gb + "G", "--cache-gb");
+  if (!cache_mb.empty()) load.cache_bytes = parse_bytes(cache_mb + "M", "--cache-mb");
+  if (load.cache_bytes && *load.cache_bytes == 0 && cache_gb != "all")
+    fail("the expert cache cannot be empty: give at least one expert's worth, or 'all'");
+  if (!ram_budget.empty()) load.ram_budget = parse_bytes(ram_budget, "--ram-budget");
+  if (context <= 0) fail("--context must be positive, got {}", context);
+  load.budget_context = context;
+  load.io = parse_io_mode(io);
+}
+
+MemoryPlan plan_memory(const std::string& path, const LoadOptions& opts) {
+  const ModelSummary s = summarize_model(path);
+  const ModelConfig& c = s.config;
+  const RamEstimate r = estimate_peak_ram(s, 0, opts.budget_context, opts.budget_prompt);
+  MemoryPlan p;
+  p.budget = opts.ram_budget;
+  p.resident = r.resident;
+  p.state = r.kv_cache + 3 * r.linear_state;  // the state and two prefix-reuse snapshots
+  p.buffers = r.activations;
+  p.runtime = 96ull << 20;  // code, libraries, tokenizer, heap (measured ~70-90 MB)
+  const uint64_t stride = std::max<uint64_t>(1, s.expert_stride);
+  const uint64_t all = uint64_t(c.num_layers) * uint64_t(c.num_experts) * stride;
+  const uint64_t one_token = uint64_t(c.num_experts_per_tok) * uint64_t(c.num_layers) * stride;
+  if (opts.cache_bytes) {
+    p.cache = *opts.cache_bytes == 0 ? all : std::min(all, *opts.cache_bytes);
+  } else if (opts.ram_budget) {
+    const uint64_t fixed = p.resident + p.state + p.buffers + p.runtime;
+    const uint64_t least = uint64_t(std::max(1, c.num_experts_per_tok)) * stride;  // one layer's experts
+    if (opts.ram_budget < fixed + least)
+      fail("--ram-budget {} cannot be met: the resident weights take {}, the state at a {}-token context {}, "
+           "working buffers {} and the runtime {}, which leaves {} for the expert cache, less than the {} one "
+           "layer's {} experts need; raise the budget to at least {} (or lower the context)",
+           gb(opts.ram_budget), gb(p.resident), opts.budget_context, gb(p.state), gb(p.buffers), gb(p.runtime),
+           gb(opts.ram_budget > fixed ? opts.ram_budget - fixed : 0), gb(least), c.num_experts_per_tok,
+           gb(fixed + least));
+    p.cache = std::min(all, opts.ram_budget - fixed);
+  } else {
+    p.cache = std::min(all, one_token);
+  }
+  p.cache_experts = int(p.cache / stride);
+  p.cache = uint64_t(p.cache_experts) * stride;
+  return p;
+}
+
+namespace {
+
 // A .qpack: resident tensors from model.safetensors (MLX names and conventions), routed experts
 // streamed from packed_experts/.
 std::unique_ptr<LoadedModel> load_qpack(const std::string& path, const LoadOptions& opts) {
@@ -23,10 +113,17 @@ std::unique_ptr<LoadedModel> load_qpack(const std::string& path, const LoadOptio
   auto lm = std::make_unique<LoadedModel>();
   lm->path = path;
   lm->model.config = qc.config;
-  lm->tensors = std::make_unique<TensorSet>(TensorSet::open_files({qc.path("model.safetensors")}));
+  lm->tensors = std::make_unique<TensorSet>(TensorSet::open_files({qc.path("model.safetensors")}, opts.resident));
   const NameScheme names = NameScheme::detect(*lm->tensors, lm->model.config);
   lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names);
-  lm->experts = std::make_unique<QpackExperts>(qc, opts.verify_experts);
+  lm->memory = plan_memory(path, opts);
+  QpackExpertsOptions eo;
+  eo.verify = opts.verify_experts;
+  eo.cache_bytes = std::max<uint64_t>(lm->memory.cache, qc.layout.expert_stride);
+  eo.io = opts.io;
+  eo.alloc = opts.cache_alloc;
+  eo.free = opts.cache_free;
+  lm->experts = std::make_unique<QpackExperts>(qc, std::move(eo));
   lm->model.experts = lm->experts.get();
   return lm;
 }

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/sys_stats.h"
+#include "model/gpu_forward.h"
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +23,10 @@ ExpertStats minus(const ExpertStats& a, const ExpertStats& b) {
   d.read_seconds = a.read_seconds - b.read_seconds;
   d.wait_seconds = a.wait_seconds - b.wait_seconds;
   d.verify_seconds = a.verify_seconds - b.verify_seconds;
+  d.predicted = a.predicted - b.predicted;
+  d.predicted_used = a.predicted_used - b.predicted_used;
+  d.cache_bytes = a.cache_bytes;  // levels, not counters
+  d.cache_budget = a.cache_budget;
   return d;
 }
 
@@ -39,10 +44,18 @@ const char* finish_reason_name(FinishReason r) {
 
 Session::Session(const Model& model, const Tokenizer* tokenizer, SessionOptions opts)
     : model_(model), tokenizer_(tokenizer), opts_(opts), forward_(model, opts.backend),
-      state_(SessionState::create(model.config)) {}
+      gpu_forward_(opts.gpu ? make_gpu_forward(opts.gpu) : nullptr), state_(SessionState::create(model.config)) {
+  forward_.set_predict_next(opts.predict_next);
+}
+
+void Session::run_forward(std::span<const int32_t> tokens, LogitsMode mode) {
+  if (gpu_forward_) gpu_forward_->run(state_, tokens, mode, logits_);
+  else forward_.run(state_, tokens, mode, logits_);
+}
 
 void Session::reset() {
-  state_.reset();
+  if (gpu_forward_) gpu_forward_->reset(state_);
+  else state_.reset();
   logits_pos_ = -1;
   snapshots_.clear();
 }
@@ -56,7 +69,7 @@ void Session::feed(std::span<const int32_t> tokens, const std::atomic<bool>* can
     }
     const size_t n = std::min(chunk, tokens.size() - i);
     const bool last = i + n == tokens.size();
-    forward_.run(state_, tokens.subspan(i, n), last ? LogitsMode::Last : LogitsMode::None, logits_);
+    run_forward(tokens.subspan(i, n), last ? LogitsMode::Last : LogitsMode::None);
   }
   logits_pos_ = state_.pos;
 }
@@ -66,7 +79,7 @@ void Session::remember_snapshot() {
   for (const auto& s : snapshots_)
     if (s.pos == state_.pos) return;
   if (int(snapshots_.size()) >= opts_.max_snapshots) snapshots_.erase(snapshots_.begin());
-  snapshots_.push_back(state_.snapshot());
+  snapshots_.push_back(gpu_forward_ ? gpu_forward_->snapshot(state_) : state_.snapshot());
 }
 
 int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel) {
@@ -88,14 +101,16 @@ int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool
   for (const auto& s : snapshots_)
     if (s.pos <= int64_t(lcp) && s.pos < P && (!best || s.pos > best->pos)) best = &s;
   if (best) {
-    state_.restore(*best);
+    if (gpu_forward_) gpu_forward_->restore(state_, *best);
+    else state_.restore(*best);
     const int64_t reused = best->pos;
     // Drop snapshots past the rewind point: they belong to the abandoned branch.
     std::erase_if(snapshots_, [&](const StateSnapshot& s) { return s.pos > reused; });
     feed(prompt.subspan(size_t(reused)), cancel);
     return reused;
   }
-  state_.reset();
+  if (gpu_forward_) gpu_forward_->reset(state_);
+  else state_.reset();
   snapshots_.clear();
   feed(prompt, cancel);
   return 0;
@@ -108,6 +123,7 @@ GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback
   GenerateResult res;
   GenerateStats& st = res.stats;
   const ExpertStats experts_before = model_.experts ? model_.experts->expert_stats() : ExpertStats{};
+  const GpuStats gpu_before = opts_.gpu ? gpu_stats(*opts_.gpu) : GpuStats{};
   const auto t0 = Clock::now();
 
   st.prompt_tokens = int64_t(req.prompt.size());
@@ -160,7 +176,7 @@ GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback
     }
     if (res.finish == FinishReason::Cancelled) break;
     if (i + 1 == req.max_new_tokens) break;  // Length: the last token is kept but not fed
-    forward_.run(state_, std::span(&next, 1), LogitsMode::Last, logits_);
+    run_forward(std::span(&next, 1), LogitsMode::Last);
     logits_pos_ = state_.pos;
   }
   if (decoder && res.finish != FinishReason::Stop) {
@@ -176,6 +192,15 @@ GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback
   st.generated_tokens = int64_t(res.tokens.size());
   if (!res.tokens.empty()) st.decode_seconds = since(t_first);
   if (model_.experts) st.experts = minus(model_.experts->expert_stats(), experts_before);
+  if (opts_.gpu) {
+    st.on_gpu = true;
+    st.gpu = gpu_stats(*opts_.gpu);
+    st.gpu.hits -= gpu_before.hits;
+    st.gpu.misses -= gpu_before.misses;
+    st.gpu.evictions -= gpu_before.evictions;
+    st.gpu.bytes_uploaded -= gpu_before.bytes_uploaded;
+    st.gpu.upload_seconds -= gpu_before.upload_seconds;
+  }
   st.peak_rss = peak_rss_bytes();
   return res;
 }

@@ -2,12 +2,15 @@
 // (prefill in chunks, sample, stream text, stop on tokens / strings / length / cancel).
 #pragma once
 
+#include "model/forward_pass.h"
+#include "model/gpu_forward.h"
 #include "model/qwen3_hybrid.h"
 #include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +37,8 @@ struct GenerateStats {
   double ttft_seconds = 0;       // request start to the first generated token
   double decode_seconds = 0;     // first to last generated token
   ExpertStats experts;           // this request's share of the expert source's counters
+  bool on_gpu = false;           // decoded on the GPU (--gpu): then `gpu` holds the VRAM cache's share
+  GpuStats gpu;
   size_t peak_rss = 0;           // bytes, whole process so far
   double prefill_tok_s() const { return prefill_seconds > 0 ? double(prefilled_tokens) / prefill_seconds : 0; }
   double decode_tok_s() const {
@@ -58,6 +63,9 @@ struct SessionOptions {
   int prefill_chunk = 256;  // prompt tokens per forward call (bounds activation memory)
   int max_snapshots = 2;    // DeltaNet snapshots kept for prefix reuse
   int64_t max_context = 0;  // 0: the model's limit is not enforced here
+  int predict_next = 1;  // decode: layers ahead whose guessed experts are read early (0: off)
+  // Run on this GPU model (model/gpu_forward.h) instead of the CPU; null: the CPU.
+  std::shared_ptr<GpuModel> gpu;
 };
 
 class Session {
@@ -76,15 +84,18 @@ class Session {
   void reset();
   const SessionState& state() const { return state_; }
   const Model& model() const { return model_; }
+  const Forward& forward() const { return forward_; }
 
  private:
   void feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel);
   void remember_snapshot();
+  void run_forward(std::span<const int32_t> tokens, LogitsMode mode);
 
   const Model& model_;
   const Tokenizer* tokenizer_;
   SessionOptions opts_;
   Forward forward_;
+  std::unique_ptr<ForwardPass> gpu_forward_;  // set: runs instead of forward_ (state on the GPU)
   SessionState state_;
   std::vector<float> logits_;     // after consuming state_.pos tokens, when logits_pos_ == pos
   int64_t logits_pos_ = -1;

@@ -15,6 +15,8 @@
 #include <string>
 
 struct CUstream_st;  // = cudaStream_t's pointee, so a cudaStream_t converts to GpuStream
+struct CUevent_st;   // = cudaEvent_t's pointee
+struct CUgraphExec_st;  // = cudaGraphExec_t's pointee
 
 namespace swiftlet::cuda {
 
@@ -34,9 +36,26 @@ void* gpu_alloc_pinned(size_t bytes);  // page-locked host memory (for fast uplo
 void gpu_free_pinned(void* h);
 void gpu_upload(void* d_dst, const void* h_src, size_t bytes, GpuStream s = nullptr);  // async on s
 void gpu_download(void* h_dst, const void* d_src, size_t bytes, GpuStream s = nullptr);  // synchronous
+// Async on s: h_dst must be pinned (gpu_alloc_pinned) to truly overlap; wait with an event.
+void gpu_download_async(void* h_dst, const void* d_src, size_t bytes, GpuStream s = nullptr);
 void gpu_copy(void* d_dst, const void* d_src, size_t bytes, GpuStream s = nullptr);
 void gpu_memset(void* d, int value, size_t bytes, GpuStream s = nullptr);
 void gpu_sync(GpuStream s = nullptr);
+// Streams and events, for overlapping expert uploads with compute (model/gpu_forward.cpp).
+using GpuEvent = ::CUevent_st*;
+GpuStream stream_create();  // non-blocking with respect to the default stream
+void stream_destroy(GpuStream s);
+GpuEvent event_create();  // timing disabled
+void event_destroy(GpuEvent e);
+void event_record(GpuEvent e, GpuStream s);
+void stream_wait(GpuStream s, GpuEvent e);  // later work on s waits for e
+void event_sync(GpuEvent e);
+// cudaHostRegister / unregister (makes host memory DMA-able; false when the driver refuses).
+bool host_register(void* p, size_t bytes);
+void host_unregister(void* p);
+// Free and total device memory in bytes (cudaMemGetInfo).
+void device_memory(size_t* free_bytes, size_t* total_bytes);
+
 // Milliseconds per call of fn() (which enqueues work on s), timed with CUDA events over
 // `iters` calls after one warm-up call.
 double gpu_time_ms(const std::function<void()>& fn, int iters, GpuStream s = nullptr);
@@ -65,10 +84,49 @@ size_t matrix_device_bytes(const QMatrix& w);
 // slot of a VRAM expert cache.
 GpuMatrix upload_matrix_to(const QMatrix& w, void* d_dst, GpuStream s = nullptr);
 
+// out[c] = W[row][c] as fp32 (the embedding lookup; affine: scale * q + bias).
+void dequant_row(const GpuMatrix& w, int64_t row, float* d_out, GpuStream s = nullptr);
+// The same with the row read on the device (*d_row).
+void dequant_row_at(const GpuMatrix& w, const int32_t* d_row, float* d_out, GpuStream s = nullptr);
+// *d_i32 = a; *d_i64 = b, in stream order (a decode step's token and position, for graph replay).
+void set_step(int32_t* d_i32, int32_t a, int64_t* d_i64, int64_t b, GpuStream s = nullptr);
+
+// CUDA graphs: capture the work enqueued on s between begin and end, replay it with one launch.
+using GpuGraph = ::CUgraphExec_st*;
+void graph_capture_begin(GpuStream s);
+GpuGraph graph_capture_end(GpuStream s);
+void graph_launch(GpuGraph g, GpuStream s);
+void graph_destroy(GpuGraph g);
+
 // --- products ---------------------------------------------------------------------------------
 // Y[t, rows] = W X[t, cols] for t < n (row-major, device). A warp per row streams the row once
 // for up to 8 tokens (decode and small batches); larger n runs in blocks of 8 tokens.
 void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
+
+// The routed experts of one token, all in one launch per stage. Each chosen expert i lives in a
+// slot of device memory whose base is d_table[d_ids[i]] (the layer's row of an expert table); the
+// matrices sit at fixed offsets inside every slot: ExpertLayout holds GpuMatrix views whose
+// data/scales/biases pointers are byte OFFSETS from the slot base. Affine 4/8-bit only.
+struct ExpertLayout {
+  GpuMatrix gate, up, down;
+};
+// g[i] = gate_i x, u[i] = up_i x for i < n   (g, u: [n][moe_intermediate])
+void expert_gate_up(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_x,
+                    float* d_g, float* d_u, GpuStream s = nullptr);
+// y[i] = down_i act[i]   (act: [n][moe_intermediate], y: [n][hidden])
+void expert_down(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_act,
+                 float* d_y, GpuStream s = nullptr);
+// h[d] += sigmoid(*gate) shared[d] + sum_i w[i] y[i][d]: the shared expert (gated) and the
+// routed experts' weighted sum added to the residual stream in one launch (3.10 steps 4-6).
+void moe_finish(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w, int n,
+                int64_t H, GpuStream s = nullptr);
+// h += add; y = rmsnorm(h) * w, one row of n (the residual add fused into the next block's norm).
+void add_rms_norm(float* d_h, const float* d_add, const float* d_w, int64_t n, float eps, float* d_y,
+                  GpuStream s = nullptr);
+// The DeltaNet's q and k (2 hk rows of n, q first) L2-normalised, q also scaled (3.5), one launch.
+void l2_norm_qk(float* d_x, int hk, int64_t n, float eps, float q_scale, GpuStream s = nullptr);
+// out[d] += sum_i w[i] y[i][d] for i < n (the weighted sum of the routed experts, 3.10 step 4).
+void moe_combine(float* d_out, const float* d_y, const float* d_w, int n, int64_t H, GpuStream s = nullptr);
 
 // --- element-wise and norms -------------------------------------------------------------------
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for each of `rows` rows of n (ref::rms_norm);
@@ -96,13 +154,26 @@ void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renorm
 // position pos, frequencies theta^(-2i/rot_dim) computed as the CPU does (model-spec.md 3.2).
 void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_t pos, float theta,
                GpuStream s = nullptr);
+// The per-token part of gated attention before the scores (3.2 steps 1-4), one kernel:
+// P = q_proj x holds per head [query (hd) | gate (hd)] when gated, else [query]; query heads are
+// RMSNorm'd with q_norm and roped into q [nh][hd], the gates copied to gate [nh][hd]; keys
+// (Kp [nkv][hd]) RMSNorm'd with k_norm and roped, then written with the values (Vp) into row
+// `pos` of the KV caches ([positions][nkv * hd]). With d_pos non-null, pos = *d_pos (read on the
+// device: graph replay). hd <= 1024, even rot_dim <= hd.
+void attn_prep(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm, const float* d_k_norm,
+               int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos, const int64_t* d_pos, float theta,
+               float eps, float* d_q, float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s = nullptr);
 // One query token against a KV cache of n_pos positions (rows of n_kv_heads * head_dim, as
 // LayerState::k/v). q: [n_heads][head_dim]; query head j reads kv head j / (n_heads / n_kv_heads);
 // softmax(q.k * scale) v; with d_gate non-null out *= sigmoid(gate) (gated attention, 3.2 step 6).
-// head_dim a multiple of 32, at most 256.
+// head_dim at most 256.
 void attention_decode(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t n_pos,
                       int n_heads, int n_kv_heads, int head_dim, float scale, const float* d_gate,
                       float* d_out, GpuStream s = nullptr);
+// The same with n_pos = *d_pos + 1 read on the device when d_pos is non-null (graph replay).
+void attention_decode_at(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t n_pos,
+                         const int64_t* d_pos, int n_heads, int n_kv_heads, int head_dim, float scale,
+                         const float* d_gate, float* d_out, GpuStream s = nullptr);
 
 // --- Gated DeltaNet, one token (model-spec.md 3.5 - 3.9) --------------------------------------
 // Causal depthwise conv + SiLU for one token: u[c] = SiLU(w[c][K-1] x[c] + sum_j w[c][j] state[j][c]);
@@ -116,6 +187,10 @@ void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, i
 void delta_rule_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
                      const float* d_A_log, const float* d_dt_bias, float* d_S, int hk, int hv, int dk, int dv,
                      float* d_o, GpuStream s = nullptr);
+// Qwen3-Next's grouped DeltaNet projections (as unpack_qkvz_grouped / unpack_ba_grouped in
+// model/qwen3_hybrid.h) into mixed = [q | k | v], z, b, a, one token.
+void unpack_deltanet_grouped(const float* d_qkvz, const float* d_ba, int hk, int r, int dk, int dv, float* d_mixed,
+                             float* d_z, float* d_b, float* d_a, GpuStream s = nullptr);
 // o[h] <- w * rmsnorm(o[h]) * SiLU(z[h]) per head of dv (3.9; plain weight w [dv]).
 void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
                     GpuStream s = nullptr);

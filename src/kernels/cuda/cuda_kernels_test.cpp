@@ -286,7 +286,8 @@ std::vector<float> attention_ref(const std::vector<float>& q, const std::vector<
 TEST(CudaKernels, AttentionDecodeMatchesReference) {
   REQUIRE_GPU();
   std::mt19937 rng(17);
-  for (auto [nh, nkv, hd] : {std::tuple<int, int, int>{16, 2, 256}, {4, 4, 128}, {6, 2, 96}, {2, 1, 32}}) {
+  for (auto [nh, nkv, hd] :
+       {std::tuple<int, int, int>{16, 2, 256}, {4, 4, 128}, {6, 2, 96}, {2, 1, 32}, {6, 2, 16}, {3, 1, 48}}) {
     for (int64_t n : {1, 5, 37, 300}) {
       for (bool gated : {false, true}) {
         const int64_t kvd = int64_t(nkv) * hd;
@@ -378,6 +379,163 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
       expect_close(d_o.get(), o, 1e-4f, 1e-4f, what + " output");
     }
   }
+}
+
+// The routed experts of one token in one launch per stage (expert_gate_up, expert_down,
+// moe_combine) against per-expert reference products, experts in slots found through a table.
+TEST(CudaKernels, GroupedExpertsMatchReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(23);
+  for (int bits : {4, 8}) {
+    const int64_t H = 256, I = 192;
+    const int E = 6;
+    std::vector<HostMatrix> gate, up, down;
+    for (int e = 0; e < E; ++e) {
+      gate.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+      up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+      down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, 64, DType::BF16));
+    }
+    const size_t gb = cuda::matrix_device_bytes(gate[0].m), ub = cuda::matrix_device_bytes(up[0].m);
+    const size_t slot = gb + ub + cuda::matrix_device_bytes(down[0].m);
+    auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * E));
+    std::vector<const void*> table(E);
+    cuda::ExpertLayout lay;
+    for (int e = 0; e < E; ++e) {
+      uint8_t* base = arena + size_t((e * 5) % E) * slot;  // slots in another order than ids
+      table[size_t(e)] = base;
+      const cuda::GpuMatrix g = cuda::upload_matrix_to(gate[size_t(e)].m, base);
+      const cuda::GpuMatrix u = cuda::upload_matrix_to(up[size_t(e)].m, base + gb);
+      const cuda::GpuMatrix d = cuda::upload_matrix_to(down[size_t(e)].m, base + gb + ub);
+      auto rel = [&](cuda::GpuMatrix m) {
+        auto off = [&](const void* p) { return reinterpret_cast<const void*>(static_cast<const uint8_t*>(p) - base); };
+        m.data = off(m.data);
+        m.scales = off(m.scales);
+        m.biases = off(m.biases);
+        return m;
+      };
+      lay = {rel(g), rel(u), rel(d)};
+    }
+    const std::vector<int32_t> ids = {4, 1, 5, 0};
+    const int n = int(ids.size());
+    const std::vector<float> x = randn(rng, size_t(H)), w = {0.4f, 0.3f, 0.2f, 0.1f}, base = randn(rng, size_t(H));
+    std::vector<float> want = base, g(static_cast<size_t>(I) + 0), u(g.size()), y(static_cast<size_t>(H) + 0);
+    for (int i = 0; i < n; ++i) {
+      ref::matmul(gate[size_t(ids[size_t(i)])].m, x.data(), 1, g.data());
+      ref::matmul(up[size_t(ids[size_t(i)])].m, x.data(), 1, u.data());
+      for (int64_t j = 0; j < I; ++j) g[size_t(j)] = ref::silu(g[size_t(j)]) * u[size_t(j)];
+      ref::matmul(down[size_t(ids[size_t(i)])].m, g.data(), 1, y.data());
+      for (int64_t d = 0; d < H; ++d) want[size_t(d)] += w[size_t(i)] * y[size_t(d)];
+    }
+    auto* d_table = static_cast<const void**>(cuda::gpu_alloc(E * sizeof(void*)));
+    cuda::gpu_upload(d_table, table.data(), E * sizeof(void*));
+    DevBuf<int32_t> d_ids(ids);
+    DevBuf<float> dx(x), dw(w), dout(base), dg(size_t(n * I)), du(size_t(n * I)), dy(size_t(n * H));
+    cuda::expert_gate_up(lay, d_table, d_ids.p, n, dx.p, dg.p, du.p);
+    cuda::silu_mul(dg.p, du.p, n * I, dg.p);
+    cuda::expert_down(lay, d_table, d_ids.p, n, dg.p, dy.p);
+    cuda::moe_combine(dout.p, dy.p, dw.p, n, H);
+    expect_close(dout.get(), want, 1e-4f, 1e-4f, "grouped experts, bits " + std::to_string(bits));
+    cuda::gpu_free(d_table);
+    cuda::gpu_free(arena);
+  }
+}
+
+TEST(CudaKernels, DequantRowMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(29);
+  for (auto [f, bits] : {std::pair<WeightFormat, int>{WeightFormat::Affine, 4}, {WeightFormat::Affine, 8},
+                         {WeightFormat::BF16, 0}, {WeightFormat::F32, 0}}) {
+    HostMatrix w = random_matrix(rng, f, 37, 320, bits, 64, DType::BF16);
+    void* owner = nullptr;
+    const cuda::GpuMatrix g = cuda::upload_matrix(w.m, &owner);
+    for (int32_t row : {0, 17, 36}) {
+      std::vector<float> want(320);
+      ref::dequant_row(w.m, row, want.data());
+      DevBuf<float> a(size_t(320)), b(size_t(320));
+      DevBuf<int32_t> d_row(std::vector<int32_t>{row});
+      cuda::dequant_row(g, row, a.p);
+      cuda::dequant_row_at(g, d_row.p, b.p);
+      expect_close(a.get(), want, 1e-6f, 1e-6f, "dequant_row format " + std::to_string(int(f)));
+      expect_close(b.get(), want, 1e-6f, 1e-6f, "dequant_row_at format " + std::to_string(int(f)));
+    }
+    cuda::gpu_free(owner);
+  }
+}
+
+// attn_prep against Forward::gated_attention's per-token loop: q/k RMSNorm + RoPE, gate copy,
+// K and V into the cache row of the position (given on the host and on the device).
+TEST(CudaKernels, AttnPrepMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (auto [nh, nkv, hd, rot] : {std::tuple<int, int, int, int>{16, 2, 256, 64}, {6, 2, 16, 4}, {4, 4, 48, 48}}) {
+    for (bool gated : {true, false}) {
+      const int64_t pos = 5, kvd = int64_t(nkv) * hd;
+      const float theta = 10000.0f, eps = 1e-6f;
+      const std::vector<float> P = randn(rng, size_t(nh * hd * (gated ? 2 : 1))), K = randn(rng, size_t(kvd)),
+                               V = randn(rng, size_t(kvd)), qn = randn(rng, size_t(hd), 0.2f),
+                               kn = randn(rng, size_t(hd), 0.2f);
+      std::vector<float> cs(size_t(rot / 2)), sn(size_t(rot / 2));
+      for (int i = 0; i < rot / 2; ++i) {
+        const float inv = 1.0f / std::pow(theta, float(2 * i) / float(rot));
+        cs[size_t(i)] = std::cos(float(pos) * inv);
+        sn[size_t(i)] = std::sin(float(pos) * inv);
+      }
+      std::vector<float> wq(size_t(nh * hd)), wg(size_t(nh * hd)), wk(size_t((pos + 1) * kvd)), wv = wk;
+      for (int j = 0; j < nh; ++j) {
+        const float* src = P.data() + int64_t(j) * hd * (gated ? 2 : 1);
+        ref::rms_norm(src, qn.data(), hd, eps, wq.data() + j * hd);
+        ref::rope_neox(wq.data() + j * hd, rot, cs.data(), sn.data());
+        if (gated) std::copy(src + hd, src + 2 * hd, wg.begin() + j * hd);
+      }
+      for (int j = 0; j < nkv; ++j) {
+        float* kd = wk.data() + pos * kvd + j * hd;
+        ref::rms_norm(K.data() + j * hd, kn.data(), hd, eps, kd);
+        ref::rope_neox(kd, rot, cs.data(), sn.data());
+      }
+      std::copy(V.begin(), V.end(), wv.begin() + pos * kvd);
+      for (bool on_device : {false, true}) {
+        DevBuf<float> dP(P), dK(K), dV(V), dqn(qn), dkn(kn), dq(size_t(nh * hd)), dg(size_t(nh * hd)),
+            dkc(size_t((pos + 1) * kvd)), dvc(size_t((pos + 1) * kvd));
+        DevBuf<int64_t> dpos(std::vector<int64_t>{pos});
+        cuda::attn_prep(dP.p, dK.p, dV.p, dqn.p, dkn.p, nh, nkv, hd, gated, rot, on_device ? 0 : pos,
+                        on_device ? dpos.p : nullptr, theta, eps, dq.p, dg.p, dkc.p, dvc.p);
+        const std::string what = "attn_prep hd=" + std::to_string(hd) + (gated ? " gated" : "") +
+                                 (on_device ? " device pos" : "");
+        expect_close(dq.get(), wq, 1e-5f, 1e-5f, what + " q");
+        if (gated) expect_close(dg.get(), wg, 0.0f, 0.0f, what + " gate");
+        expect_close(dkc.get(), wk, 1e-5f, 1e-5f, what + " k");
+        expect_close(dvc.get(), wv, 0.0f, 0.0f, what + " v");
+      }
+    }
+  }
+}
+
+// Qwen3-Next's grouped projections unpacked as unpack_qkvz_grouped / unpack_ba_grouped do.
+TEST(CudaKernels, UnpackDeltaNetGroupedMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(37);
+  const int hk = 4, r = 2, dk = 16, dv = 24;
+  const int64_t kd = hk * dk, vd = int64_t(hk) * r * dv, group = 2 * dk + 2 * r * dv;
+  const std::vector<float> P = randn(rng, size_t(hk * group)), R = randn(rng, size_t(hk * 2 * r));
+  std::vector<float> mixed(static_cast<size_t>(2 * kd + vd)), z(static_cast<size_t>(vd) + 0),
+      b(static_cast<size_t>(hk * r)), a(b.size());
+  for (int g = 0; g < hk; ++g) {
+    const float* src = P.data() + g * group;
+    std::copy(src, src + dk, mixed.begin() + g * dk);
+    std::copy(src + dk, src + 2 * dk, mixed.begin() + kd + g * dk);
+    std::copy(src + 2 * dk, src + 2 * dk + r * dv, mixed.begin() + 2 * kd + int64_t(g) * r * dv);
+    std::copy(src + 2 * dk + r * dv, src + group, z.begin() + int64_t(g) * r * dv);
+    for (int i = 0; i < r; ++i) {
+      b[size_t(g * r + i)] = R[size_t(g * 2 * r + i)];
+      a[size_t(g * r + i)] = R[size_t(g * 2 * r + r + i)];
+    }
+  }
+  DevBuf<float> dP(P), dR(R), dm(mixed.size()), dz(z.size()), db(b.size()), da(a.size());
+  cuda::unpack_deltanet_grouped(dP.p, dR.p, hk, r, dk, dv, dm.p, dz.p, db.p, da.p);
+  expect_close(dm.get(), mixed, 0.0f, 0.0f, "mixed");
+  expect_close(dz.get(), z, 0.0f, 0.0f, "z");
+  expect_close(db.get(), b, 0.0f, 0.0f, "b");
+  expect_close(da.get(), a, 0.0f, 0.0f, "a");
 }
 
 }  // namespace

@@ -50,12 +50,10 @@ __host__ __device__ constexpr int affine_smem_bytes() { return NT * (affine_tile
 // stages a tile of X's columns in shared memory (reading X straight from global memory with
 // each lane at a 128-byte stride made L1 wavefronts, not HBM, the limit).
 template <int BITS, int NT>
-__global__ void __launch_bounds__(kThreads) affine_matvec_kernel(const uint32_t* __restrict__ w,
-                                                                 const void* __restrict__ scales,
-                                                                 const void* __restrict__ biases, int st,
-                                                                 int64_t rows, int64_t cols, int gs,
-                                                                 const float* __restrict__ x,
-                                                                 float* __restrict__ y) {
+__device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ w, const void* __restrict__ scales,
+                                                   const void* __restrict__ biases, int st, int64_t rows,
+                                                   int64_t cols, int gs, const float* __restrict__ x,
+                                                   float* __restrict__ y) {
   constexpr int kPerWord = 32 / BITS;
   constexpr int kPerChunk = 4 * kPerWord;  // elements in one 16-byte load
   constexpr uint32_t kMask = (1u << BITS) - 1u;
@@ -119,6 +117,38 @@ __global__ void __launch_bounds__(kThreads) affine_matvec_kernel(const uint32_t*
     const float v = warp_sum(acc[t]);
     if (lane == 0) y[t * rows + r] = v;
   }
+}
+
+template <int BITS, int NT>
+__global__ void __launch_bounds__(kThreads) affine_matvec_kernel(const uint32_t* __restrict__ w,
+                                                                 const void* __restrict__ scales,
+                                                                 const void* __restrict__ biases, int st,
+                                                                 int64_t rows, int64_t cols, int gs,
+                                                                 const float* __restrict__ x,
+                                                                 float* __restrict__ y) {
+  affine_matvec_body<BITS, NT>(w, scales, biases, st, rows, cols, gs, x, y);
+}
+
+// The routed experts of one token in one launch: blockIdx.y picks the i-th chosen expert, whose
+// slot base comes from the layer's table (table[ids[i]]); blockIdx.z picks matrix a or b (gate
+// and up share the input, so both run in one launch). x advances by x_stride per expert (0: one
+// input for all), y by rows per expert.
+struct AffineOffsets {
+  size_t data, scales, biases;
+};
+template <int BITS>
+__global__ void __launch_bounds__(kThreads) grouped_affine_kernel(const void* const* __restrict__ table,
+                                                                  const int32_t* __restrict__ ids, AffineOffsets a,
+                                                                  AffineOffsets b, int st, int64_t rows,
+                                                                  int64_t cols, int gs, const float* __restrict__ x,
+                                                                  int64_t x_stride, float* __restrict__ ya,
+                                                                  float* __restrict__ yb) {
+  const int i = blockIdx.y;
+  const char* base = static_cast<const char*>(table[ids[i]]);
+  const AffineOffsets& o = blockIdx.z == 0 ? a : b;
+  float* y = (blockIdx.z == 0 ? ya : yb) + int64_t(i) * rows;
+  affine_matvec_body<BITS, 1>(reinterpret_cast<const uint32_t*>(base + o.data), base + o.scales, base + o.biases, st,
+                              rows, cols, gs, x + int64_t(i) * x_stride, y);
 }
 
 template <typename T>
@@ -239,6 +269,53 @@ void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStre
     const int nt = int(n - t0 < kMaxTokens ? n - t0 : kMaxTokens);
     kLaunch[nt](w, d_x + t0 * w.cols, d_y + t0 * w.rows, s);
   }
+}
+
+
+namespace {
+AffineOffsets offsets_of(const GpuMatrix& m) {
+  return {reinterpret_cast<size_t>(m.data), reinterpret_cast<size_t>(m.scales), reinterpret_cast<size_t>(m.biases)};
+}
+void check_expert_matrix(const GpuMatrix& m) {
+  SWIFTLET_CUDA_REQUIRE(m.format == WeightFormat::Affine && (m.bits == 4 || m.bits == 8));
+  SWIFTLET_CUDA_REQUIRE(m.group_size > 0 && m.group_size % (128 / m.bits) == 0 && m.cols % m.group_size == 0);
+}
+}  // namespace
+
+void expert_gate_up(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_x,
+                    float* d_g, float* d_u, GpuStream s) {
+  check_expert_matrix(l.gate);
+  check_expert_matrix(l.up);
+  SWIFTLET_CUDA_REQUIRE(l.gate.rows == l.up.rows && l.gate.cols == l.up.cols && l.gate.bits == l.up.bits &&
+                        l.gate.group_size == l.up.group_size && l.gate.scale_dtype == l.up.scale_dtype);
+  if (n == 0) return;
+  const dim3 grid(detail::blocks_for(l.gate.rows, kRowsPerBlock), unsigned(n), 2);
+  const int st = scale_type(l.gate.scale_dtype);
+  if (l.gate.bits == 4)
+    grouped_affine_kernel<4><<<grid, kThreads, affine_smem_bytes<1>(), s>>>(
+        d_table, d_ids, offsets_of(l.gate), offsets_of(l.up), st, l.gate.rows, l.gate.cols, l.gate.group_size, d_x,
+        0, d_g, d_u);
+  else
+    grouped_affine_kernel<8><<<grid, kThreads, affine_smem_bytes<1>(), s>>>(
+        d_table, d_ids, offsets_of(l.gate), offsets_of(l.up), st, l.gate.rows, l.gate.cols, l.gate.group_size, d_x,
+        0, d_g, d_u);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void expert_down(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_act,
+                 float* d_y, GpuStream s) {
+  check_expert_matrix(l.down);
+  if (n == 0) return;
+  const dim3 grid(detail::blocks_for(l.down.rows, kRowsPerBlock), unsigned(n), 1);
+  const int st = scale_type(l.down.scale_dtype);
+  const AffineOffsets o = offsets_of(l.down);
+  if (l.down.bits == 4)
+    grouped_affine_kernel<4><<<grid, kThreads, affine_smem_bytes<1>(), s>>>(
+        d_table, d_ids, o, o, st, l.down.rows, l.down.cols, l.down.group_size, d_act, l.down.cols, d_y, nullptr);
+  else
+    grouped_affine_kernel<8><<<grid, kThreads, affine_smem_bytes<1>(), s>>>(
+        d_table, d_ids, o, o, st, l.down.rows, l.down.cols, l.down.group_size, d_act, l.down.cols, d_y, nullptr);
+  SWIFTLET_CUDA_LAUNCHED();
 }
 
 }  // namespace swiftlet::cuda

@@ -180,15 +180,18 @@ __global__ void rope_neox_kernel(float* x, int n_heads, int64_t head_stride, int
 
 constexpr int kAttnWarps = 8;
 
-// One block per query head. Warp w takes positions w, w + 8, ...; lane l holds dims l + 32 i.
-// Each warp keeps an online softmax (running max, sum, weighted V); the block merges them.
+// One block per query head. Warp w takes positions w, w + 8, ...; lane l holds dims l + 32 i
+// (i < DPL; dims past hd are zero). Each warp keeps an online softmax (running max, sum,
+// weighted V); the block merges them. With d_pos non-null, n_pos = *d_pos + 1 (CUDA graphs).
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_decode_kernel(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc, int64_t n_pos,
-    int n_heads, int n_kv, float scale, const float* __restrict__ gate, float* __restrict__ out) {
-  constexpr int hd = DPL * 32;
+    const int64_t* __restrict__ d_pos, int hd, int n_heads, int n_kv, float scale, const float* __restrict__ gate,
+    float* __restrict__ out) {
+  constexpr int kMaxHd = DPL * 32;
+  if (d_pos) n_pos = *d_pos + 1;
   __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
-  __shared__ float sm_acc[kAttnWarps][hd];
+  __shared__ float sm_acc[kAttnWarps][kMaxHd];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j = blockIdx.x;
   const int kh = j / (n_heads / n_kv);
@@ -197,7 +200,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_decode_kernel(
   float qr[DPL], acc[DPL];
 #pragma unroll
   for (int i = 0; i < DPL; ++i) {
-    qr[i] = q[int64_t(j) * hd + lane + 32 * i];
+    const int d = lane + 32 * i;
+    qr[i] = d < hd ? q[int64_t(j) * hd + d] : 0.0f;
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
@@ -205,14 +209,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_decode_kernel(
     const float* kp = kc + p * kvd + int64_t(kh) * hd;
     float d = 0.0f;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) d = fmaf(qr[i], kp[lane + 32 * i], d);
+    for (int i = 0; i < DPL; ++i)
+      if (lane + 32 * i < hd) d = fmaf(qr[i], kp[lane + 32 * i], d);
     const float sc = warp_sum(d) * scale;
     const float mn = fmaxf(m, sc);
     const float corr = expf(m - mn);  // 0 on the first position (m = -inf)
     const float e = expf(sc - mn);
     const float* vp = vc + p * kvd + int64_t(kh) * hd;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, vp[lane + 32 * i], acc[i] * corr);
+    for (int i = 0; i < DPL; ++i)
+      acc[i] = fmaf(e, lane + 32 * i < hd ? vp[lane + 32 * i] : 0.0f, acc[i] * corr);
     l = l * corr + e;
     m = mn;
   }
@@ -376,14 +382,22 @@ void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_
 void attention_decode(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t n_pos,
                       int n_heads, int n_kv_heads, int head_dim, float scale, const float* d_gate, float* d_out,
                       GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(n_pos >= 1);
+  attention_decode_at(d_q, d_k_cache, d_v_cache, n_pos, nullptr, n_heads, n_kv_heads, head_dim, scale, d_gate, d_out,
+                      s);
+}
+
+void attention_decode_at(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t n_pos,
+                         const int64_t* d_pos, int n_heads, int n_kv_heads, int head_dim, float scale,
+                         const float* d_gate, float* d_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(d_pos || n_pos >= 1);
   SWIFTLET_CUDA_REQUIRE(n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
-  SWIFTLET_CUDA_REQUIRE(head_dim % 32 == 0 && head_dim <= 256);
+  SWIFTLET_CUDA_REQUIRE(head_dim >= 1 && head_dim <= 256);
   const dim3 grid{unsigned(n_heads)}, block{kAttnWarps * 32};
   auto args = [&](auto kernel) {
-    kernel<<<grid, block, 0, s>>>(d_q, d_k_cache, d_v_cache, n_pos, n_heads, n_kv_heads, scale, d_gate, d_out);
+    kernel<<<grid, block, 0, s>>>(d_q, d_k_cache, d_v_cache, n_pos, d_pos, head_dim, n_heads, n_kv_heads, scale,
+                                  d_gate, d_out);
   };
-  switch (head_dim / 32) {
+  switch ((head_dim + 31) / 32) {
     case 1: args(attention_decode_kernel<1>); break;
     case 2: args(attention_decode_kernel<2>); break;
     case 3: args(attention_decode_kernel<3>); break;

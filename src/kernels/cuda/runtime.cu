@@ -69,6 +69,9 @@ void gpu_download(void* h_dst, const void* d_src, size_t bytes, GpuStream s) {
   if (bytes) SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(h_dst, d_src, bytes, cudaMemcpyDeviceToHost, s));
   SWIFTLET_CUDA_CHECK(cudaStreamSynchronize(s));
 }
+void gpu_download_async(void* h_dst, const void* d_src, size_t bytes, GpuStream s) {
+  if (bytes) SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(h_dst, d_src, bytes, cudaMemcpyDeviceToHost, s));
+}
 void gpu_copy(void* d_dst, const void* d_src, size_t bytes, GpuStream s) {
   if (bytes) SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(d_dst, d_src, bytes, cudaMemcpyDeviceToDevice, s));
 }
@@ -76,6 +79,37 @@ void gpu_memset(void* d, int value, size_t bytes, GpuStream s) {
   if (bytes) SWIFTLET_CUDA_CHECK(cudaMemsetAsync(d, value, bytes, s));
 }
 void gpu_sync(GpuStream s) { SWIFTLET_CUDA_CHECK(cudaStreamSynchronize(s)); }
+
+GpuStream stream_create() {
+  cudaStream_t s;
+  SWIFTLET_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+void stream_destroy(GpuStream s) {
+  if (s) SWIFTLET_CUDA_CHECK(cudaStreamDestroy(s));
+}
+GpuEvent event_create() {
+  cudaEvent_t e;
+  SWIFTLET_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void event_destroy(GpuEvent e) {
+  if (e) SWIFTLET_CUDA_CHECK(cudaEventDestroy(e));
+}
+void event_record(GpuEvent e, GpuStream s) { SWIFTLET_CUDA_CHECK(cudaEventRecord(e, s)); }
+void stream_wait(GpuStream s, GpuEvent e) { SWIFTLET_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0)); }
+void event_sync(GpuEvent e) { SWIFTLET_CUDA_CHECK(cudaEventSynchronize(e)); }
+bool host_register(void* p, size_t bytes) {
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+  (void)cudaGetLastError();  // clear the sticky-free error so later checks do not see it
+  return false;
+}
+void host_unregister(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
+}
+void device_memory(size_t* free_bytes, size_t* total_bytes) {
+  SWIFTLET_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
 
 double gpu_time_ms(const std::function<void()>& fn, int iters, GpuStream s) {
   cudaEvent_t a, b;

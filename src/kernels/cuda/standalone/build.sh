@@ -21,7 +21,7 @@ gencode=()
 for a in ${archs[@]}; do gencode+=("-gencode=arch=compute_$a,code=sm_$a"); done
 
 pids=()
-for f in runtime matmul ops; do
+for f in runtime matmul ops forward_ops; do
   "$nvcc" -std=c++17 -O2 -lineinfo -I"$src" "${gencode[@]}" -Xptxas -v -c "$src/kernels/cuda/$f.cu" \
     -o "$out/$f.o" 2> "$out/ptxas_$f.log" &
   pids+=($!)
@@ -37,6 +37,6 @@ for p in "${pids[@]}"; do wait "$p"; done
 cat "$out"/ptxas_*.log > "$out/ptxas.log"
 
 libs=(-L"$cuda_home/lib64" -L"$cuda_home/targets/x86_64-linux/lib" -lcudart -lpthread -ldl -lrt)
-"$cxx" -o "$out/cuda_kernels_test" "$out"/{cuda_kernels_test,dtype,error,qmatrix,ops_ref,runtime,matmul,ops}.o "${libs[@]}"
-"$cxx" -o "$out/cuda_bench" "$out"/{cuda_bench,runtime,matmul,ops}.o "${libs[@]}"
+"$cxx" -o "$out/cuda_kernels_test" "$out"/{cuda_kernels_test,dtype,error,qmatrix,ops_ref,runtime,matmul,ops,forward_ops}.o "${libs[@]}"
+"$cxx" -o "$out/cuda_bench" "$out"/{cuda_bench,runtime,matmul,ops,forward_ops}.o "${libs[@]}"
 echo "built $out/cuda_kernels_test and $out/cuda_bench"

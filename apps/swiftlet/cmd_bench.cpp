@@ -1,0 +1,364 @@
+// swiftlet bench MODEL [--cache default,1G,budget:3G,all] [--io uring,serial] [--predict off,on]
+//   [--prompt-tokens N] [--decode N] [--disk-seconds S] [--json]
+// Streaming benchmark: for every combination of cache setting, IO mode and prediction it runs a
+// fresh process (so peak RSS is that configuration's own) that prefills a fixed prompt and
+// decodes greedily, then prints one table with what the issue asks for: peak RSS, prefill and
+// decode tok/s, hit rate, bytes read per token, achieved read rate, share of decode time spent
+// waiting on IO, and the disk-bound decode rate (bytes that must come from disk per token at
+// the measured hit rate / the disk's random-read rate, measured in the same run).
+#include "cli_util.h"
+#include "commands.h"
+
+#include "core/error.h"
+#include "core/sys_stats.h"
+#include "core/thread_pool.h"
+#include "experts/expert_reader.h"
+#include "format/qpack.h"
+#include "runtime/engine.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <sstream>
+
+namespace swiftlet::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct BenchOptions {
+  ModelFlags model;
+  std::string cache = "default", io = "uring,serial", predict = "off,1";
+  int prompt_tokens = 32, decode = 64;
+  double disk_seconds = 3;
+  bool json = false, child = false, warm = false;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<int32_t> bench_prompt(int n, int vocab) {
+  std::mt19937 rng(2024);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(int32_t(rng() % uint32_t(std::min(vocab, 100000))));
+  return ids;
+}
+
+// One configuration, in this process: prints one JSON object on stdout.
+void run_child(const BenchOptions& o) {
+  const auto t_load = Clock::now();
+  Engine engine(o.model.engine_options());
+  const double load_s = since(t_load);
+  const size_t rss_loaded = current_rss_bytes();
+  auto session = engine.new_session();
+  const ExpertSource* src = engine.model().experts;
+  const std::vector<int32_t> prompt = bench_prompt(o.prompt_tokens, int(engine.config().vocab_size));
+  GenerateRequest req;
+  req.prompt = prompt;
+  req.sampling.temperature = 0;
+  req.max_new_tokens = o.decode;
+  if (o.warm) {
+    // A first pass fills the cache; the measured pass below then reads only what did not fit.
+    session->generate(req);
+    session = engine.new_session();
+  }
+  const ExpertStats s0 = src->expert_stats();
+  const auto t0 = Clock::now();
+  session->prepare(prompt);
+  const double prefill_s = since(t0);
+  const ExpertStats s1 = src->expert_stats();
+  const Forward::Profile prefill_profile = session->forward().profile();
+
+  const GenerateResult res = session->generate(req);
+  const GenerateStats& g = res.stats;
+  const ExpertStats& e = g.experts;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the generated ids
+  for (int32_t id : res.tokens) h = (h ^ uint64_t(uint32_t(id))) * 1099511628211ull;
+  Forward::Profile p = session->forward().profile();
+  const double steps = std::max<double>(1, double(g.generated_tokens - 1));
+  auto per_token_ms = [&](double a, double b) { return (a - b) / steps * 1e3; };
+  const json profile = {{"attention_ms", per_token_ms(p.attention, prefill_profile.attention)},
+                        {"delta_net_ms", per_token_ms(p.delta_net, prefill_profile.delta_net)},
+                        {"router_shared_ms", per_token_ms(p.router_shared, prefill_profile.router_shared)},
+                        {"expert_compute_ms", per_token_ms(p.expert_compute, prefill_profile.expert_compute)},
+                        {"expert_acquire_ms", per_token_ms(p.expert_acquire, prefill_profile.expert_acquire)},
+                        {"lm_head_ms", per_token_ms(p.lm_head, prefill_profile.lm_head)},
+                        {"total_ms", g.decode_seconds / steps * 1e3}};
+  // Weight bytes one decoded token reads: every resident matrix but the embedding table (one
+  // row), and top-k experts per layer.
+  const Model& m = engine.model();
+  const QpackContainer qc = QpackContainer::open(o.model.model);
+  const bool tied = m.weights.lm_head.data == m.weights.embed_tokens.data;
+  const uint64_t touched = engine.loaded().memory.resident - (tied ? 0 : m.weights.embed_tokens.total_bytes()) +
+                           uint64_t(m.config.num_experts_per_tok) * uint64_t(m.config.num_layers) * qc.layout.payload();
+  const auto& pred = session->forward().prediction_stats();
+  const MemoryPlan& plan = engine.loaded().memory;
+  json j = {{"peak_rss", peak_rss_bytes()},
+            {"load_s", load_s},
+            {"rss_after_load", rss_loaded},
+            {"prefill_tok_s", prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0},
+            {"prefill_bytes", s1.bytes_read - s0.bytes_read},
+            {"decode_tokens", g.generated_tokens},
+            {"decode_s", g.decode_seconds},
+            {"decode_tok_s", g.decode_tok_s()},
+            {"hits", e.hits},
+            {"misses", e.misses},
+            {"evictions", e.evictions},
+            {"bytes_read", e.bytes_read},
+            {"read_s", e.read_seconds},
+            {"wait_s", e.wait_seconds},
+            {"verify_s", e.verify_seconds},
+            {"predicted", e.predicted},
+            {"predicted_used", e.predicted_used},
+            {"prediction_accuracy", pred.accuracy()},
+            {"cache_budget", e.cache_budget},
+            {"cache_experts", plan.cache_experts},
+            {"tokens_hash", fmt::format("{:016x}", h)},
+            {"profile", profile},
+            {"bytes_touched_per_token", touched},
+            {"tokens", res.tokens}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
+// Random expert reads from the container for `seconds`: GB/s with `depth` reads in flight.
+double measure_disk(const QpackContainer& qc, IoMode mode, int depth, double seconds) {
+  std::unique_ptr<ExpertReader> r = make_expert_reader(qc, mode, depth);
+  const size_t stride = size_t(qc.layout.expert_stride);
+  std::vector<uint8_t*> bufs;
+  for (int i = 0; i < depth; ++i) {
+    bufs.push_back(static_cast<uint8_t*>(std::aligned_alloc(4096, stride)));
+    r->register_buffer(i, bufs.back(), stride);
+  }
+  std::mt19937 rng(99);
+  auto submit = [&](int slot) {
+    r->submit(int(rng() % uint32_t(qc.layout.layer_count)), int(rng() % uint32_t(qc.layout.expert_count)),
+              bufs[size_t(slot)], stride, uint64_t(slot), slot);
+  };
+  std::vector<ReadDone> done;
+  uint64_t bytes = 0;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < depth; ++i) submit(i);
+  double t = 0;
+  while ((t = since(t0)) < seconds) {
+    done.clear();
+    r->reap(true, done);
+    for (const ReadDone& d : done) {
+      if (!d.error.empty()) fail("{}", d.error);
+      bytes += stride;
+      submit(int(d.tag));
+    }
+  }
+  while (r->outstanding() > 0) {
+    done.clear();
+    r->reap(true, done);
+  }
+  r.reset();
+  for (uint8_t* b : bufs) std::free(b);
+  return double(bytes) / t / 1e9;
+}
+
+// Read bandwidth of this machine's memory with every compute thread (GB/s), over a buffer far
+// larger than the caches, best of a few passes.
+double measure_memory_bandwidth() {
+  const size_t n = (size_t(1) << 30) / sizeof(uint64_t);
+  std::vector<uint64_t> buf(n, 1);
+  ThreadPool& pool = ThreadPool::global();
+  const int64_t tasks = int64_t(pool.size()) * 16;
+  std::vector<uint64_t> sums(static_cast<size_t>(tasks));
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(tasks, [&](int64_t t) {
+      const size_t a = n * size_t(t) / size_t(tasks), b = n * size_t(t + 1) / size_t(tasks);
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = a; i + 4 <= b; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      sums[size_t(t)] = s0 + s1 + s2 + s3;
+    });
+    best = std::max(best, double(n * sizeof(uint64_t)) / since(t0) / 1e9);
+  }
+  uint64_t total = 0;
+  for (uint64_t v : sums) total += v;
+  if (total == 0) std::fprintf(stderr, " ");  // keep the sums alive
+  return best;
+}
+
+std::string pred_name(int depth) { return depth == 0 ? "off" : fmt::format("+{}", depth); }
+
+std::string child_args(const BenchOptions& o, const std::string& cache, const std::string& io, int predict) {
+  const ModelFlags& m = o.model;
+  std::string a = fmt::format("bench '{}' --child --backend {} --io {} --prompt-tokens {} --decode {}", m.model,
+                              m.backend, io, o.prompt_tokens, o.decode);
+  if (m.threads > 0) a += fmt::format(" --threads {}", m.threads);
+  if (m.no_verify) a += " --no-verify";
+  a += " --resident " + m.resident;
+  a += fmt::format(" --predict-next {}", predict);
+  if (o.warm) a += " --warm";
+  if (cache == "all") a += " --cache-gb all";
+  else if (cache.rfind("budget:", 0) == 0) a += " --ram-budget " + cache.substr(7);
+  else if (cache != "default") a += fmt::format(" --cache-mb {}", double(parse_bytes(cache, "--cache")) / 1e6);
+  return a;
+}
+
+json run_config(const BenchOptions& o, const std::string& cache, const std::string& io, int predict) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) fail("cannot find this executable (/proc/self/exe)");
+  self[n] = 0;
+  const std::string cmd = fmt::format("'{}' {}", self, child_args(o, cache, io, predict));
+  std::fprintf(stderr, "bench: %s\n", cmd.c_str());
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) fail("cannot run '{}'", cmd);
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
+  const int st = ::pclose(p);
+  if (st != 0) fail("the benchmark run '{}' failed (status {}); its error is above", cmd, st);
+  json j = json::parse(out, nullptr, false);
+  if (j.is_discarded()) fail("the benchmark run '{}' printed no result", cmd);
+  j["cache"] = cache;
+  j["io"] = io;
+  j["predict"] = predict;
+  return j;
+}
+
+void run_bench(const BenchOptions& o) {
+  if (o.child) return run_child(o);
+  if (o.decode < 2) fail("--decode must be at least 2 tokens");
+  if (!looks_like_qpack(o.model.model)) fail("swiftlet bench measures expert streaming: give it a .qpack container");
+  const QpackContainer qc = QpackContainer::open(o.model.model);
+  for (const std::string& c : split(o.cache))
+    if (c != "default" && c != "all" && c.rfind("budget:", 0) != 0) parse_bytes(c, "--cache");
+  for (const std::string& io : split(o.io)) parse_io_mode(io);
+
+  // The disk first: random reads of whole experts, as decode does them.
+  const int k = std::max(1, qc.config.num_experts_per_tok);
+  std::fprintf(stderr, "bench: measuring random expert reads for %.0f s each...\n", o.disk_seconds);
+  const double disk_qd1 = measure_disk(qc, IoMode::Serial, 1, o.disk_seconds);
+  const double disk_qdk = measure_disk(qc, IoMode::Uring, k, o.disk_seconds);
+  const double disk_qd32 = measure_disk(qc, IoMode::Uring, 32, o.disk_seconds);
+  const double disk = std::max(disk_qdk, disk_qd32);
+  if (o.model.threads > 0) ThreadPool::set_global_threads(o.model.threads);
+  const double membw = measure_memory_bandwidth();
+
+  json rows = json::array();
+  for (const std::string& cache : split(o.cache))
+    for (const std::string& io : split(o.io))
+      for (const std::string& pr : split(o.predict)) {
+        const int depth = pr == "off" ? 0 : pr == "on" ? 1 : std::atoi(pr.c_str());
+        if (depth < 0 || depth > 4 || (depth == 0 && pr != "off" && pr != "0"))
+          fail("--predict takes off, on or a number of layers ahead (1-4), not '{}'", pr);
+        if (depth > 0 && io == "serial") continue;  // serial mode reads nothing ahead
+        rows.push_back(run_config(o, cache, io, depth));
+      }
+
+  const uint64_t stride = qc.layout.expert_stride;
+  const std::string first_hash = rows.empty() ? "" : rows[0]["tokens_hash"].get<std::string>();
+  bool same = true;
+  std::string table = fmt::format(
+      "{:<12} {:<6} {:<5} {:>6} {:>8} {:>9} {:>8} {:>6} {:>9} {:>8} {:>7} {:>9} {:>7} {:>6}\n", "cache", "io",
+      "pred", "load", "peakRSS", "prefill", "decode", "hit%", "MB/token", "read", "IOwait", "disk-bnd", "%bound",
+      "pacc");
+  table += fmt::format("{:<12} {:<6} {:<5} {:>6} {:>8} {:>9} {:>8} {:>6} {:>9} {:>8} {:>7} {:>9} {:>7} {:>6}\n", "", "",
+                       "", "s", "GB", "tok/s", "tok/s", "", "", "GB/s", "%", "tok/s", "", "%");
+  std::string compute = fmt::format(
+      "{:<12} {:<6} {:<5} {:>8} {:>9} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n", "cache", "io", "pred",
+      "decode", "mem-bnd", "%mem", "attn", "gdn", "rt+sh", "expert", "wait", "lmhead", "token");
+  compute += fmt::format("{:<12} {:<6} {:<5} {:>8} {:>9} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n", "", "",
+                         "", "tok/s", "tok/s", "", "ms", "ms", "ms", "ms", "ms", "ms", "ms");
+  for (json& r : rows) {
+    const double tokens = std::max(1.0, double(r["decode_tokens"].get<int64_t>() - 1));
+    const double decode_s = r["decode_s"].get<double>();
+    const double per_token = double(r["bytes_read"].get<uint64_t>()) / double(r["decode_tokens"].get<int64_t>());
+    const double bound = per_token > 0 ? disk * 1e9 / per_token : 0;
+    const double tok_s = r["decode_tok_s"].get<double>();
+    const uint64_t hits = r["hits"], misses = r["misses"];
+    const double read_s = r["read_s"].get<double>();
+    r["disk_bound_tok_s"] = bound;
+    same = same && r["tokens_hash"] == first_hash;
+    std::string cache = r["cache"].get<std::string>();
+    if (cache == "default") cache = fmt::format("def {:.2f}G", double(r["cache_budget"].get<uint64_t>()) / 1e9);
+    table += fmt::format(
+        "{:<12} {:<6} {:<5} {:>6.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>6.1f} {:>9.1f} {:>8.2f} {:>7.1f} {:>9.2f} {:>7.1f} {:>6}\n",
+        cache, r["io"].get<std::string>(), pred_name(r["predict"].get<int>()), r["load_s"].get<double>(),
+        double(r["peak_rss"].get<uint64_t>()) / 1e9, r["prefill_tok_s"].get<double>(), tok_s,
+        hits + misses ? 100.0 * double(hits) / double(hits + misses) : 0.0, per_token / 1e6,
+        read_s > 0 ? double(r["bytes_read"].get<uint64_t>()) / 1e9 / read_s : 0.0,
+        decode_s > 0 ? 100.0 * r["wait_s"].get<double>() / decode_s : 0.0, bound,
+        bound > 0 ? 100.0 * tok_s / bound : 0.0,
+        r["predict"].get<int>() ? fmt::format("{:.0f}", 100 * r["prediction_accuracy"].get<double>()) : "-");
+    (void)tokens;
+    const double mem_bound = membw * 1e9 / double(r["bytes_touched_per_token"].get<uint64_t>());
+    r["memory_bound_tok_s"] = mem_bound;
+    const json& pf = r["profile"];
+    compute += fmt::format(
+        "{:<12} {:<6} {:<5} {:>8.2f} {:>9.2f} {:>6.1f} | {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>7.1f}\n",
+        cache, r["io"].get<std::string>(), pred_name(r["predict"].get<int>()), tok_s, mem_bound,
+        100.0 * tok_s / mem_bound, pf["attention_ms"].get<double>(), pf["delta_net_ms"].get<double>(),
+        pf["router_shared_ms"].get<double>(), pf["expert_compute_ms"].get<double>(),
+        pf["expert_acquire_ms"].get<double>(), pf["lm_head_ms"].get<double>(), pf["total_ms"].get<double>());
+  }
+  if (o.json) {
+    json all = {{"model", o.model.model}, {"expert_stride", stride}, {"memory_gb_s", membw}, {"disk_gb_s_qd1", disk_qd1},
+                {"disk_gb_s_qdk", disk_qdk}, {"disk_gb_s_qd32", disk_qd32}, {"rows", rows},
+                {"same_tokens", same}};
+    std::printf("%s\n", all.dump(1).c_str());
+    return;
+  }
+  std::printf("model %s: %d layers x %d experts, top-%d, %llu bytes per expert read\n", o.model.model.c_str(),
+              qc.config.num_layers, qc.config.num_experts, k, (unsigned long long)stride);
+  std::printf("prompt %d tokens, then %d tokens decoded greedily; backend %s; dense weights: %s%s\n",
+              o.prompt_tokens, o.decode, o.model.backend.c_str(), o.model.resident.c_str(),
+              o.warm ? "; measured on a second pass (the first one filled the cache)" : "");
+  std::printf("disk, random whole-expert reads (O_DIRECT): %.2f GB/s one at a time (pread), %.2f GB/s with %d in "
+              "flight (io_uring), %.2f GB/s with 32 in flight\n", disk_qd1, disk_qdk, k, disk_qd32);
+  std::printf("disk bound = %.2f GB/s / bytes read per decoded token at the hit rate measured\n\n", disk);
+  std::printf("%s\n", table.c_str());
+  std::printf("compute: memory read bandwidth %.1f GB/s (measured now); memory bound = that / weight bytes one token "
+              "reads (dense matrices + top-k experts per layer). Decode time per token by part:\n\n%s\n",
+              membw, compute.c_str());
+  std::printf("every configuration generated the same %d tokens: %s\n", o.decode, same ? "yes" : "NO");
+  std::printf("note: random-weight models route almost uniformly, so these hit rates are a worst case; real "
+              "models reuse experts far more.\n");
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "expert-streaming benchmark: prefill + decode at several cache settings");
+  o->model.add(cmd);
+  cmd->add_option("--cache", o->cache,
+                  "cache settings to compare, comma-separated: default, all, a size (1.5G, 800M) or budget:SIZE "
+                  "(a --ram-budget)");
+  cmd->add_option("--io-modes", o->io, "IO modes to compare (uring,serial)");
+  cmd->add_option("--predict", o->predict, "next-layer prediction to compare: off, on (1 layer ahead) or layers ahead, e.g. off,1,2");
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "prompt length (fixed pseudo-random ids)");
+  cmd->add_option("--decode", o->decode, "tokens to decode");
+  cmd->add_option("--disk-seconds", o->disk_seconds, "seconds per disk read-rate measurement");
+  cmd->add_flag("--json", o->json, "print the results as JSON");
+  cmd->add_flag("--warm", o->warm, "run each configuration twice and measure the second pass (cache filled)");
+  cmd->add_flag("--child", o->child, "(internal) run one configuration and print its JSON")->group("");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace swiftlet::cli

@@ -1,0 +1,94 @@
+// The bookkeeping of an expert cache: which (layer, expert) sits in which slot, what may be
+// evicted, and what it costs in bytes. No IO here (qpack_experts.h drives the reads), so the
+// policy can be tested on its own.
+//
+// Slots are `slot_bytes` each and allocated lazily, never more than budget / slot_bytes of them.
+// Eviction takes the evictable slot with the lowest (use count, last use): an expert's use count
+// is remembered after it is evicted, so an expert that keeps coming back outranks one that was
+// used once. A slot is evictable only when it is loaded and not pinned; slots being read and
+// slots whose expert is in use (pinned between acquire and release) are never taken.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <tuple>
+#include <vector>
+
+namespace swiftlet {
+
+class ExpertCache {
+ public:
+  enum class State : uint8_t { Free, Loading, Ready };
+  using Alloc = std::function<void*(size_t bytes)>;  // 4096-aligned memory
+  using Free = std::function<void(void*)>;
+
+  // budget_bytes 0: room for every expert. Budgets below one slot still get one slot.
+  ExpertCache(int layers, int experts, size_t slot_bytes, size_t budget_bytes, Alloc alloc = {},
+              Free free = {});
+  ~ExpertCache();
+  ExpertCache(const ExpertCache&) = delete;
+  ExpertCache& operator=(const ExpertCache&) = delete;
+
+  int capacity() const { return capacity_; }          // slots allowed by the budget
+  int allocated() const { return int(slots_.size()); }  // slots allocated so far
+  size_t allocated_bytes() const { return slots_.size() * slot_bytes_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+
+  // The slot holding (layer, expert), or -1.
+  int find(int layer, int expert) const { return where_[key(layer, expert)]; }
+  // A slot for (layer, expert), which must not be cached: a never-used slot while the budget
+  // allows one, else the lowest-ranked evictable slot (its expert is dropped). The slot comes
+  // back in state Loading; -1 when every slot is loading or pinned. *evicted is set when an
+  // expert was dropped to make room.
+  // may_evict, when given, vetoes victims (the lowest-ranked slot it accepts is taken).
+  int claim(int layer, int expert, bool* evicted = nullptr,
+            const std::function<bool(int slot)>& may_evict = {});
+  // The read into a Loading slot finished: Ready (ok) or dropped (failed).
+  void loaded(int slot);
+  void drop(int slot);
+
+  // Counts a use of the expert in `slot` (its frequency and recency).
+  void use(int slot);
+  // A pinned slot is never evicted (nor dropped): pin while the compute reads the expert.
+  void pin(int slot);
+  void unpin(int slot);
+
+  State state(int slot) const { return meta_[size_t(slot)].state; }
+  int pins(int slot) const { return meta_[size_t(slot)].pins; }
+  uint8_t* data(int slot) const { return slots_[size_t(slot)]; }
+  uint32_t uses(int layer, int expert) const { return freq_[key(layer, expert)]; }
+  int layer_of(int slot) const { return meta_[size_t(slot)].layer; }
+  int expert_of(int slot) const { return meta_[size_t(slot)].expert; }
+  // Evictable slots, lowest rank (next victim) first. For tests and statistics.
+  std::vector<int> eviction_order() const;
+
+ private:
+  struct Meta {
+    State state = State::Free;
+    int layer = -1, expert = -1;
+    int pins = 0;
+    uint64_t last = 0;  // tick of the last use, or of the load
+  };
+  using Rank = std::tuple<uint32_t, uint64_t, int>;  // (uses, last use, slot)
+
+  size_t key(int layer, int expert) const { return size_t(layer) * size_t(experts_) + size_t(expert); }
+  Rank rank(int slot) const;
+  void update_evictable(int slot, bool before);
+
+  int layers_, experts_;
+  size_t slot_bytes_;
+  int capacity_;
+  Alloc alloc_;
+  Free free_;
+  std::vector<uint8_t*> slots_;
+  std::vector<Meta> meta_;
+  std::vector<int> where_;      // [layer * experts + expert] -> slot or -1
+  std::vector<uint32_t> freq_;  // [layer * experts + expert] uses, kept across evictions
+  std::set<Rank> evictable_;
+  std::vector<int> free_list_;  // allocated slots holding nothing (after a failed read)
+  uint64_t tick_ = 0;
+};
+
+}  // namespace swiftlet

@@ -1,0 +1,164 @@
+// The expert cache's policy: what it evicts, what it never evicts, and what it allocates.
+#include "experts/expert_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+namespace swiftlet {
+namespace {
+
+// Loads (layer, expert) into the cache and counts `uses` uses of it.
+int put(ExpertCache& c, int layer, int expert, int uses = 1) {
+  const int s = c.claim(layer, expert);
+  EXPECT_GE(s, 0);
+  if (s < 0) return s;
+  c.loaded(s);
+  for (int i = 0; i < uses; ++i) c.use(s);
+  return s;
+}
+
+TEST(ExpertCache, EvictsTheLeastUsedThenTheLeastRecent) {
+  ExpertCache c(2, 8, 4096, 3 * 4096);
+  ASSERT_EQ(c.capacity(), 3);
+  put(c, 0, 1, 3);  // used 3 times
+  put(c, 0, 2, 1);  // used once, earlier
+  put(c, 1, 3, 1);  // used once, later
+  EXPECT_EQ(c.allocated(), 3);
+  // Full: the next expert replaces the one with the fewest uses, the older one on a tie.
+  bool evicted = false;
+  const int s = c.claim(1, 4, &evicted);
+  EXPECT_TRUE(evicted);
+  EXPECT_EQ(c.find(0, 2), -1);
+  EXPECT_EQ(c.find(1, 4), s);
+  EXPECT_GE(c.find(0, 1), 0);
+  EXPECT_GE(c.find(1, 3), 0);
+  c.loaded(s);
+  c.use(s);
+  // Now (1,3) and (1,4) have one use each, (1,3) older: it goes next, then (1,4), then (0,1).
+  std::vector<int> order = c.eviction_order();
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(c.expert_of(order[0]), 3);
+  EXPECT_EQ(c.expert_of(order[1]), 4);
+  EXPECT_EQ(c.expert_of(order[2]), 1);
+}
+
+TEST(ExpertCache, FrequencyIsRememberedAfterEviction) {
+  ExpertCache c(1, 8, 4096, 2 * 4096);
+  put(c, 0, 1, 5);
+  put(c, 0, 2, 1);
+  put(c, 0, 3, 1);  // evicts (0,2)
+  EXPECT_EQ(c.find(0, 2), -1);
+  put(c, 0, 4, 1);  // evicts (0,3): (0,1) has 5 uses
+  EXPECT_GE(c.find(0, 1), 0);
+  EXPECT_EQ(c.uses(0, 2), 1u);  // remembered
+  // (0,1) is evicted only once its count is matched and it is the older: bring (0,2) back
+  // and use it until it outranks (0,1); then the cache keeps (0,2) over a newcomer.
+  const int s = put(c, 0, 2, 5);  // evicts (0,4); (0,2) now 6 uses
+  EXPECT_EQ(c.uses(0, 2), 6u);
+  put(c, 0, 5, 1);  // must evict (0,1) (5 uses) rather than (0,2) (6 uses)
+  EXPECT_EQ(c.find(0, 1), -1);
+  EXPECT_EQ(c.find(0, 2), s);
+}
+
+TEST(ExpertCache, PinnedAndLoadingSlotsAreNeverEvicted) {
+  ExpertCache c(1, 16, 4096, 3 * 4096);
+  const int a = put(c, 0, 0, 1);
+  const int b = put(c, 0, 1, 9);
+  const int loading = c.claim(0, 2);  // being read
+  ASSERT_GE(loading, 0);
+  c.pin(a);
+  c.pin(b);
+  EXPECT_EQ(c.claim(0, 3), -1) << "every slot is pinned or loading";
+  c.unpin(b);
+  bool evicted = false;
+  const int s = c.claim(0, 3, &evicted);
+  EXPECT_EQ(s, b) << "the only unpinned loaded slot is taken, despite its 9 uses";
+  EXPECT_TRUE(evicted);
+  EXPECT_EQ(c.find(0, 0), a);
+  EXPECT_EQ(c.find(0, 2), loading);
+  // A veto keeps a slot too.
+  c.loaded(s);
+  c.loaded(loading);
+  c.unpin(a);
+  const int t = c.claim(0, 4, nullptr, [&](int slot) { return slot != a; });
+  EXPECT_NE(t, a);
+  EXPECT_NE(t, -1);
+}
+
+TEST(ExpertCache, DroppedSlotIsReusedFirst) {
+  ExpertCache c(1, 8, 4096, 2 * 4096);
+  const int a = c.claim(0, 0);
+  c.drop(a);  // the read failed
+  EXPECT_EQ(c.find(0, 0), -1);
+  EXPECT_EQ(c.claim(0, 1), a);
+  EXPECT_EQ(c.allocated(), 1);
+}
+
+TEST(ExpertCache, BudgetBelowOneSlotStillHoldsOneAndZeroHoldsAll) {
+  EXPECT_EQ(ExpertCache(2, 8, 4096, 100).capacity(), 1);
+  EXPECT_EQ(ExpertCache(2, 8, 4096, 0).capacity(), 16);
+  EXPECT_EQ(ExpertCache(2, 8, 4096, 1ull << 40).capacity(), 16);
+}
+
+// A random workload: whatever happens, the memory allocated never exceeds the budget, slots are
+// allocated only when needed, pinned experts stay, and find() agrees with a model of the cache.
+TEST(ExpertCache, RandomWorkloadNeverExceedsBudgetNorLosesPinned) {
+  std::mt19937 rng(7);
+  size_t allocated = 0, peak = 0;
+  const size_t slot = 8192;
+  for (int budget_slots : {1, 2, 5, 17}) {
+    auto alloc = [&](size_t n) {
+      allocated += n;
+      peak = std::max(peak, allocated);
+      return std::aligned_alloc(4096, n);
+    };
+    auto release = [&](void* p) {
+      allocated -= slot;
+      std::free(p);
+    };
+    peak = 0;
+    ExpertCache c(4, 32, slot, budget_slots * slot + 100, alloc, release);
+    std::set<int> pinned;
+    for (int step = 0; step < 5000; ++step) {
+      const int layer = int(rng() % 4), expert = int(rng() % 32);
+      int s = c.find(layer, expert);
+      if (s < 0) {
+        s = c.claim(layer, expert);
+        if (s < 0) {
+          EXPECT_EQ(int(pinned.size()), c.allocated()) << "claim failed with unpinned slots";
+          for (int p : pinned) c.unpin(p);
+          pinned.clear();
+          continue;
+        }
+        if (rng() % 10 == 0) {
+          c.drop(s);  // failed read
+          continue;
+        }
+        c.loaded(s);
+      }
+      c.use(s);
+      if (rng() % 3 == 0 && !pinned.count(s)) {
+        c.pin(s);
+        pinned.insert(s);
+      }
+      if (rng() % 4 == 0 && !pinned.empty()) {
+        auto it = pinned.begin();
+        std::advance(it, rng() % pinned.size());
+        c.unpin(*it);
+        pinned.erase(it);
+      }
+      for (int p : pinned) EXPECT_EQ(c.state(p), ExpertCache::State::Ready);
+      ASSERT_LE(allocated, size_t(budget_slots) * slot);
+      ASSERT_LE(c.allocated(), budget_slots);
+    }
+    for (int p : pinned) c.unpin(p);
+    EXPECT_EQ(peak, size_t(budget_slots) * slot);
+  }
+  EXPECT_EQ(allocated, 0u);
+}
+
+}  // namespace
+}  // namespace swiftlet

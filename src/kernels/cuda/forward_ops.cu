@@ -1,0 +1,258 @@
+// Fused per-token steps of the GPU forward pass (model/gpu_forward.cpp) that the generic ops in
+// ops.cu would need several launches or host-side index work for: the gated-attention prologue (3.2
+// steps 1-4), Qwen3-Next's grouped DeltaNet unpacking (3.4) and the routed experts' weighted sum
+// (3.10). Each mirrors a loop of model/qwen3_hybrid.cpp; fp32 throughout.
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <cuda_fp16.h>
+
+namespace swiftlet::cuda {
+
+using detail::block_sum;
+using detail::blocks_for;
+
+namespace {
+
+constexpr int kPrepThreads = 256;
+constexpr int kMaxHeadDim = 1024;
+
+// Blocks [0, nh): query heads; [nh, nh + nkv): key/value heads.
+__global__ void __launch_bounds__(kPrepThreads)
+    attn_prep_kernel(const float* __restrict__ P, const float* __restrict__ Kp, const float* __restrict__ Vp,
+                     const float* __restrict__ qn, const float* __restrict__ kn, int nh, int nkv, int hd, bool gated,
+                     int rot, int64_t pos, const int64_t* __restrict__ d_pos, float theta, float eps,
+                     float* __restrict__ q, float* __restrict__ gate, float* __restrict__ kcache,
+                     float* __restrict__ vcache) {
+  if (d_pos) pos = *d_pos;
+  float* kdst = kcache + pos * int64_t(nkv) * hd;
+  float* vdst = vcache + pos * int64_t(nkv) * hd;
+  __shared__ float red[32];
+  __shared__ float y[kMaxHeadDim];
+  const int b = blockIdx.x;
+  const bool is_q = b < nh;
+  const int j = is_q ? b : b - nh;
+  const float* src = is_q ? P + int64_t(j) * hd * (gated ? 2 : 1) : Kp + int64_t(j) * hd;
+  const float* w = is_q ? qn : kn;
+  float* dst = is_q ? q + int64_t(j) * hd : kdst + int64_t(j) * hd;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss = fmaf(src[i], src[i], ss);
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(hd) + eps);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) y[i] = src[i] * inv * w[i];
+  __syncthreads();
+  const int half = rot / 2;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    float v = y[i];
+    if (i < rot) {
+      // As the CPU (and transformers): inverse frequency and angle in fp32 (model-spec.md 3.2).
+      const int f = i < half ? i : i - half;
+      const float invf = 1.0f / powf(theta, float(2 * f) / float(rot));
+      const float angle = float(pos) * invf;
+      const float c = cosf(angle), s = sinf(angle);
+      v = i < half ? y[i] * c - y[i + half] * s : y[i] * c + y[i - half] * s;
+    }
+    dst[i] = v;
+  }
+  if (is_q && gated)
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) gate[int64_t(j) * hd + i] = src[hd + i];
+  if (!is_q)
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) vdst[int64_t(j) * hd + i] = Vp[int64_t(j) * hd + i];
+}
+
+// One thread per element of the qkvz row (and of the ba row): in_proj_qkvz is per key head g [q_g
+// (dk) | k_g (dk) | v (r heads of dv) | z (r heads)], in_proj_ba per g [b (r) | a (r)].
+__global__ void unpack_grouped_kernel(const float* __restrict__ P, const float* __restrict__ R, int hk, int r, int dk,
+                                      int dv, float* __restrict__ mixed, float* __restrict__ z, float* __restrict__ b,
+                                      float* __restrict__ a) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t group = 2 * int64_t(dk) + 2 * int64_t(r) * dv;
+  const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv;
+  if (idx < hk * group) {
+    const int64_t g = idx / group, o = idx % group;
+    const float v = P[idx];
+    if (o < dk)
+      mixed[g * dk + o] = v;
+    else if (o < 2 * dk)
+      mixed[kd + g * dk + (o - dk)] = v;
+    else if (o < 2 * dk + rdv)
+      mixed[2 * kd + g * rdv + (o - 2 * dk)] = v;
+    else
+      z[g * rdv + (o - 2 * dk - rdv)] = v;
+  }
+  if (idx < int64_t(hk) * 2 * r) {
+    const int64_t g = idx / (2 * r), o = idx % (2 * r);
+    if (o < r)
+      b[g * r + o] = R[idx];
+    else
+      a[g * r + (o - r)] = R[idx];
+  }
+}
+
+__global__ void moe_combine_kernel(float* __restrict__ out, const float* __restrict__ y, const float* __restrict__ w,
+                                   int n, int64_t H) {
+  const int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= H) return;
+  float acc = 0.0f;
+  for (int i = 0; i < n; ++i) acc = fmaf(w[i], y[int64_t(i) * H + d], acc);
+  out[d] += acc;
+}
+
+// One row of a weight matrix as fp32 (the embedding lookup), one thread per column.
+__global__ void dequant_row_kernel(GpuMatrix w, int64_t row, const int32_t* __restrict__ d_row,
+                                   float* __restrict__ out) {
+  if (d_row) row = *d_row;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= w.cols) return;
+  float v;
+  switch (w.format) {
+    case WeightFormat::F32:
+      v = static_cast<const float*>(w.data)[row * w.cols + c];
+      break;
+    case WeightFormat::BF16:
+      v = __uint_as_float(uint32_t(static_cast<const uint16_t*>(w.data)[row * w.cols + c]) << 16);
+      break;
+    case WeightFormat::F16:
+      v = __half2float(static_cast<const __half*>(w.data)[row * w.cols + c]);
+      break;
+    default: {
+      const int per_word = 32 / w.bits;
+      const uint32_t word = static_cast<const uint32_t*>(w.data)[row * (w.cols / per_word) + c / per_word];
+      const uint32_t q = (word >> (w.bits * int(c % per_word))) & ((1u << w.bits) - 1u);
+      const int64_t g = row * (w.cols / w.group_size) + c / w.group_size;
+      float sc, bi;
+      if (w.scale_dtype == DType::F32) {
+        sc = static_cast<const float*>(w.scales)[g];
+        bi = static_cast<const float*>(w.biases)[g];
+      } else if (w.scale_dtype == DType::BF16) {
+        sc = __uint_as_float(uint32_t(static_cast<const uint16_t*>(w.scales)[g]) << 16);
+        bi = __uint_as_float(uint32_t(static_cast<const uint16_t*>(w.biases)[g]) << 16);
+      } else {
+        sc = __half2float(static_cast<const __half*>(w.scales)[g]);
+        bi = __half2float(static_cast<const __half*>(w.biases)[g]);
+      }
+      v = sc * float(q) + bi;
+    }
+  }
+  out[c] = v;
+}
+
+// h += add; y = h / sqrt(mean(h^2) + eps) * w   (one row; the residual add fused into the next
+// norm)
+__global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restrict__ add, const float* __restrict__ w,
+                                    int64_t n, float eps, float* __restrict__ y) {
+  __shared__ float red[32];
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = h[i] + add[i];
+    h[i] = v;
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = h[i] * inv * w[i];
+}
+
+// Rows [0, hk) scaled by q_scale, rows [hk, 2 hk) by 1: the DeltaNet's q and k in one launch.
+__global__ void l2_norm_qk_kernel(float* x, int hk, int64_t n, float eps, float q_scale) {
+  __shared__ float red[32];
+  float* xr = x + int64_t(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss + eps) * (int(blockIdx.x) < hk ? q_scale : 1.0f);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
+}
+
+// h[d] += sigmoid(g) shared[d] + sum_i w[i] y[i][d]   (the whole MoE output, 3.10)
+__global__ void moe_finish_kernel(float* __restrict__ h, const float* __restrict__ shared,
+                                  const float* __restrict__ gate, const float* __restrict__ y,
+                                  const float* __restrict__ w, int n, int64_t H) {
+  const int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= H) return;
+  float acc = detail::sigmoidf_(*gate) * shared[d];
+  for (int i = 0; i < n; ++i) acc = fmaf(w[i], y[int64_t(i) * H + d], acc);
+  h[d] += acc;
+}
+
+__global__ void set_step_kernel(int32_t* a, int32_t av, int64_t* b, int64_t bv) {
+  *a = av;
+  *b = bv;
+}
+
+}  // namespace
+
+void dequant_row(const GpuMatrix& w, int64_t row, float* d_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(row >= 0 && row < w.rows);
+  dequant_row_kernel<<<blocks_for(w.cols, 256), 256, 0, s>>>(w, row, nullptr, d_out);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void dequant_row_at(const GpuMatrix& w, const int32_t* d_row, float* d_out, GpuStream s) {
+  dequant_row_kernel<<<blocks_for(w.cols, 256), 256, 0, s>>>(w, 0, d_row, d_out);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void add_rms_norm(float* d_h, const float* d_add, const float* d_w, int64_t n, float eps, float* d_y, GpuStream s) {
+  add_rms_norm_kernel<<<1, 1024, 0, s>>>(d_h, d_add, d_w, n, eps, d_y);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void l2_norm_qk(float* d_x, int hk, int64_t n, float eps, float q_scale, GpuStream s) {
+  l2_norm_qk_kernel<<<unsigned(2 * hk), 128, 0, s>>>(d_x, hk, n, eps, q_scale);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void moe_finish(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w, int n,
+                int64_t H, GpuStream s) {
+  moe_finish_kernel<<<blocks_for(H, 256), 256, 0, s>>>(d_h, d_shared, d_gate, d_y, d_w, n, H);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void set_step(int32_t* d_i32, int32_t a, int64_t* d_i64, int64_t b, GpuStream s) {
+  set_step_kernel<<<1, 1, 0, s>>>(d_i32, a, d_i64, b);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void graph_capture_begin(GpuStream s) {
+  SWIFTLET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+}
+GpuGraph graph_capture_end(GpuStream s) {
+  cudaGraph_t g;
+  SWIFTLET_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  SWIFTLET_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  SWIFTLET_CUDA_CHECK(cudaGraphDestroy(g));
+  return e;
+}
+void graph_launch(GpuGraph g, GpuStream s) { SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s)); }
+void graph_destroy(GpuGraph g) {
+  if (g) SWIFTLET_CUDA_CHECK(cudaGraphExecDestroy(g));
+}
+
+void attn_prep(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm, const float* d_k_norm,
+               int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos, const int64_t* d_pos, float theta,
+               float eps, float* d_q, float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= kMaxHeadDim && rot_dim % 2 == 0 && rot_dim <= hd);
+  attn_prep_kernel<<<unsigned(nh + nkv), kPrepThreads, 0, s>>>(d_P, d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated,
+                                                               rot_dim, pos, d_pos, theta, eps, d_q, d_gate, d_k_cache,
+                                                               d_v_cache);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void unpack_deltanet_grouped(const float* d_qkvz, const float* d_ba, int hk, int r, int dk, int dv, float* d_mixed,
+                             float* d_z, float* d_b, float* d_a, GpuStream s) {
+  const int64_t n = int64_t(hk) * (2 * int64_t(dk) + 2 * int64_t(r) * dv);
+  const int64_t n_ba = int64_t(hk) * 2 * r;
+  unpack_grouped_kernel<<<blocks_for(n > n_ba ? n : n_ba, 256), 256, 0, s>>>(d_qkvz, d_ba, hk, r, dk, dv, d_mixed, d_z,
+                                                                             d_b, d_a);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void moe_combine(float* d_out, const float* d_y, const float* d_w, int n, int64_t H, GpuStream s) {
+  if (n == 0 || H == 0) return;
+  moe_combine_kernel<<<blocks_for(H, 256), 256, 0, s>>>(d_out, d_y, d_w, n, H);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+}  // namespace swiftlet::cuda

@@ -1,0 +1,804 @@
+// The CUDA forward pass (issue 8). Layout of this file, in forward order as qwen3_hybrid.cpp:
+// GpuModel (dense weights in VRAM + the VRAM expert cache), then GpuForward: embed, per layer
+// gated_attention / gated_delta_net, sparse_moe, then the final norm and lm_head. Tokens run one at
+// a time (decode; prefill is a loop of decode steps).
+//
+// Expert cache: an arena of equal slots, one expert blob each; a device table [layer][expert] holds
+// each resident expert's slot address, so the grouped expert kernels read the router's top-k ids on
+// the device and find their weights without the host. When every expert fits (all_resident), a
+// token runs without a single host round trip. Otherwise, per MoE layer the top-k ids come back to
+// the host (k int32, while the shared expert runs), misses are acquired from the ExpertSource and
+// copied into slots on a copy stream, evicting the slot with the lowest (use count, last use):
+// counts are remembered across evictions (LFU with history).
+#include "model/gpu_forward.h"
+
+#if SWIFTLET_HAVE_CUDA
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <tuple>
+
+namespace swiftlet {
+
+namespace cu = swiftlet::cuda;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+
+// Offsets, in a slot, of one matrix uploaded by upload_matrix_to at the slot's start + `at`.
+cu::GpuMatrix layout_at(const QMatrix& w, size_t at) {
+  cu::GpuMatrix g;
+  g.format = w.format;
+  g.rows = w.rows;
+  g.cols = w.cols;
+  g.bits = w.bits;
+  g.group_size = w.group_size;
+  g.scale_dtype = w.scale_dtype;
+  const size_t db = align256(cu::matrix_data_bytes(w)), sb = align256(cu::matrix_scale_bytes(w));
+  g.data = reinterpret_cast<const void*>(at);
+  if (w.format == WeightFormat::Affine) {
+    g.scales = reinterpret_cast<const void*>(at + db);
+    g.biases = reinterpret_cast<const void*>(at + db + sb);
+  }
+  return g;
+}
+
+// The same matrix with offsets taken from where a blob's views point.
+cu::GpuMatrix layout_in_blob(const QMatrix& w, const uint8_t* blob) {
+  auto off = [&](const void* p) { return reinterpret_cast<const void*>(static_cast<const uint8_t*>(p) - blob); };
+  cu::GpuMatrix g = layout_at(w, 0);
+  g.data = off(w.data);
+  if (w.format == WeightFormat::Affine) {
+    g.scales = off(w.scales);
+    g.biases = off(w.biases);
+  }
+  return g;
+}
+
+cu::GpuMatrix at_base(cu::GpuMatrix m, const void* base) {
+  auto add = [&](const void* off) {
+    return static_cast<const void*>(static_cast<const uint8_t*>(base) + reinterpret_cast<size_t>(off));
+  };
+  m.data = add(m.data);
+  if (m.format == WeightFormat::Affine) {
+    m.scales = add(m.scales);
+    m.biases = add(m.biases);
+  }
+  return m;
+}
+
+bool aligned16(const cu::GpuMatrix& m) {
+  auto a = [](const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; };
+  return a(m.data) && (m.format != WeightFormat::Affine || (a(m.scales) && a(m.biases)));
+}
+
+bool groupable(const cu::GpuMatrix& m) {
+  return m.format == WeightFormat::Affine && (m.bits == 4 || m.bits == 8) && m.group_size > 0 &&
+         m.group_size % (128 / m.bits) == 0 && m.cols % m.group_size == 0;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// GpuModel: dense weights and the expert cache.
+
+class GpuModel {
+ public:
+  GpuModel(const Model& m, const GpuOptions& o);
+  ~GpuModel();
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+
+  struct Attn {
+    cu::GpuMatrix q, k, v, o;
+    float *q_norm = nullptr, *k_norm = nullptr;
+  };
+  struct Gdn {
+    cu::GpuMatrix qkvz, ba, qkv, z, b, a, out;
+    float *conv = nullptr, *A_log = nullptr, *dt_bias = nullptr, *norm = nullptr;
+  };
+  struct Layer {
+    bool linear = false;
+    float *in_norm = nullptr, *post_norm = nullptr;
+    Attn attn;
+    Gdn gdn;
+    cu::GpuMatrix router, sh_gate, sh_up, sh_down, sh_expert_gate;
+  };
+
+  const Model& m;
+  const ModelConfig& c;
+  GpuOptions opts;
+  cu::GpuMatrix embed, lm_head;
+  float* final_norm = nullptr;
+  std::vector<Layer> layers;
+
+  // Makes experts ids[g0, g1) of `layer` resident in slots (uploading misses on the copy stream,
+  // which `compute` then waits for). `after_group`: an event recorded after the previous group of
+  // this layer, whose slots this group may overwrite (null for the first group).
+  void ensure(int layer, const int32_t* ids, int n, cu::GpuStream compute, cu::GpuEvent after_group);
+  // Largest number of experts whose slots can be in use at once.
+  int64_t group_limit() const { return slots_; }
+  bool grouped() const { return grouped_; }
+  bool all_resident() const { return all_resident_; }
+  const cu::ExpertLayout& layout() const { return layout_; }
+  const void* const* table(int layer) const { return d_table_ + int64_t(layer) * c.num_experts; }
+  const void* slot_of(int layer, int32_t e) const { return h_table_[size_t(int64_t(layer) * c.num_experts + e)]; }
+  void count_resident_hits(int n) { stats_.hits += uint64_t(n); }
+  GpuStats stats() const {
+    GpuStats s = stats_;
+    s.dense_bytes = dense_bytes_;
+    s.cache_bytes = size_t(slots_) * slot_bytes_;
+    s.slot_bytes = slot_bytes_;
+    s.slots = slots_;
+    s.all_resident = all_resident_;
+    return s;
+  }
+
+ private:
+  cu::GpuMatrix up(const QMatrix& w);
+  float* up(const std::vector<float>& v);
+  void learn_layout(const ExpertWeights& w);
+  void preload();
+  void upload_expert(const ExpertWeights& w, void* slot);
+
+  std::vector<void*> owned_;
+  size_t dense_bytes_ = 0;
+
+  // Expert cache.
+  bool layout_known_ = false, grouped_ = false, use_blob_ = false, all_resident_ = false;
+  cu::ExpertLayout layout_;  // offsets inside a slot
+  size_t slot_bytes_ = 0;
+  int64_t slots_ = 0;
+  uint8_t* arena_ = nullptr;
+  const void** d_table_ = nullptr;                             // [layer][expert] slot address (device)
+  std::vector<const void*> h_table_;                           // the same on the host; null: not resident
+  std::vector<int64_t> slot_key_;                              // [slot] layer * E + expert, -1 free
+  std::vector<uint32_t> uses_;                                 // [layer * E + expert], kept across evictions
+  std::vector<uint64_t> last_use_;                             // [slot]
+  std::set<std::tuple<uint32_t, uint64_t, int64_t>> victims_;  // (uses, last use, slot), evictable
+  std::vector<int64_t> free_;
+  uint64_t tick_ = 0;
+  cu::GpuStream copy_ = nullptr;
+  cu::GpuEvent copied_ = nullptr;
+  std::vector<ExpertWeights> host_;  // acquire() output
+  GpuStats stats_;
+};
+
+cu::GpuMatrix GpuModel::up(const QMatrix& w) {
+  if (w.empty() || w.rows == 0) return {};
+  void* owner = nullptr;
+  cu::GpuMatrix g = cu::upload_matrix(w, &owner, nullptr);
+  owned_.push_back(owner);
+  dense_bytes_ += cu::matrix_device_bytes(w);
+  return g;
+}
+
+float* GpuModel::up(const std::vector<float>& v) {
+  if (v.empty()) return nullptr;
+  auto* d = static_cast<float*>(cu::gpu_alloc(v.size() * 4));
+  cu::gpu_upload(d, v.data(), v.size() * 4);
+  owned_.push_back(d);
+  dense_bytes_ += v.size() * 4;
+  return d;
+}
+
+GpuModel::GpuModel(const Model& model, const GpuOptions& o) : m(model), c(model.config), opts(o) {
+  const ModelWeights& w = m.weights;
+  embed = up(w.embed_tokens);
+  lm_head = c.tie_word_embeddings ? embed : up(w.lm_head);
+  final_norm = up(w.norm);
+  layers.resize(size_t(c.num_layers));
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerWeights& lw = w.layers[size_t(i)];
+    Layer& l = layers[size_t(i)];
+    l.linear = lw.linear;
+    l.in_norm = up(lw.input_layernorm);
+    l.post_norm = up(lw.post_attention_layernorm);
+    if (lw.linear) {
+      const DeltaNetWeights& g = lw.gdn;
+      l.gdn = {up(g.in_proj_qkvz), up(g.in_proj_ba), up(g.in_proj_qkv), up(g.in_proj_z),
+               up(g.in_proj_b),    up(g.in_proj_a),  up(g.out_proj),    up(g.conv1d),
+               up(g.A_log),        up(g.dt_bias),    up(g.norm)};
+    } else {
+      const AttentionWeights& a = lw.attn;
+      l.attn = {up(a.q_proj), up(a.k_proj), up(a.v_proj), up(a.o_proj), up(a.q_norm), up(a.k_norm)};
+    }
+    l.router = up(lw.moe.router);
+    l.sh_gate = up(lw.moe.shared_gate_proj);
+    l.sh_up = up(lw.moe.shared_up_proj);
+    l.sh_down = up(lw.moe.shared_down_proj);
+    l.sh_expert_gate = up(lw.moe.shared_expert_gate);
+  }
+  const size_t n_keys = size_t(c.num_layers) * size_t(c.num_experts);
+  d_table_ = static_cast<const void**>(cu::gpu_alloc(std::max<size_t>(n_keys, 1) * sizeof(void*)));
+  owned_.push_back(d_table_);
+  cu::gpu_memset(d_table_, 0, n_keys * sizeof(void*));
+  h_table_.assign(n_keys, nullptr);
+  uses_.assign(n_keys, 0);
+  copy_ = cu::stream_create();
+  copied_ = cu::event_create();
+  cu::gpu_sync();
+  if (c.num_experts > 0 && m.experts) {
+    // The slot layout comes from one expert, so the cache is sized before the first token.
+    const int32_t first = 0;
+    host_.resize(1);
+    m.experts->acquire(0, std::span(&first, 1), std::span(host_).first(1));
+    learn_layout(host_[0]);
+    m.experts->release(0);
+    if (opts.preload && slots_ == int64_t(n_keys)) preload();
+  }
+}
+
+GpuModel::~GpuModel() {
+  cu::gpu_sync();
+  for (void* p : owned_) cu::gpu_free(p);
+  cu::gpu_free(arena_);
+  cu::event_destroy(copied_);
+  cu::stream_destroy(copy_);
+}
+
+void GpuModel::learn_layout(const ExpertWeights& w) {
+  // One slot per expert: the source's blob as it is (one copy per expert), or the three matrices
+  // uploaded one after the other.
+  use_blob_ = w.blob != nullptr;
+  if (use_blob_) {
+    layout_ = {layout_in_blob(w.gate, w.blob), layout_in_blob(w.up, w.blob), layout_in_blob(w.down, w.blob)};
+    use_blob_ = aligned16(layout_.gate) && aligned16(layout_.up) && aligned16(layout_.down);
+    slot_bytes_ = align256(w.blob_bytes);
+  }
+  if (!use_blob_) {
+    const size_t g = cu::matrix_device_bytes(w.gate), u = cu::matrix_device_bytes(w.up);
+    layout_ = {layout_at(w.gate, 0), layout_at(w.up, g), layout_at(w.down, g + u)};
+    slot_bytes_ = g + u + cu::matrix_device_bytes(w.down);
+  }
+  grouped_ = groupable(layout_.gate) && groupable(layout_.up) && groupable(layout_.down) &&
+             layout_.gate.bits == layout_.up.bits && layout_.gate.group_size == layout_.up.group_size &&
+             layout_.gate.scale_dtype == layout_.up.scale_dtype;
+
+  const int64_t n_keys = int64_t(c.num_layers) * c.num_experts;
+  size_t budget = opts.cache_bytes;
+  if (budget == 0) {
+    size_t free_b = 0, total_b = 0;
+    cu::device_memory(&free_b, &total_b);
+    const size_t reserve = size_t(2) << 30;
+    budget = free_b > reserve ? free_b - reserve : 0;
+  }
+  // Fewer slots than top-k work too (the experts then run in groups of `slots`).
+  slots_ = std::clamp<int64_t>(int64_t(budget / slot_bytes_), 1, n_keys);
+  arena_ = static_cast<uint8_t*>(cu::gpu_alloc(size_t(slots_) * slot_bytes_));
+  slot_key_.assign(size_t(slots_), -1);
+  last_use_.assign(size_t(slots_), 0);
+  free_.clear();
+  for (int64_t s = slots_ - 1; s >= 0; --s) free_.push_back(s);
+  layout_known_ = true;
+}
+
+void GpuModel::upload_expert(const ExpertWeights& w, void* slot) {
+  uint8_t* p = static_cast<uint8_t*>(slot);
+  if (use_blob_) {
+    cu::gpu_upload(p, w.blob, w.blob_bytes, copy_);
+    stats_.bytes_uploaded += w.blob_bytes;
+    return;
+  }
+  cu::upload_matrix_to(w.gate, p + reinterpret_cast<size_t>(layout_.gate.data), copy_);
+  cu::upload_matrix_to(w.up, p + reinterpret_cast<size_t>(layout_.up.data), copy_);
+  cu::upload_matrix_to(w.down, p + reinterpret_cast<size_t>(layout_.down.data), copy_);
+  stats_.bytes_uploaded += w.gate.total_bytes() + w.up.total_bytes() + w.down.total_bytes();
+}
+
+void GpuModel::ensure(int layer, const int32_t* ids, int n, cu::GpuStream compute, cu::GpuEvent after_group) {
+  const int E = c.num_experts;
+  std::vector<int32_t> missing;
+  std::vector<int64_t> group_slots;
+  ++tick_;
+  for (int i = 0; i < n; ++i) {
+    const int64_t key = int64_t(layer) * E + ids[i];
+    ++uses_[size_t(key)];
+    if (const void* p = h_table_[size_t(key)]) {
+      ++stats_.hits;
+      const int64_t s = (static_cast<const uint8_t*>(p) - arena_) / int64_t(slot_bytes_);
+      victims_.erase({uses_[size_t(key)] - 1, last_use_[size_t(s)], s});
+      last_use_[size_t(s)] = tick_;
+      group_slots.push_back(s);
+    } else {
+      ++stats_.misses;
+      missing.push_back(ids[i]);
+    }
+  }
+  if (!missing.empty()) {
+    const auto t0 = Clock::now();
+    if (after_group) cu::stream_wait(copy_, after_group);
+    const size_t batch = size_t(std::max(1, m.experts->max_batch()));
+    for (size_t first = 0; first < missing.size(); first += batch) {
+      const size_t nb = std::min(batch, missing.size() - first);
+      host_.resize(std::max(host_.size(), nb));
+      const std::span<const int32_t> part(missing.data() + first, nb);
+      m.experts->acquire(layer, part, std::span(host_).first(nb));
+      if (!layout_known_) learn_layout(host_[0]);
+      for (size_t i = 0; i < nb; ++i) {
+        int64_t s;
+        if (!free_.empty()) {
+          s = free_.back();
+          free_.pop_back();
+        } else {
+          SWIFTLET_CHECK(!victims_.empty(), "VRAM expert cache: all {} slots in use", slots_);
+          s = std::get<2>(*victims_.begin());
+          victims_.erase(victims_.begin());
+          const int64_t old = slot_key_[size_t(s)];
+          h_table_[size_t(old)] = nullptr;
+          ++stats_.evictions;
+        }
+        const int64_t key = int64_t(layer) * E + part[i];
+        void* slot = arena_ + size_t(s) * slot_bytes_;
+        upload_expert(host_[i], slot);
+        slot_key_[size_t(s)] = key;
+        last_use_[size_t(s)] = tick_;
+        h_table_[size_t(key)] = slot;
+        // The table entry travels on the copy stream after the data (pageable: staged at once).
+        cu::gpu_upload(d_table_ + key, &h_table_[size_t(key)], sizeof(void*), copy_);
+        group_slots.push_back(s);
+      }
+      cu::event_record(copied_, copy_);
+      // The source's buffers may be pinned (then the copy reads them later): wait before release.
+      cu::event_sync(copied_);
+      m.experts->release(layer);
+    }
+    cu::stream_wait(compute, copied_);
+    stats_.upload_seconds += since(t0);
+  }
+  for (int64_t s : group_slots) victims_.insert({uses_[size_t(slot_key_[size_t(s)])], last_use_[size_t(s)], s});
+}
+
+void GpuModel::preload() {
+  const int E = c.num_experts;
+  const auto t0 = Clock::now();
+  const int batch = std::max(1, std::min(E, m.experts->max_batch()));
+  std::vector<int32_t> ids;
+  for (int l = 0; l < c.num_layers; ++l)
+    for (int e0 = 0; e0 < E; e0 += batch) {
+      ids.clear();
+      for (int e = e0; e < std::min(E, e0 + batch); ++e) ids.push_back(e);
+      ensure(l, ids.data(), int(ids.size()), nullptr, nullptr);
+    }
+  cu::gpu_sync(copy_);
+  const uint64_t bytes = stats_.bytes_uploaded;
+  const double upload = stats_.upload_seconds;
+  stats_ = {};
+  stats_.preload_bytes = bytes;
+  stats_.preload_seconds = since(t0);
+  stats_.preload_upload_seconds = upload;
+  all_resident_ = grouped_;
+}
+
+// ------------------------------------------------------------------------------------------------
+// GpuForward: one session's device state and activations.
+
+namespace {
+
+class GpuForward final : public ForwardPass {
+ public:
+  explicit GpuForward(std::shared_ptr<GpuModel> g);
+  ~GpuForward() override;
+
+  void run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) override;
+  StateSnapshot snapshot(const SessionState& st) override;
+  void restore(SessionState& st, const StateSnapshot& snap) override;
+  void reset(SessionState& st) override;
+
+ private:
+  void step(int32_t token, int64_t pos);
+  void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)
+  void gated_attention(int l);
+  void gated_delta_net(int l);
+  void sparse_moe(int l);
+  void logits_to(float* host_row);
+  void reserve_kv(int64_t positions);
+  float* buf(size_t n) {
+    auto* p = static_cast<float*>(cu::gpu_alloc(std::max<size_t>(n, 1) * 4));
+    bufs_.push_back(p);
+    return p;
+  }
+
+  std::shared_ptr<GpuModel> g_;
+  const ModelConfig& c_;
+  cu::GpuStream s_ = nullptr;
+  cu::GpuEvent ids_ready_ = nullptr, group_done_ = nullptr;
+  int64_t pos_ = 0;  // positions the device state holds
+
+  // Device state, per layer (empty for the other kind).
+  struct LayerDev {
+    float *k = nullptr, *v = nullptr;  // [kv_cap][kv_dim]
+    float *conv = nullptr, *ssm = nullptr;
+  };
+  std::vector<LayerDev> dev_;
+  int64_t kv_cap_ = 0;
+
+  // Activations (device), one token. Shapes in comments.
+  std::vector<void*> bufs_;
+  float* h_;                     // [H] residual stream
+  float* x_;                     // [H] normed block input
+  float* out_;                   // [H] block output
+  float* p1_;                    // [max(q_proj_rows, qkvz rows, conv_dim)]
+  float* p2_;                    // [max(kv_dim, 2 hv)]
+  float* p3_;                    // [kv_dim]
+  float* mixed_;                 // [conv_dim]
+  float* u_;                     // [conv_dim]
+  float* z_;                     // [value_dim]
+  float* ba_;                    // [2 hv]: b then a
+  float* core_;                  // [max(attn_out_dim, value_dim)]
+  float* q_;                     // [attn_out_dim]
+  float* gate_;                  // [attn_out_dim]
+  float* router_;                // [E]
+  int32_t* ids_;                 // [k]
+  float* w_;                     // [k]
+  float *eg_, *eu_, *ey_;        // [k][I], [k][I], [k][H]
+  float *sh_, *su_, *sg_, *sy_;  // [SI], [SI], [1], [H]
+  float* logits_;                // [vocab]
+  int32_t* h_ids_ = nullptr;     // pinned [k]
+  int32_t* d_tok_ = nullptr;     // [1] this step's token
+  int64_t* d_pos_ = nullptr;     // [1] this step's position
+  // With every expert resident a token needs no host round trip: its whole forward is one CUDA
+  // graph, captured at the first step and again whenever the KV caches move (grow).
+  cu::GpuGraph graph_ = nullptr;
+  int64_t graph_kv_cap_ = -1;
+  bool use_graphs_ = true;
+};
+
+GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c) {
+  const ModelConfig& c = c_;
+  const int64_t H = c.hidden_size, kvd = c.kv_dim(), C = c.conv_dim(), vd = c.linear_value_dim();
+  const int64_t hv = c.linear_num_value_heads, I = c.moe_intermediate_size, SI = c.shared_expert_intermediate_size;
+  const int k = c.num_experts_per_tok;
+  s_ = cu::stream_create();
+  ids_ready_ = cu::event_create();
+  group_done_ = cu::event_create();
+  h_ = buf(size_t(H));
+  x_ = buf(size_t(H));
+  out_ = buf(size_t(H));
+  p1_ = buf(size_t(std::max({c.q_proj_rows(), 2 * c.linear_key_dim() + 2 * vd, C})));
+  p2_ = buf(size_t(std::max(kvd, 2 * hv)));
+  p3_ = buf(size_t(kvd));
+  mixed_ = buf(size_t(C));
+  u_ = buf(size_t(C));
+  z_ = buf(size_t(vd));
+  ba_ = buf(size_t(2 * hv));
+  core_ = buf(size_t(std::max(c.attn_out_dim(), vd)));
+  q_ = buf(size_t(c.attn_out_dim()));
+  gate_ = buf(size_t(c.attn_out_dim()));
+  router_ = buf(size_t(c.num_experts));
+  ids_ = reinterpret_cast<int32_t*>(buf(size_t(k)));
+  w_ = buf(size_t(k));
+  eg_ = buf(size_t(k * I));
+  eu_ = buf(size_t(k * I));
+  ey_ = buf(size_t(k * H));
+  sh_ = buf(size_t(SI));
+  su_ = buf(size_t(SI));
+  sg_ = buf(1);
+  sy_ = buf(size_t(H));
+  logits_ = buf(size_t(c.vocab_size));
+  h_ids_ = static_cast<int32_t*>(cu::gpu_alloc_pinned(size_t(std::max(k, 1)) * sizeof(int32_t)));
+  d_tok_ = reinterpret_cast<int32_t*>(buf(1));
+  d_pos_ = reinterpret_cast<int64_t*>(buf(2));
+  const char* env = std::getenv("SWIFTLET_GPU_GRAPHS");  // 0: launch kernel by kernel (for comparison)
+  use_graphs_ = !(env && std::string(env) == "0");
+  dev_.resize(size_t(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (!c.is_linear_layer(l)) continue;
+    const size_t conv = size_t((c.linear_conv_kernel_dim - 1) * C);
+    const size_t ssm = size_t(hv) * c.linear_key_head_dim * c.linear_value_head_dim;
+    dev_[size_t(l)].conv = buf(conv);
+    dev_[size_t(l)].ssm = buf(ssm);
+    cu::gpu_memset(dev_[size_t(l)].conv, 0, conv * 4, s_);
+    cu::gpu_memset(dev_[size_t(l)].ssm, 0, ssm * 4, s_);
+  }
+  cu::gpu_sync(s_);
+}
+
+GpuForward::~GpuForward() {
+  cu::gpu_sync(s_);
+  cu::graph_destroy(graph_);
+  for (void* p : bufs_) cu::gpu_free(p);
+  for (auto& d : dev_) {
+    cu::gpu_free(d.k);
+    cu::gpu_free(d.v);
+  }
+  cu::gpu_free_pinned(h_ids_);
+  cu::event_destroy(ids_ready_);
+  cu::event_destroy(group_done_);
+  cu::stream_destroy(s_);
+}
+
+void GpuForward::reserve_kv(int64_t positions) {
+  if (positions <= kv_cap_) return;
+  const int64_t cap = std::max<int64_t>({positions, 2 * kv_cap_, 256});
+  const size_t row = size_t(c_.kv_dim()) * 4;
+  for (int l = 0; l < c_.num_layers; ++l) {
+    if (c_.is_linear_layer(l)) continue;
+    LayerDev& d = dev_[size_t(l)];
+    for (float** p : {&d.k, &d.v}) {
+      auto* n = static_cast<float*>(cu::gpu_alloc(size_t(cap) * row));
+      if (*p) cu::gpu_copy(n, *p, size_t(pos_) * row, s_);
+      cu::gpu_sync(s_);
+      cu::gpu_free(*p);
+      *p = n;
+    }
+  }
+  kv_cap_ = cap;
+}
+
+void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+  SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
+  SWIFTLET_CHECK(st.pos == pos_ || st.pos == 0, "GPU state at {} but the session at {}", pos_, st.pos);
+  if (st.pos == 0 && pos_ != 0) reset(st);
+  logits.clear();
+  const int64_t T = int64_t(tokens.size());
+  if (T == 0) return;
+  for (int32_t id : tokens)
+    if (id < 0 || id >= c_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
+  reserve_kv(pos_ + T);
+  if (mode == LogitsMode::All) logits.resize(size_t(T * c_.vocab_size));
+  for (int64_t t = 0; t < T; ++t) {
+    step(tokens[size_t(t)], pos_);
+    ++pos_;
+    if (mode == LogitsMode::All) logits_to(logits.data() + t * c_.vocab_size);
+  }
+  if (mode == LogitsMode::Last) {
+    logits.resize(size_t(c_.vocab_size));
+    logits_to(logits.data());
+  }
+  cu::gpu_sync(s_);
+  st.pos += T;
+  st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+}
+
+void GpuForward::logits_to(float* host_row) {
+  const int64_t H = c_.hidden_size;
+  cu::rms_norm(h_, g_->final_norm, 1, H, c_.rms_norm_eps, x_, s_);
+  cu::matmul(g_->lm_head, x_, 1, logits_, s_);
+  cu::gpu_download(host_row, logits_, size_t(c_.vocab_size) * 4, s_);
+}
+
+void GpuForward::step(int32_t token, int64_t pos) {
+  cu::set_step(d_tok_, token, d_pos_, pos, s_);
+  if (!(g_->all_resident() && use_graphs_)) {
+    layers();
+    return;
+  }
+  if (!graph_ || graph_kv_cap_ != kv_cap_) {
+    cu::graph_destroy(graph_);
+    cu::graph_capture_begin(s_);
+    layers();
+    graph_ = cu::graph_capture_end(s_);
+    graph_kv_cap_ = kv_cap_;
+  }
+  cu::graph_launch(graph_, s_);
+  g_->count_resident_hits(c_.num_layers * c_.num_experts_per_tok);
+}
+
+void GpuForward::layers() {
+  const int64_t H = c_.hidden_size;
+  cu::dequant_row_at(g_->embed, d_tok_, h_, s_);
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const GpuModel::Layer& lw = g_->layers[size_t(l)];
+    cu::rms_norm(h_, lw.in_norm, 1, H, c_.rms_norm_eps, x_, s_);
+    if (lw.linear)
+      gated_delta_net(l);
+    else
+      gated_attention(l);
+    cu::add_rms_norm(h_, out_, lw.post_norm, H, c_.rms_norm_eps, x_,
+                     s_);  // h += mixer; x = norm(h)
+    sparse_moe(l);         // adds into h_
+  }
+}
+
+void GpuForward::gated_attention(int l) {
+  const GpuModel::Attn& w = g_->layers[size_t(l)].attn;
+  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+  LayerDev& d = dev_[size_t(l)];
+  cu::matmul(w.q, x_, 1, p1_, s_);
+  cu::matmul(w.k, x_, 1, p2_, s_);
+  cu::matmul(w.v, x_, 1, p3_, s_);
+  cu::attn_prep(p1_, p2_, p3_, w.q_norm, w.k_norm, nh, nkv, hd, c_.attn_output_gate, c_.rotary_dim(), 0, d_pos_,
+                c_.rope_theta, c_.rms_norm_eps, q_, gate_, d.k, d.v, s_);
+  cu::attention_decode_at(q_, d.k, d.v, 0, d_pos_, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
+                          c_.attn_output_gate ? gate_ : nullptr, core_, s_);
+  cu::matmul(w.o, core_, 1, out_, s_);
+}
+
+void GpuForward::gated_delta_net(int l) {
+  const GpuModel::Gdn& w = g_->layers[size_t(l)].gdn;
+  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
+  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
+  const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim();
+  LayerDev& d = dev_[size_t(l)];
+  float* b = ba_;
+  float* a = ba_ + hv;
+  if (c_.family == Family::Qwen3Next) {
+    cu::matmul(w.qkvz, x_, 1, p1_, s_);
+    cu::matmul(w.ba, x_, 1, p2_, s_);
+    cu::unpack_deltanet_grouped(p1_, p2_, hk, hv / hk, dk, dv, mixed_, z_, b, a, s_);
+  } else {
+    cu::matmul(w.qkv, x_, 1, mixed_, s_);
+    cu::matmul(w.z, x_, 1, z_, s_);
+    cu::matmul(w.b, x_, 1, b, s_);
+    cu::matmul(w.a, x_, 1, a, s_);
+  }
+  cu::conv1d_silu_step(mixed_, w.conv, d.conv, C, c_.linear_conv_kernel_dim, u_, s_);
+  cu::l2_norm_qk(u_, hk, dk, 1e-6f, 1.0f / std::sqrt(float(dk)),
+                 s_);  // q then k: contiguous in u_
+  cu::delta_rule_step(u_, u_ + kd, u_ + 2 * kd, b, a, w.A_log, w.dt_bias, d.ssm, hk, hv, dk, dv, core_, s_);
+  cu::gated_rms_norm(core_, z_, w.norm, hv, dv, c_.rms_norm_eps, s_);
+  cu::matmul(w.out, core_, 1, out_, s_);
+}
+
+void GpuForward::sparse_moe(int l) {
+  const GpuModel::Layer& w = g_->layers[size_t(l)];
+  const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
+  const int E = c_.num_experts, k = c_.num_experts_per_tok;
+  // Router: softmax, top-k, renormalise (3.10); the ids go to the host while the shared expert
+  // runs.
+  cu::matmul(w.router, x_, 1, router_, s_);
+  cu::router_topk(router_, 1, E, k, c_.norm_topk_prob, ids_, w_, s_);
+  const bool on_device = g_->all_resident();
+  if (!on_device) {
+    cu::gpu_download_async(h_ids_, ids_, size_t(k) * sizeof(int32_t), s_);
+    cu::event_record(ids_ready_, s_);
+  }
+  // Shared expert with its sigmoid gate: h += sigmoid(g x) * down(SiLU(gate x) * up x).
+  cu::matmul(w.sh_gate, x_, 1, sh_, s_);
+  cu::matmul(w.sh_up, x_, 1, su_, s_);
+  cu::matmul(w.sh_expert_gate, x_, 1, sg_, s_);
+  cu::silu_mul(sh_, su_, SI, sh_, s_);
+  cu::matmul(w.sh_down, sh_, 1, sy_, s_);
+  if (on_device) {  // everything in one go: hits are counted per step (this may be a graph capture)
+    const void* const* table = g_->table(l);
+    cu::expert_gate_up(g_->layout(), table, ids_, k, x_, eg_, eu_, s_);
+    cu::silu_mul(eg_, eu_, int64_t(k) * I, eg_, s_);
+    cu::expert_down(g_->layout(), table, ids_, k, eg_, ey_, s_);
+    cu::moe_finish(h_, sy_, sg_, ey_, w_, k, H, s_);
+    return;
+  }
+  cu::add_sigmoid_scaled(h_, sy_, sg_, H, s_);
+
+  // Routed experts: h += sum_i w_i down_i(SiLU(gate_i x) * up_i x).
+  auto compute = [&](int g0, int n) {
+    if (g_->grouped()) {
+      const void* const* table = g_->table(l);
+      cu::expert_gate_up(g_->layout(), table, ids_ + g0, n, x_, eg_, eu_, s_);
+      cu::silu_mul(eg_, eu_, int64_t(n) * I, eg_, s_);
+      cu::expert_down(g_->layout(), table, ids_ + g0, n, eg_, ey_, s_);
+      cu::moe_combine(h_, ey_, w_ + g0, n, H, s_);
+      return;
+    }
+    const cu::ExpertLayout& lay = g_->layout();
+    for (int i = 0; i < n; ++i) {
+      const void* base = g_->slot_of(l, h_ids_[g0 + i]);
+      cu::matmul(at_base(lay.gate, base), x_, 1, eg_, s_);
+      cu::matmul(at_base(lay.up, base), x_, 1, eu_, s_);
+      cu::silu_mul(eg_, eu_, I, eg_, s_);
+      cu::matmul(at_base(lay.down, base), eg_, 1, ey_, s_);
+      cu::axpy(h_, ey_, H, 0.0f, w_ + g0 + i, s_);
+    }
+  };
+  cu::event_sync(ids_ready_);
+  const int group = int(std::min<int64_t>(k, g_->group_limit() > 0 ? g_->group_limit() : k));
+  for (int g0 = 0; g0 < k; g0 += group) {
+    const int n = std::min(group, k - g0);
+    g_->ensure(l, h_ids_ + g0, n, s_, g0 > 0 ? group_done_ : nullptr);
+    compute(g0, n);
+    cu::event_record(group_done_, s_);
+  }
+}
+
+StateSnapshot GpuForward::snapshot(const SessionState& st) {
+  SWIFTLET_CHECK(st.pos == pos_, "GPU state at {} but the session at {}", pos_, st.pos);
+  StateSnapshot s;
+  s.pos = st.pos;
+  s.conv.resize(size_t(c_.num_layers));
+  s.ssm.resize(size_t(c_.num_layers));
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const LayerDev& d = dev_[size_t(l)];
+    if (!d.conv) continue;
+    s.conv[size_t(l)].resize(st.layers[size_t(l)].conv.size());
+    s.ssm[size_t(l)].resize(st.layers[size_t(l)].ssm.size());
+    cu::gpu_download(s.conv[size_t(l)].data(), d.conv, s.conv[size_t(l)].size() * 4, s_);
+    cu::gpu_download(s.ssm[size_t(l)].data(), d.ssm, s.ssm[size_t(l)].size() * 4, s_);
+  }
+  return s;
+}
+
+void GpuForward::restore(SessionState& st, const StateSnapshot& snap) {
+  SWIFTLET_CHECK(snap.pos <= pos_, "snapshot at {} is past the GPU state at {}", snap.pos, pos_);
+  st.restore(snap);  // pos, tokens and the host copy of the recurrent states
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const LayerDev& d = dev_[size_t(l)];
+    if (!d.conv) continue;
+    cu::gpu_upload(d.conv, snap.conv[size_t(l)].data(), snap.conv[size_t(l)].size() * 4, s_);
+    cu::gpu_upload(d.ssm, snap.ssm[size_t(l)].data(), snap.ssm[size_t(l)].size() * 4, s_);
+  }
+  cu::gpu_sync(s_);
+  pos_ = snap.pos;  // the KV cache rows before it are unchanged
+}
+
+void GpuForward::reset(SessionState& st) {
+  st.reset();
+  for (auto& d : dev_) {
+    if (!d.conv) continue;
+    cu::gpu_memset(d.conv, 0, size_t((c_.linear_conv_kernel_dim - 1) * c_.conv_dim()) * 4, s_);
+    cu::gpu_memset(d.ssm, 0, size_t(c_.linear_num_value_heads) * c_.linear_key_head_dim * c_.linear_value_head_dim * 4,
+                   s_);
+  }
+  cu::gpu_sync(s_);
+  pos_ = 0;
+}
+
+}  // namespace
+
+bool gpu_usable(std::string* reason) { return cu::cuda_available(reason); }
+void* gpu_host_alloc(size_t bytes) { return cu::gpu_alloc_pinned(bytes); }
+void gpu_host_free(void* p) { cu::gpu_free_pinned(p); }
+
+std::shared_ptr<GpuModel> make_gpu_model(const Model& m, const GpuOptions& opts, std::string* reason) {
+  std::string why;
+  if (!cu::cuda_available(&why)) {
+    if (reason) *reason = why;
+    return nullptr;
+  }
+  return std::make_shared<GpuModel>(m, opts);
+}
+
+std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g) {
+  return std::make_unique<GpuForward>(std::move(g));
+}
+
+GpuStats gpu_stats(const GpuModel& g) { return g.stats(); }
+
+std::string gpu_summary(const GpuModel& g) {
+  const GpuStats s = g.stats();
+  return fmt::format(
+      "{}: dense weights {:.2f} GB, expert cache {:.2f} GB ({} "
+      "slots of {:.2f} MB{})",
+      cu::device_description(), double(s.dense_bytes) / 1e9, double(s.cache_bytes) / 1e9, s.slots,
+      double(s.slot_bytes) / 1e6, s.all_resident ? ", every expert resident" : "");
+}
+
+}  // namespace swiftlet
+
+#else  // no CUDA in this build
+
+namespace swiftlet {
+
+class GpuModel {};
+
+bool gpu_usable(std::string* reason) {
+  if (reason)
+    *reason =
+        "this swiftlet was built without CUDA (configure with "
+        "-DSWIFTLET_CUDA=ON and nvcc)";
+  return false;
+}
+void* gpu_host_alloc(size_t) { return nullptr; }
+void gpu_host_free(void*) {}
+
+std::shared_ptr<GpuModel> make_gpu_model(const Model&, const GpuOptions&, std::string* reason) {
+  gpu_usable(reason);
+  return nullptr;
+}
+std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel>) { return nullptr; }
+GpuStats gpu_stats(const GpuModel&) { return {}; }
+std::string gpu_summary(const GpuModel&) { return ""; }
+
+}  // namespace swiftlet
+
+#endif

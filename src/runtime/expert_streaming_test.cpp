@@ -1,0 +1,117 @@
+// Streaming experts through a bounded cache changes when bytes are read, never what the model
+// computes: logits are identical from a one-slot cache to one holding every expert, with
+// parallel or serial reads, with or without next-layer prediction. And the RAM budget is
+// turned into a cache size, or refused with the numbers.
+#include "runtime/model_loader.h"
+
+#include "experts/qpack_experts.h"
+#include "format/qpack.h"
+#include "support/test_util.h"
+#include "support/tiny_model.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace swiftlet {
+namespace {
+
+struct ModelRun {
+  std::vector<float> logits;  // prefill's last row, then each decode step's
+  ExpertStats stats;
+  Forward::PredictionStats prediction;
+};
+
+ModelRun run_model(const std::string& path, LoadOptions opts, bool predict) {
+  auto lm = load_model(path, opts);
+  Forward fwd(lm->model, Backend::CpuF32);
+  fwd.set_predict_next(predict);
+  SessionState st = SessionState::create(lm->model.config);
+  std::vector<int32_t> prompt;
+  std::mt19937 rng(11);
+  for (int i = 0; i < 23; ++i) prompt.push_back(int32_t(rng() % 1000));
+  ModelRun r;
+  std::vector<float> row;
+  fwd.run(st, prompt, LogitsMode::Last, row);
+  r.logits = row;
+  int32_t next = 0;
+  for (int step = 0; step < 6; ++step) {
+    next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    fwd.run(st, std::span(&next, 1), LogitsMode::Last, row);
+    r.logits.insert(r.logits.end(), row.begin(), row.end());
+  }
+  r.stats = lm->experts->expert_stats();
+  r.prediction = fwd.prediction_stats();
+  return r;
+}
+
+TEST(ExpertStreaming, LogitsAreIdenticalFromOneSlotToUnlimited) {
+  const std::string path = testing::tiny_qpack_with_tokenizer();
+  const QpackContainer qc = QpackContainer::open(path);
+  const uint64_t stride = qc.layout.expert_stride;
+  LoadOptions all;
+  all.cache_bytes = 0;
+  const ModelRun want = run_model(path, all, false);
+  EXPECT_EQ(want.stats.evictions, 0u);
+  for (IoMode io : {IoMode::Uring, IoMode::Serial})
+    for (uint64_t slots : {1, 2, 7, 40})
+      for (bool predict : {false, true}) {
+        LoadOptions o;
+        o.cache_bytes = slots * stride;
+        o.io = io;
+        const ModelRun got = run_model(path, o, predict);
+        SCOPED_TRACE(::testing::Message() << "slots " << slots << (io == IoMode::Serial ? " serial" : " uring")
+                                          << (predict ? " predict" : ""));
+        ASSERT_EQ(got.logits.size(), want.logits.size());
+        EXPECT_EQ(got.logits, want.logits);  // bit for bit
+        EXPECT_LE(got.stats.cache_bytes, slots * stride);
+        EXPECT_EQ(got.stats.hits + got.stats.misses, want.stats.hits + want.stats.misses);
+        if (slots == 1) EXPECT_GT(got.stats.evictions, 0u);
+        if (predict && io == IoMode::Uring) EXPECT_GT(got.prediction.total, 0u);
+      }
+}
+
+TEST(ExpertStreaming, DefaultCacheIsOneTokensExperts) {
+  const std::string path = testing::tiny_qpack_with_tokenizer();
+  const QpackContainer qc = QpackContainer::open(path);
+  const MemoryPlan p = plan_memory(path, {});
+  const int want = std::min(qc.config.num_experts_per_tok * qc.config.num_layers,
+                            qc.config.num_experts * qc.config.num_layers);
+  EXPECT_EQ(p.cache_experts, want);
+  EXPECT_EQ(p.cache, uint64_t(want) * qc.layout.expert_stride);
+}
+
+TEST(ExpertStreaming, RamBudgetSizesTheCacheOrIsRefusedWithTheNumbers) {
+  const std::string path = testing::tiny_qpack_with_tokenizer();
+  const QpackContainer qc = QpackContainer::open(path);
+  LoadOptions o;
+  o.budget_context = 512;
+  const MemoryPlan base = plan_memory(path, o);
+  const uint64_t fixed = base.resident + base.state + base.buffers + base.runtime;
+  const uint64_t stride = qc.layout.expert_stride;
+  o.ram_budget = fixed + 5 * stride + 10;
+  const MemoryPlan p = plan_memory(path, o);
+  EXPECT_EQ(p.cache_experts, 5);
+  EXPECT_LE(p.resident + p.state + p.buffers + p.runtime + p.cache, o.ram_budget);
+  o.ram_budget = fixed + 100;  // less than one layer's experts
+  const std::string e = testing::error_of([&] { plan_memory(path, o); });
+  EXPECT_NE(e.find("cannot be met"), std::string::npos) << e;
+  EXPECT_NE(e.find("resident weights take"), std::string::npos) << e;
+  EXPECT_NE(e.find("raise the budget to at least"), std::string::npos) << e;
+  // The loader refuses it too, before reading anything.
+  EXPECT_NE(testing::error_of([&] { load_model(path, o); }).find("cannot be met"), std::string::npos);
+}
+
+TEST(ExpertStreaming, ParseBytes) {
+  EXPECT_EQ(parse_bytes("4G", "x"), 4000000000ull);
+  EXPECT_EQ(parse_bytes("3.5GB", "x"), 3500000000ull);
+  EXPECT_EQ(parse_bytes("512M", "x"), 512000000ull);
+  EXPECT_EQ(parse_bytes("2GiB", "x"), 2147483648ull);
+  EXPECT_EQ(parse_bytes("1000", "x"), 1000ull);
+  for (const char* bad : {"", "G", "4Q", "-1G", "four"})
+    EXPECT_NE(testing::error_of([&] { parse_bytes(bad, "--ram-budget"); }).find("--ram-budget"), std::string::npos)
+        << bad;
+}
+
+}  // namespace
+}  // namespace swiftlet
