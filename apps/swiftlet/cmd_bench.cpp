@@ -252,11 +252,12 @@ void run_bench(const BenchOptions& o) {
 
   // The disk first: random reads of whole experts, as decode does them.
   const int k = std::max(1, qc.config.num_experts_per_tok);
+  // This disk's rate varies from minute to minute: it is measured before and after the runs and
+  // the best figure is the bound (the strictest one).
   std::fprintf(stderr, "bench: measuring random expert reads for %.0f s each...\n", o.disk_seconds);
-  const double disk_qd1 = measure_disk(qc, IoMode::Serial, 1, o.disk_seconds);
-  const double disk_qdk = measure_disk(qc, IoMode::Uring, k, o.disk_seconds);
-  const double disk_qd32 = measure_disk(qc, IoMode::Uring, 32, o.disk_seconds);
-  const double disk = std::max(disk_qdk, disk_qd32);
+  double disk_qd1 = measure_disk(qc, IoMode::Serial, 1, o.disk_seconds);
+  double disk_qdk = measure_disk(qc, IoMode::Uring, k, o.disk_seconds);
+  double disk_qd32 = measure_disk(qc, IoMode::Uring, 32, o.disk_seconds);
   if (o.model.threads > 0) ThreadPool::set_global_threads(o.model.threads);
   const double membw = measure_memory_bandwidth();
 
@@ -271,6 +272,11 @@ void run_bench(const BenchOptions& o) {
         rows.push_back(run_config(o, cache, io, depth));
       }
 
+  std::fprintf(stderr, "bench: measuring random expert reads again...\n");
+  disk_qd1 = std::max(disk_qd1, measure_disk(qc, IoMode::Serial, 1, o.disk_seconds));
+  disk_qdk = std::max(disk_qdk, measure_disk(qc, IoMode::Uring, k, o.disk_seconds));
+  disk_qd32 = std::max(disk_qd32, measure_disk(qc, IoMode::Uring, 32, o.disk_seconds));
+  const double disk = std::max({disk_qd1, disk_qdk, disk_qd32});
   const uint64_t stride = qc.layout.expert_stride;
   const std::string first_hash = rows.empty() ? "" : rows[0]["tokens_hash"].get<std::string>();
   bool same = true;
@@ -329,8 +335,9 @@ void run_bench(const BenchOptions& o) {
   std::printf("prompt %d tokens, then %d tokens decoded greedily; backend %s; dense weights: %s%s\n",
               o.prompt_tokens, o.decode, o.model.backend.c_str(), o.model.resident.c_str(),
               o.warm ? "; measured on a second pass (the first one filled the cache)" : "");
-  std::printf("disk, random whole-expert reads (O_DIRECT): %.2f GB/s one at a time (pread), %.2f GB/s with %d in "
-              "flight (io_uring), %.2f GB/s with 32 in flight\n", disk_qd1, disk_qdk, k, disk_qd32);
+  std::printf("disk, random whole-expert reads (O_DIRECT), best of before and after the runs: %.2f GB/s one at a "
+              "time (pread), %.2f GB/s with %d in flight (io_uring), %.2f GB/s with 32 in flight\n",
+              disk_qd1, disk_qdk, k, disk_qd32);
   std::printf("disk bound = %.2f GB/s / bytes read per decoded token at the hit rate measured\n\n", disk);
   std::printf("%s\n", table.c_str());
   std::printf("compute: memory read bandwidth %.1f GB/s (measured now); memory bound = that / weight bytes one token "
