@@ -41,6 +41,8 @@ void ModelFlags::add(CLI::App* cmd) {
   cmd->add_option("--context", context, "context length the RAM budget leaves room for (default 4096)");
   cmd->add_option("--io", io, "expert reads: uring (parallel, overlapping compute; default) or serial");
   cmd->add_option("--resident", resident, "dense weights: populate (mapped and read at start, default), map (read lazily) or read (into private memory)");
+  cmd->add_flag("--chunked-prefill", chunked_prefill,
+                "prompts: run the DeltaNet layers in the chunked form (results differ from token by token by rounding)");
   cmd->add_option("--predict-next", predict_next,
                   "decode: guess the experts of the next N layers with their routers and start reading them early "
                   "(default 1; 0: off)");
@@ -68,6 +70,7 @@ EngineOptions ModelFlags::engine_options() const {
   o.load.verify_experts = !no_verify;
   apply_cache_flags(o.load, cache_gb, cache_mb, ram_budget, io, context);
   o.predict_next = predict_next;
+  o.chunked_prefill = chunked_prefill;
   o.load.resident = parse_residency(resident);
   apply_gpu_flags(o, gpu, gpu_cache_gb);
   return o;

@@ -24,6 +24,7 @@ struct ModelFlags {
   std::string cache_gb, cache_mb, ram_budget, io = "uring", resident = "populate";
   int64_t context = 4096;
   int predict_next = 1;
+  bool chunked_prefill = false;
   bool gpu = false;          // --gpu
   std::string gpu_cache_gb;  // --gpu-cache-gb
   void add(CLI::App* cmd);

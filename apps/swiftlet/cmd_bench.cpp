@@ -91,6 +91,15 @@ void run_child(const BenchOptions& o) {
   Forward::Profile p = session->forward().profile();
   const double steps = std::max<double>(1, double(g.generated_tokens - 1));
   auto per_token_ms = [&](double a, double b) { return (a - b) / steps * 1e3; };
+  const double pt = std::max<double>(1, double(prompt.size()));
+  const Forward::Profile& pp = prefill_profile;
+  const json prefill = {{"attention_ms", pp.attention / pt * 1e3},
+                        {"delta_net_ms", pp.delta_net / pt * 1e3},
+                        {"router_shared_ms", pp.router_shared / pt * 1e3},
+                        {"expert_compute_ms", pp.expert_compute / pt * 1e3},
+                        {"expert_acquire_ms", pp.expert_acquire / pt * 1e3},
+                        {"lm_head_ms", pp.lm_head / pt * 1e3},
+                        {"total_ms", prefill_s / pt * 1e3}};
   const json profile = {{"attention_ms", per_token_ms(p.attention, prefill_profile.attention)},
                         {"delta_net_ms", per_token_ms(p.delta_net, prefill_profile.delta_net)},
                         {"router_shared_ms", per_token_ms(p.router_shared, prefill_profile.router_shared)},
@@ -129,6 +138,7 @@ void run_child(const BenchOptions& o) {
             {"cache_experts", plan.cache_experts},
             {"tokens_hash", fmt::format("{:016x}", h)},
             {"profile", profile},
+            {"prefill_profile", prefill},
             {"bytes_touched_per_token", touched},
             {"tokens", res.tokens}};
   std::printf("%s\n", j.dump().c_str());
@@ -212,6 +222,7 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   a += " --resident " + m.resident;
   a += fmt::format(" --predict-next {}", predict);
   if (o.warm) a += " --warm";
+  if (m.chunked_prefill) a += " --chunked-prefill";
   if (cache == "all") a += " --cache-gb all";
   else if (cache.rfind("budget:", 0) == 0) a += " --ram-budget " + cache.substr(7);
   else if (cache != "default") a += fmt::format(" --cache-mb {}", double(parse_bytes(cache, "--cache")) / 1e6);
@@ -291,6 +302,9 @@ void run_bench(const BenchOptions& o) {
       "decode", "mem-bnd", "%mem", "attn", "gdn", "rt+sh", "expert", "wait", "lmhead", "token");
   compute += fmt::format("{:<12} {:<6} {:<5} {:>8} {:>9} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n", "", "",
                          "", "tok/s", "tok/s", "", "ms", "ms", "ms", "ms", "ms", "ms", "ms");
+  std::string prefill_rows = fmt::format("{:<12} {:<6} {:<5} {:>8} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n",
+                                         "cache", "io", "pred", "prefill", "attn", "gdn", "rt+sh", "expert", "wait",
+                                         "lmhead", "token");
   for (json& r : rows) {
     const double tokens = std::max(1.0, double(r["decode_tokens"].get<int64_t>() - 1));
     const double decode_s = r["decode_s"].get<double>();
@@ -315,6 +329,13 @@ void run_bench(const BenchOptions& o) {
     (void)tokens;
     const double mem_bound = membw * 1e9 / double(r["bytes_touched_per_token"].get<uint64_t>());
     r["memory_bound_tok_s"] = mem_bound;
+    const json& pp = r["prefill_profile"];
+    prefill_rows += fmt::format(
+        "{:<12} {:<6} {:<5} {:>8.2f} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>7.2f}\n", cache,
+        r["io"].get<std::string>(), pred_name(r["predict"].get<int>()), r["prefill_tok_s"].get<double>(),
+        pp["attention_ms"].get<double>(), pp["delta_net_ms"].get<double>(), pp["router_shared_ms"].get<double>(),
+        pp["expert_compute_ms"].get<double>(), pp["expert_acquire_ms"].get<double>(), pp["lm_head_ms"].get<double>(),
+        pp["total_ms"].get<double>());
     const json& pf = r["profile"];
     compute += fmt::format(
         "{:<12} {:<6} {:<5} {:>8.2f} {:>9.2f} {:>6.1f} | {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>7.1f}\n",
@@ -343,6 +364,7 @@ void run_bench(const BenchOptions& o) {
   std::printf("compute: memory read bandwidth %.1f GB/s (measured now); memory bound = that / weight bytes one token "
               "reads (dense matrices + top-k experts per layer). Decode time per token by part:\n\n%s\n",
               membw, compute.c_str());
+  std::printf("prefill time per prompt token by part (ms):\n\n%s\n", prefill_rows.c_str());
   std::printf("every configuration generated the same %d tokens: %s\n", o.decode, same ? "yes" : "NO");
   std::printf("note: random-weight models route almost uniformly, so these hit rates are a worst case; real "
               "models reuse experts far more.\n");

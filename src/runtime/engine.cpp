@@ -106,6 +106,7 @@ const Tokenizer& Engine::require_tokenizer() const {
 std::unique_ptr<Session> Engine::new_session(SessionOptions opts) const {
   opts.backend = opts_.backend;
   opts.predict_next = opts_.predict_next;
+  opts.chunked_prefill = opts_.chunked_prefill;
   opts.gpu = gpu_;
   return std::make_unique<Session>(model(), tokenizer(), opts);
 }

@@ -22,6 +22,7 @@ struct EngineOptions {
   LoadOptions load;
   int threads = 0;        // 0: all cores
   int predict_next = 1;  // see SessionOptions::predict_next
+  bool chunked_prefill = false;  // see SessionOptions::chunked_prefill
   // Decode on the GPU (CUDA builds; without a usable GPU a line says so and the CPU runs).
   bool gpu = false;
   size_t gpu_cache_bytes = 0;  // VRAM for routed experts; 0: what is free less 2 GiB

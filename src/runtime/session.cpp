@@ -46,6 +46,7 @@ Session::Session(const Model& model, const Tokenizer* tokenizer, SessionOptions 
     : model_(model), tokenizer_(tokenizer), opts_(opts), forward_(model, opts.backend),
       gpu_forward_(opts.gpu ? make_gpu_forward(opts.gpu) : nullptr), state_(SessionState::create(model.config)) {
   forward_.set_predict_next(opts.predict_next);
+  forward_.set_chunked_prefill(opts.chunked_prefill);
 }
 
 void Session::run_forward(std::span<const int32_t> tokens, LogitsMode mode) {
