@@ -137,8 +137,12 @@ TEST_F(QpackSource, EveryIoModeAndBudgetServesTheSameBytes) {
       const ExpertStats st = src.expert_stats();
       EXPECT_EQ(st.hits + st.misses, 60u * uint64_t(std::min(3, src.max_batch())));
       EXPECT_GE(st.bytes_read, st.misses * stride());
-      if (slots == 0) EXPECT_EQ(st.evictions, 0u);
-      if (slots == 1) EXPECT_EQ(st.hits, 0u);
+      if (slots == 0) {
+        EXPECT_EQ(st.evictions, 0u);
+      }
+      if (slots == 1) {
+        EXPECT_EQ(st.hits, 0u);
+      }
     }
 }
 
@@ -249,7 +253,9 @@ TEST_F(QpackSource, FallsBackToBufferedReadsWhereODirectIsRefused) {
   ::testing::internal::CaptureStderr();
   QpackExperts src(qc);
   const std::string err = ::testing::internal::GetCapturedStderr();
-  if (src.reader().buffered()) EXPECT_NE(err.find("O_DIRECT"), std::string::npos) << err;
+  if (src.reader().buffered()) {
+    EXPECT_NE(err.find("O_DIRECT"), std::string::npos) << err;
+  }
   ExpertWeights w[1];
   const int32_t id[1] = {6};
   src.acquire(3, id, w);

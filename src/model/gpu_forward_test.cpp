@@ -46,15 +46,7 @@ float max_abs_diff(std::span<const float> a, std::span<const float> b) {
 
 int32_t argmax(std::span<const float> v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
 
-std::vector<std::string> fixtures() {
-  std::vector<std::string> out;
-  const std::string root = swiftlet::testing::source_path("tests/data/fixtures");
-  if (!fs::exists(root)) return out;
-  for (const auto& e : fs::directory_iterator(root))
-    if (fs::exists(e.path() / "reference.json")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<std::string> fixtures() { return swiftlet::testing::fixture_names(); }
 
 // Prompt: a fixed spread of ids over the vocabulary (0 and V-1 included, one repeated).
 std::vector<int32_t> prompt_for(const ModelConfig& c) {

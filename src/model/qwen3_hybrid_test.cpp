@@ -54,15 +54,7 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-std::vector<std::string> fixtures() {
-  std::vector<std::string> out;
-  const std::string root = swiftlet::testing::source_path("tests/data/fixtures");
-  if (!fs::exists(root)) return out;
-  for (const auto& e : fs::directory_iterator(root))
-    if (fs::exists(e.path() / "reference.json")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<std::string> fixtures() { return swiftlet::testing::fixture_names(); }
 
 class FixtureTest : public ::testing::TestWithParam<std::tuple<std::string, Backend>> {};
 

@@ -66,8 +66,12 @@ TEST(ExpertStreaming, LogitsAreIdenticalFromOneSlotToUnlimited) {
         EXPECT_EQ(got.logits, want.logits);  // bit for bit
         EXPECT_LE(got.stats.cache_bytes, slots * stride);
         EXPECT_EQ(got.stats.hits + got.stats.misses, want.stats.hits + want.stats.misses);
-        if (slots == 1) EXPECT_GT(got.stats.evictions, 0u);
-        if (predict && io == IoMode::Uring) EXPECT_GT(got.prediction.total, 0u);
+        if (slots == 1) {
+          EXPECT_GT(got.stats.evictions, 0u);
+        }
+        if (predict && io == IoMode::Uring) {
+          EXPECT_GT(got.prediction.total, 0u);
+        }
       }
 }
 
