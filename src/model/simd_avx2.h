@@ -2,18 +2,15 @@
 // Include only from translation units compiled with -mavx2 -mfma; callers check the CPU first.
 #pragma once
 
+#include "kernels/cpu/avx2_util.h"
+
 #include <immintrin.h>
 
 #include <cstdint>
 
 namespace swiftlet::simd {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+using avx2::hsum;
 
 // e^x for 8 floats, relative error ~2e-7 over the float range. Range reduction
 // x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for exactness), then a degree-6 polynomial

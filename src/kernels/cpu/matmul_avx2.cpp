@@ -1,5 +1,7 @@
 #include "kernels/cpu/matmul_avx2.h"
 
+#include "kernels/cpu/avx2_util.h"
+
 #include "core/error.h"
 
 #include <immintrin.h>
@@ -17,29 +19,6 @@ bool cpu_has_avx2() {
 }
 
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
-inline float load_scale(DType t, const void* base, int64_t i) {
-  switch (t) {
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::F16: return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
-}
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p, bool bf16) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if (bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  return _mm256_cvtph_ps(h);
-}
 
 // Dot of one affine row with one prepared activation row.
 template <int Bits>

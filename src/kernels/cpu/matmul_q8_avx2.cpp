@@ -10,6 +10,8 @@
 // Decode (n = 1) is memory bound: rows streamed one after another (4-bit: software prefetch).
 #include "kernels/cpu/matmul_avx2.h"
 
+#include "kernels/cpu/avx2_util.h"
+
 #include "core/error.h"
 
 #include <immintrin.h>
@@ -33,14 +35,6 @@ constexpr int64_t kBlock = 64;  // activations are quantised per 64 values
 constexpr int64_t kPrefetch = 4096;
 
 inline int64_t pad8(int64_t v) { return (v + 7) & ~int64_t(7); }
-
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -102,20 +96,6 @@ void quantize_block(const float* x, bool nibble_order, int8_t* out, float& d_out
   d_out = d;
   sum_out = hsum(sum);
   qsum128_out = 128.0f * float(hsum_i32(isum));
-}
-
-inline __m256 load8(const uint16_t* p, bool bf16) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if (bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  return _mm256_cvtph_ps(h);
-}
-
-inline float load_scale(DType t, const void* base, int64_t i) {
-  switch (t) {
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::F16: return _cvtsh_ss(static_cast<const uint16_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
 }
 
 // Scales (or biases) of activation blocks [b0, b0 + nj) of one row as floats; a group of
