@@ -115,8 +115,10 @@ void QpackExperts::acquire(int layer, std::span<const int32_t> experts, std::spa
                  max_batch_);
   const auto t0 = Clock::now();
   bool waited = false;
-  std::vector<int> slots(experts.size(), -1);
-  // Pins everything pinned by this call, so an error leaves the cache as it was.
+  std::vector<int>& slots = acquiring_;
+  slots.assign(experts.size(), -1);
+  // Unpins what this call pinned and drops slots whose read failed, so an error leaves the cache
+  // as it was.
   auto give_up = [&](size_t n) {
     for (size_t i = 0; i < n; ++i) {
       const int s = slots[i];

@@ -77,6 +77,7 @@ class QpackExperts : public ExpertSource {
   std::vector<uint8_t> speculative_;  // [slot] read for a prediction, not used yet
   std::vector<std::string> errors_;   // [slot] why its read failed (while pinned)
   std::vector<int> pinned_;           // slots acquired and not released
+  std::vector<int> acquiring_;        // scratch: the slots of the acquire() under way
   std::vector<ReadDone> done_;        // scratch
   int in_flight_ = 0;
   int registered_ = 0;                // slots below this were offered to the reader

@@ -42,37 +42,46 @@ uint64_t resident_bytes(const TensorSet& ts, const ModelConfig& c) {
 
 }  // namespace
 
+ModelSummary summarize_qpack(const QpackContainer& qc) {
+  ModelSummary s;
+  s.path = qc.dir;
+  s.qpack = true;
+  s.source = qc.manifest.source_checkpoint;
+  s.checksums = qc.checksums.has_value();
+  s.config = qc.config;
+  s.resident_bytes = fs::file_size(qc.path("model.safetensors"));
+  s.streamed_bytes = uint64_t(qc.layout.layer_count) * uint64_t(qc.layout.expert_count) * qc.layout.expert_stride;
+  s.expert_bytes = qc.layout.payload();
+  s.expert_stride = qc.layout.expert_stride;
+  s.expert_format = qc.layout.projection_format(0, qc.config).describe();
+  const ProjectionFormat down = qc.layout.projection_format(2, qc.config);
+  if (!(down == qc.layout.projection_format(0, qc.config))) s.expert_format += ", down_proj " + down.describe();
+  s.quantization = default_quant(s.config.quant);
+  s.eight_bit_modules = count_eight_bit(s.config.quant);
+  return s;
+}
+
 ModelSummary summarize_model(const std::string& path) {
+  if (looks_like_qpack(path)) {
+    ModelSummary s = summarize_qpack(QpackContainer::open(path));
+    s.path = path;
+    return s;
+  }
   ModelSummary s;
   s.path = path;
-  if (looks_like_qpack(path)) {
-    const QpackContainer qc = QpackContainer::open(path);
-    s.qpack = true;
-    s.source = qc.manifest.source_checkpoint;
-    s.checksums = qc.checksums.has_value();
-    s.config = qc.config;
-    s.resident_bytes = fs::file_size(qc.path("model.safetensors"));
-    s.streamed_bytes = uint64_t(qc.layout.layer_count) * uint64_t(qc.layout.expert_count) * qc.layout.expert_stride;
-    s.expert_bytes = qc.layout.payload();
-    s.expert_stride = qc.layout.expert_stride;
-    s.expert_format = qc.layout.projection_format(0, qc.config).describe();
-    const ProjectionFormat down = qc.layout.projection_format(2, qc.config);
-    if (!(down == qc.layout.projection_format(0, qc.config))) s.expert_format += ", down_proj " + down.describe();
-  } else {
-    if (!fs::is_directory(path)) fail("'{}' is neither a .qpack container nor a checkpoint directory", path);
-    s.config = ModelConfig::load((fs::path(path) / "config.json").string());
-    const TensorSet ts = TensorSet::open_dir(path);
-    s.resident_bytes = resident_bytes(ts, s.config);
-    for (const auto& name : ts.names()) {
-      if (name.starts_with("mtp.")) continue;
-      if (name.find(".mlp.experts.") != std::string::npos || name.find(".mlp.switch_mlp.") != std::string::npos)
-        s.streamed_bytes += ts.get(name).nbytes;
-    }
-    const uint64_t n = uint64_t(s.config.num_layers) * uint64_t(s.config.num_experts);
-    s.expert_bytes = n ? s.streamed_bytes / n : 0;
-    s.expert_stride = s.expert_bytes;
-    s.expert_format = s.config.quant.quantized() ? default_quant(s.config.quant) : "float (as stored)";
+  if (!fs::is_directory(path)) fail("'{}' is neither a .qpack container nor a checkpoint directory", path);
+  s.config = ModelConfig::load((fs::path(path) / "config.json").string());
+  const TensorSet ts = TensorSet::open_dir(path);
+  s.resident_bytes = resident_bytes(ts, s.config);
+  for (const auto& name : ts.names()) {
+    if (name.starts_with("mtp.")) continue;
+    if (name.find(".mlp.experts.") != std::string::npos || name.find(".mlp.switch_mlp.") != std::string::npos)
+      s.streamed_bytes += ts.get(name).nbytes;
   }
+  const uint64_t n = uint64_t(s.config.num_layers) * uint64_t(s.config.num_experts);
+  s.expert_bytes = n ? s.streamed_bytes / n : 0;
+  s.expert_stride = s.expert_bytes;
+  s.expert_format = s.config.quant.quantized() ? default_quant(s.config.quant) : "float (as stored)";
   s.quantization = default_quant(s.config.quant);
   s.eight_bit_modules = count_eight_bit(s.config.quant);
   return s;

@@ -9,6 +9,8 @@
 
 namespace swiftlet {
 
+struct QpackContainer;
+
 struct ModelSummary {
   std::string path;
   bool qpack = false;
@@ -26,6 +28,8 @@ struct ModelSummary {
 
 // Reads a .qpack (checks its structure) or a checkpoint directory. Throws Error.
 ModelSummary summarize_model(const std::string& path);
+// The same for a container already open.
+ModelSummary summarize_qpack(const QpackContainer& qc);
 
 struct RamEstimate {
   uint64_t resident = 0;      // dense weights (mapped) + their fp32 copies

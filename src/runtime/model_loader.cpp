@@ -71,7 +71,10 @@ void apply_cache_flags(LoadOptions& load, const std::string& cache_gb, const std
 }
 
 MemoryPlan plan_memory(const std::string& path, const LoadOptions& opts) {
-  const ModelSummary s = summarize_model(path);
+  return plan_memory(summarize_model(path), opts);
+}
+
+MemoryPlan plan_memory(const ModelSummary& s, const LoadOptions& opts) {
   const ModelConfig& c = s.config;
   const RamEstimate r = estimate_peak_ram(s, 0, opts.budget_context, opts.budget_prompt);
   MemoryPlan p;
@@ -116,7 +119,7 @@ std::unique_ptr<LoadedModel> load_qpack(const std::string& path, const LoadOptio
   lm->tensors = std::make_unique<TensorSet>(TensorSet::open_files({qc.path("model.safetensors")}, opts.resident));
   const NameScheme names = NameScheme::detect(*lm->tensors, lm->model.config);
   lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names);
-  lm->memory = plan_memory(path, opts);
+  lm->memory = plan_memory(summarize_qpack(qc), opts);
   QpackExpertsOptions eo;
   eo.verify = opts.verify_experts;
   eo.cache_bytes = std::max<uint64_t>(lm->memory.cache, qc.layout.expert_stride);

@@ -7,6 +7,7 @@
 #include "experts/expert_reader.h"
 #include "io/mapped_file.h"
 #include "model/qwen3_hybrid.h"
+#include "runtime/model_info.h"
 
 #include <memory>
 #include <optional>
@@ -57,6 +58,7 @@ struct LoadOptions {
 
 // The plan for a .qpack under `opts` (throws Error when the budget cannot be met).
 MemoryPlan plan_memory(const std::string& qpack_path, const LoadOptions& opts);
+MemoryPlan plan_memory(const ModelSummary& qpack, const LoadOptions& opts);
 // The command-line flags --cache-gb (a number or "all"), --cache-mb, --ram-budget, --io and
 // --context (each "" when not given) into `load`. Throws Error for bad or conflicting values.
 void apply_cache_flags(LoadOptions& load, const std::string& cache_gb, const std::string& cache_mb,
