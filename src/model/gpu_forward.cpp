@@ -37,22 +37,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
 // Offsets, in a slot, of one matrix uploaded by upload_matrix_to at the slot's start + `at`.
-cu::GpuMatrix layout_at(const QMatrix& w, size_t at) {
-  cu::GpuMatrix g;
-  g.format = w.format;
-  g.rows = w.rows;
-  g.cols = w.cols;
-  g.bits = w.bits;
-  g.group_size = w.group_size;
-  g.scale_dtype = w.scale_dtype;
-  const size_t db = align256(cu::matrix_data_bytes(w)), sb = align256(cu::matrix_scale_bytes(w));
-  g.data = reinterpret_cast<const void*>(at);
-  if (w.format == WeightFormat::Affine) {
-    g.scales = reinterpret_cast<const void*>(at + db);
-    g.biases = reinterpret_cast<const void*>(at + db + sb);
-  }
-  return g;
-}
+cu::GpuMatrix layout_at(const QMatrix& w, size_t at) { return cu::matrix_layout(w, reinterpret_cast<const void*>(at)); }
 
 // The same matrix with offsets taken from where a blob's views point.
 cu::GpuMatrix layout_in_blob(const QMatrix& w, const uint8_t* blob) {

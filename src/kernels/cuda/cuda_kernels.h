@@ -83,6 +83,9 @@ size_t matrix_device_bytes(const QMatrix& w);
 // The same into memory the caller provides (matrix_device_bytes(w), 256-byte aligned), e.g. a
 // slot of a VRAM expert cache.
 GpuMatrix upload_matrix_to(const QMatrix& w, void* d_dst, GpuStream s = nullptr);
+// Where upload_matrix_to(w, d_base) puts w's parts: data at d_base, then scales and biases,
+// each 256-byte aligned. Pure arithmetic (no CUDA call), so a base of 0 gives offsets.
+GpuMatrix matrix_layout(const QMatrix& w, const void* d_base);
 
 // out[c] = W[row][c] as fp32 (the embedding lookup; affine: scale * q + bias).
 void dequant_row(const GpuMatrix& w, int64_t row, float* d_out, GpuStream s = nullptr);

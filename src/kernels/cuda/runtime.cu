@@ -143,9 +143,7 @@ size_t matrix_scale_bytes(const QMatrix& w) {
   return size_t(w.rows) * size_t(w.cols / w.group_size) * scale_size(w.scale_dtype);
 }
 
-GpuMatrix upload_matrix_to(const QMatrix& w, void* d_dst, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(w.format != WeightFormat::Affine || w.scale_dtype == DType::BF16 ||
-                        w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32);
+GpuMatrix matrix_layout(const QMatrix& w, const void* d_base) {
   GpuMatrix g;
   g.format = w.format;
   g.rows = w.rows;
@@ -153,17 +151,24 @@ GpuMatrix upload_matrix_to(const QMatrix& w, void* d_dst, GpuStream s) {
   g.bits = w.bits;
   g.group_size = w.group_size;
   g.scale_dtype = w.scale_dtype;
-  char* p = static_cast<char*>(d_dst);
-  const size_t db = matrix_data_bytes(w), sb = matrix_scale_bytes(w);
-  gpu_upload(p, w.data, db, s);
-  g.data = p;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(d_base);
+  const size_t db = align_up(matrix_data_bytes(w)), sb = align_up(matrix_scale_bytes(w));
+  g.data = d_base;
   if (w.format == WeightFormat::Affine) {
-    char* ps = p + align_up(db);
-    char* pb = ps + align_up(sb);
-    gpu_upload(ps, w.scales, sb, s);
-    gpu_upload(pb, w.biases, sb, s);
-    g.scales = ps;
-    g.biases = pb;
+    g.scales = reinterpret_cast<const void*>(base + db);
+    g.biases = reinterpret_cast<const void*>(base + db + sb);
+  }
+  return g;
+}
+
+GpuMatrix upload_matrix_to(const QMatrix& w, void* d_dst, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(w.format != WeightFormat::Affine || w.scale_dtype == DType::BF16 ||
+                        w.scale_dtype == DType::F16 || w.scale_dtype == DType::F32);
+  const GpuMatrix g = matrix_layout(w, d_dst);
+  gpu_upload(const_cast<void*>(g.data), w.data, matrix_data_bytes(w), s);
+  if (w.format == WeightFormat::Affine) {
+    gpu_upload(const_cast<void*>(g.scales), w.scales, matrix_scale_bytes(w), s);
+    gpu_upload(const_cast<void*>(g.biases), w.biases, matrix_scale_bytes(w), s);
   }
   return g;
 }
