@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops_ref.h"
+#include "model/activations.h"
 #include "model/attention.h"
 #include "model/delta_net.h"
 
@@ -377,7 +378,7 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
   k_.matmul(w.shared_gate_proj, x, T, sh);
   k_.matmul(w.shared_up_proj, x, T, su);
   k_.matmul(w.shared_expert_gate, x, T, sg);
-  for (int64_t i = 0; i < T * SI; ++i) sh[i] = ref::silu(sh[i]) * su[i];
+  act::silu_mul(sh, su, T * SI, fast_);
   k_.matmul(w.shared_down_proj, sh, T, out);
   for (int64_t t = 0; t < T; ++t) {
     const float s = ref::sigmoid(sg[t]);
@@ -415,7 +416,7 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
     for (int64_t j = 0; j < nt; ++j) std::copy(x + list[size_t(j)].first * H, x + (list[size_t(j)].first + 1) * H, xe + j * H);
     k_.matmul(ew.gate, xe, nt, he);
     k_.matmul(ew.up, xe, nt, ue);
-    for (int64_t j = 0; j < nt * I; ++j) he[j] = ref::silu(he[j]) * ue[j];
+    act::silu_mul(he, ue, nt * I, fast_);
     k_.matmul(ew.down, he, nt, yall + first_row[size_t(ids[i])] * H);
     if ((i + 1) % batch == 0 || i + 1 == ids.size()) m_.experts->release(li);
   }

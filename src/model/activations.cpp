@@ -1,0 +1,24 @@
+#include "model/activations.h"
+
+#include "kernels/cpu/matmul_avx2.h"
+#include "kernels/cpu/ops_ref.h"
+
+namespace swiftlet::act {
+
+namespace avx2 {  // activations_avx2.cpp (built with -mavx2 -mfma); call only when the CPU has them
+void silu_mul(float* g, const float* u, int64_t n);
+}
+
+namespace {
+bool has_avx2() {
+  static const bool has = swiftlet::avx2::cpu_has_avx2();
+  return has;
+}
+}  // namespace
+
+void silu_mul(float* g, const float* u, int64_t n, bool fast) {
+  if (fast && has_avx2()) return avx2::silu_mul(g, u, n);
+  for (int64_t i = 0; i < n; ++i) g[i] = ref::silu(g[i]) * u[i];
+}
+
+}  // namespace swiftlet::act
