@@ -86,5 +86,24 @@ TEST(CliErrors, BadInputsExitNonZeroWithAMessage) {
   EXPECT_NE(r.out.find("unknown backend"), std::string::npos) << r.out;
 }
 
+// swiftlet-server takes the same model flags as `swiftlet` (one registration): bad values are
+// refused before it listens, with the message the CLI gives.
+TEST(CliErrors, ServerRefusesBadModelFlagsBeforeListening) {
+  const std::string model = " --model " + fixture_dir("next_8l") + " --port 0";
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : {Case{" --gpu-cache-gb 2", "--gpu-cache-gb needs --gpu"},
+                        Case{" --io fast", "--io"}, Case{" --resident maybe", "unknown residency"},
+                        Case{" --cache-gb lots", "--cache-gb"}, Case{" --backend tpu", "unknown backend"}}) {
+    // `timeout`: a server that accepted the flags would listen until killed.
+    const CmdResult r =
+        swiftlet::testing::run_command("timeout 60 " + bin_path("swiftlet-server") + model + c.args + " 2>&1");
+    EXPECT_EQ(r.status, 1) << c.args << ": " << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
+    EXPECT_EQ(r.out.find("listening"), std::string::npos) << c.args << ": " << r.out;
+  }
+}
+
 }  // namespace
 }  // namespace swiftlet

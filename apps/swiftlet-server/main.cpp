@@ -6,7 +6,7 @@
 // Listens at once (GET /health answers 503 while the model loads) and prints
 // "listening on http://HOST:PORT" on stdout; --port 0 picks a free port.
 #include "core/error.h"
-#include "kernels/cpu/kernels.h"
+#include "model_flags.h"
 #include "server/engine_worker.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
@@ -33,29 +33,12 @@ std::string default_model_id(const std::string& path) {
 
 int serve(int argc, char** argv) {
   CLI::App app{"swiftlet-server: OpenAI-compatible server for Qwen3-Next / Qwen3.5-MoE models"};
-  std::string model, tokenizer, backend = "cpu", alias;
-  int threads = 0;
-  bool no_verify = false;
+  swiftlet::cli::ModelFlags mf;
+  std::string alias;
   swiftlet::server::ServerOptions so;
   swiftlet::server::WorkerOptions wo;
   double max_body_mb = double(so.max_body_bytes) / (1 << 20);
-  app.add_option("--model,-m", model, "checkpoint directory or .qpack container")->required();
-  app.add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
-  app.add_option("--backend", backend, "cpu (default) or reference");
-  app.add_option("--threads", threads, "compute threads (default: all cores)");
-  app.add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
-  std::string cache_gb, cache_mb, ram_budget, io = "uring";
-  int predict_next = 1;
-  app.add_option("--cache-gb", cache_gb, "expert cache size in GB, or 'all' (default: one token's experts, top-k x layers)");
-  app.add_option("--cache-mb", cache_mb, "expert cache size in MB");
-  app.add_option("--ram-budget", ram_budget, "size the expert cache so the server fits in this much RAM, e.g. 4G");
-  app.add_option("--io", io, "expert reads: uring (parallel, overlapping compute; default) or serial");
-  app.add_option("--predict-next", predict_next,
-                 "decode: guess the next N layers' experts with their routers and read them early (default 1; 0: off)");
-  bool gpu = false;
-  std::string gpu_cache_gb;
-  app.add_flag("--gpu", gpu, "decode on an NVIDIA GPU (CUDA builds; falls back to the CPU without one)");
-  app.add_option("--gpu-cache-gb", gpu_cache_gb, "VRAM for routed experts, in GB (default: all free GPU memory less 2 GiB)");
+  mf.add(&app, swiftlet::cli::FlagSet::Server);
   app.add_option("--alias", alias, "model name to serve under (default: the model's file name)");
   app.add_option("--host", so.host, "address to listen on; anything but loopback should come with --api-key")
       ->capture_default_str();
@@ -75,17 +58,10 @@ int serve(int argc, char** argv) {
 
   so.max_body_bytes = size_t(max_body_mb * (1 << 20));
   so.http_threads = std::max<int>(so.http_threads, int(wo.max_queue) + 8);
-  wo.engine.model = model;
-  wo.engine.tokenizer = tokenizer;
-  wo.engine.backend = swiftlet::parse_backend(backend);
-  wo.engine.threads = threads;
-  wo.engine.load.verify_experts = !no_verify;
-  wo.engine.predict_next = predict_next;
-  // Every kept conversation holds a KV cache of up to --ctx tokens.
-  swiftlet::apply_cache_flags(wo.engine.load, cache_gb, cache_mb, ram_budget, io,
-                              wo.max_context * std::max(1, int(wo.sessions)));
-  wo.engine.gpu = gpu;
-  if (!gpu_cache_gb.empty()) wo.engine.gpu_cache_bytes = swiftlet::parse_bytes(gpu_cache_gb + "G", "--gpu-cache-gb");
+  // Every kept conversation holds a KV cache of up to --ctx tokens: the RAM budget leaves room
+  // for all of them.
+  mf.context = wo.max_context * std::max(1, int(wo.sessions));
+  wo.engine = mf.engine_options();
 
   if (!swiftlet::server::is_loopback_host(so.host) && so.api_key.empty())
     std::fprintf(stderr,
@@ -104,10 +80,10 @@ int serve(int argc, char** argv) {
 
   swiftlet::server::Metrics metrics;
   swiftlet::server::EngineWorker worker(wo, metrics);
-  swiftlet::server::Routes routes(worker, metrics, {alias.empty() ? default_model_id(model) : alias});
+  swiftlet::server::Routes routes(worker, metrics, {alias.empty() ? default_model_id(mf.model) : alias});
   swiftlet::server::HttpServer server(routes, metrics, so);
   const int port = server.bind();
-  std::printf("swiftlet-server: listening on http://%s:%d (loading %s)\n", so.host.c_str(), port, model.c_str());
+  std::printf("swiftlet-server: listening on http://%s:%d (loading %s)\n", so.host.c_str(), port, mf.model.c_str());
   std::fflush(stdout);
 
   std::atomic<bool> finished{false};

@@ -28,54 +28,6 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag) {
   return ids;
 }
 
-void ModelFlags::add(CLI::App* cmd) {
-  cmd->add_option("model", model, "checkpoint directory or .qpack container")->required();
-  cmd->add_option("--backend", backend, "cpu (fast kernels, default) or reference (scalar fp32 oracle)");
-  cmd->add_option("--threads", threads, "worker threads (default: all cores)");
-  cmd->add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
-  cmd->add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
-  cmd->add_option("--cache-gb", cache_gb, "expert cache size in GB, or 'all' (default: one token's experts, top-k x layers)");
-  cmd->add_option("--cache-mb", cache_mb, "expert cache size in MB");
-  cmd->add_option("--ram-budget", ram_budget,
-                  "size the expert cache so the whole process fits in this much RAM, e.g. 4G (refused if it cannot)");
-  cmd->add_option("--context", context, "context length the RAM budget leaves room for (default 4096)");
-  cmd->add_option("--io", io, "expert reads: uring (parallel, overlapping compute; default) or serial");
-  cmd->add_option("--resident", resident, "dense weights: populate (mapped and read at start, default), map (read lazily) or read (into private memory)");
-  cmd->add_flag("--chunked-prefill", chunked_prefill,
-                "prompts: run the DeltaNet layers in the chunked form (results differ from token by token by rounding)");
-  cmd->add_option("--predict-next", predict_next,
-                  "decode: guess the experts of the next N layers with their routers and start reading them early "
-                  "(default 1; 0: off)");
-  cmd->add_flag("--gpu", gpu, "decode on an NVIDIA GPU (CUDA builds; falls back to the CPU without one)");
-  cmd->add_option("--gpu-cache-gb", gpu_cache_gb,
-                  "VRAM for routed experts, in GB (default: all free GPU memory less 2 GiB)");
-}
-
-void apply_gpu_flags(EngineOptions& o, bool gpu, const std::string& gpu_cache_gb) {
-  if (!gpu_cache_gb.empty() && !gpu) fail("--gpu-cache-gb needs --gpu");
-  o.gpu = gpu;
-  if (!gpu_cache_gb.empty()) {
-    o.gpu_cache_bytes = parse_bytes(gpu_cache_gb + "G", "--gpu-cache-gb");
-    if (o.gpu_cache_bytes == 0) fail("--gpu-cache-gb must be positive (leave it out for all free GPU memory)");
-  }
-}
-
-
-EngineOptions ModelFlags::engine_options() const {
-  EngineOptions o;
-  o.model = model;
-  o.tokenizer = tokenizer;
-  o.backend = parse_backend(backend);
-  o.threads = threads;
-  o.load.verify_experts = !no_verify;
-  apply_cache_flags(o.load, cache_gb, cache_mb, ram_budget, io, context);
-  o.predict_next = predict_next;
-  o.chunked_prefill = chunked_prefill;
-  o.load.resident = parse_residency(resident);
-  apply_gpu_flags(o, gpu, gpu_cache_gb);
-  return o;
-}
-
 void SamplingFlags::add(CLI::App* cmd) {
   o_temperature = cmd->add_option("--temperature", temperature, "sampling temperature (0: greedy)");
   o_top_k = cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: off)");

@@ -1,6 +1,7 @@
 // Small helpers shared by the subcommands: id lists, the model and sampling flags, statistics.
 #pragma once
 
+#include "model_flags.h"
 #include "runtime/engine.h"
 
 #include <CLI/CLI.hpp>
@@ -14,25 +15,6 @@ namespace swiftlet::cli {
 
 // "5,17,42" -> {5, 17, 42}. Throws Error naming the bad entry.
 std::vector<int32_t> parse_id_list(const std::string& s, const char* flag);
-
-// MODEL, --backend, --threads, --tokenizer, --no-verify, and the expert cache and IO flags
-// --cache-gb, --cache-mb, --ram-budget, --io, --predict-next.
-struct ModelFlags {
-  std::string model, backend = "cpu", tokenizer;
-  int threads = 0;
-  bool no_verify = false;
-  std::string cache_gb, cache_mb, ram_budget, io = "uring", resident = "populate";
-  int64_t context = 4096;
-  int predict_next = 1;
-  bool chunked_prefill = false;
-  bool gpu = false;          // --gpu
-  std::string gpu_cache_gb;  // --gpu-cache-gb
-  void add(CLI::App* cmd);
-  EngineOptions engine_options() const;
-};
-
-// --gpu and --gpu-cache-gb into `o` (shared with swiftlet-server). Throws Error.
-void apply_gpu_flags(EngineOptions& o, bool gpu, const std::string& gpu_cache_gb);
 
 // --temperature, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty,
 // --frequency-penalty, --seed, --greedy: each overrides the model's generation_config.json.

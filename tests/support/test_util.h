@@ -17,9 +17,8 @@ struct CmdResult {
   std::string out;  // stdout, and stderr too unless stdout_only
 };
 
-// Runs build/bin/EXE ARGS through the shell.
-inline CmdResult run_binary(const std::string& exe, const std::string& args, bool stdout_only = false) {
-  const std::string cmd = bin_path(exe) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
+// Runs a shell command line; its stdout (and whatever the line redirects there) and exit status.
+inline CmdResult run_command(const std::string& cmd) {
   CmdResult r{-1, ""};
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -29,6 +28,11 @@ inline CmdResult run_binary(const std::string& exe, const std::string& args, boo
   const int st = pclose(p);
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+// Runs build/bin/EXE ARGS through the shell.
+inline CmdResult run_binary(const std::string& exe, const std::string& args, bool stdout_only = false) {
+  return run_command(bin_path(exe) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1"));
 }
 
 // The message of the swiftlet::Error that f() throws, or "(no error)".
