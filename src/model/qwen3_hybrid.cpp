@@ -85,8 +85,13 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.input_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
     auto t0 = ProfileClock::now();
-    if (lw.linear) gated_delta_net(l, st.layers[size_t(l)], T);
-    else gated_attention(l, st.layers[size_t(l)], pos0, T);
+    for (int64_t s0 = 0; s0 < T; s0 += kMixerChunk) {  // in order: the KV cache and DeltaNet state advance
+      const int64_t n = std::min(kMixerChunk, T - s0);
+      const float* x = x_.data() + s0 * H;
+      float* out = out_.data() + s0 * H;
+      if (lw.linear) gated_delta_net(l, st.layers[size_t(l)], n, x, out);
+      else gated_attention(l, st.layers[size_t(l)], pos0 + s0, n, x, out);
+    }
     auto t1 = ProfileClock::now();
     (lw.linear ? profile_.delta_net : profile_.attention) += seconds_between(t0, t1);
     for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
@@ -113,6 +118,7 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
 void Forward::rope_tables(int64_t pos0, int64_t T) {
   // As transformers: inv_freq and the angle in fp32, then cos/sin (model-spec.md 3.2 step 4).
   const int rot = c_.rotary_dim(), half = rot / 2;
+  rope_pos0_ = pos0;
   float* cs = grow(cos_, size_t(T * half));
   float* sn = grow(sin_, size_t(T * half));
   for (int i = 0; i < half; ++i) {
@@ -125,7 +131,7 @@ void Forward::rope_tables(int64_t pos0, int64_t T) {
   }
 }
 
-void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T) {
+void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T, const float* x, float* out) {
   const AttentionWeights& w = m_.weights.layers[size_t(li)].attn;
   const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
   const int rot = c_.rotary_dim(), half = rot / 2;
@@ -135,9 +141,9 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T) {
   float* P = grow(proj_, size_t(T * qrows));
   float* Kp = grow(proj2_, size_t(T * kvd));
   float* Vp = grow(proj3_, size_t(T * kvd));
-  k_.matmul(w.q_proj, x_.data(), T, P);
-  k_.matmul(w.k_proj, x_.data(), T, Kp);
-  k_.matmul(w.v_proj, x_.data(), T, Vp);
+  k_.matmul(w.q_proj, x, T, P);
+  k_.matmul(w.k_proj, x, T, Kp);
+  k_.matmul(w.v_proj, x, T, Vp);
 
   float* q = grow(q_, size_t(T * od));
   float* gate = grow(gate_, size_t(T * od));
@@ -145,8 +151,8 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T) {
   st.k.resize(size_t(n_pos * kvd));
   st.v.resize(size_t(n_pos * kvd));
   for (int64_t t = 0; t < T; ++t) {
-    const float* cs = cos_.data() + t * half;
-    const float* sn = sin_.data() + t * half;
+    const float* cs = cos_.data() + (pos0 - rope_pos0_ + t) * half;
+    const float* sn = sin_.data() + (pos0 - rope_pos0_ + t) * half;
     // q_proj rows are per head [query (hd) | gate (hd)] when gated (model-spec.md 3.2 step 1).
     for (int j = 0; j < nh; ++j) {
       const float* src = P + t * qrows + int64_t(j) * hd * (gated ? 2 : 1);
@@ -168,7 +174,7 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T) {
   if (fast_) {
     attn::attend({nh, nkv, hd}, {T, pos0, q, od, st.k.data(), st.v.data(), kvd, 1.0f / std::sqrt(float(hd)), o, od});
     if (gated) attn::sigmoid_gate(o, gate, T * od);
-    k_.matmul(w.o_proj, o, T, out_.data());
+    k_.matmul(w.o_proj, o, T, out);
     return;
   }
   float* sc = grow(scores_, size_t(n_pos));
@@ -196,10 +202,10 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T) {
     if (gated)
       for (int64_t i = 0; i < od; ++i) o[t * od + i] *= ref::sigmoid(gate[t * od + i]);
   }
-  k_.matmul(w.o_proj, o, T, out_.data());
+  k_.matmul(w.o_proj, o, T, out);
 }
 
-void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
+void Forward::gated_delta_net(int li, LayerState& st, int64_t T, const float* x, float* out) {
   const DeltaNetWeights& w = m_.weights.layers[size_t(li)].gdn;
   const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
   const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
@@ -213,8 +219,8 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
     const int64_t prow = 2 * kd + 2 * vd;
     float* P = grow(proj_, size_t(T * prow));
     float* R = grow(proj2_, size_t(T * 2 * hv));
-    k_.matmul(w.in_proj_qkvz, x_.data(), T, P);
-    k_.matmul(w.in_proj_ba, x_.data(), T, R);
+    k_.matmul(w.in_proj_qkvz, x, T, P);
+    k_.matmul(w.in_proj_ba, x, T, R);
     for (int64_t t = 0; t < T; ++t) {
       unpack_qkvz_grouped(c_, P + t * prow, mixed + t * C, z + t * vd);
       unpack_ba_grouped(c_, R + t * 2 * hv, ba + t * 2 * hv, ba + t * 2 * hv + hv);
@@ -222,10 +228,10 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
   } else {
     float* B = grow(proj2_, size_t(T * hv));
     float* A = grow(proj3_, size_t(T * hv));
-    k_.matmul(w.in_proj_qkv, x_.data(), T, mixed);
-    k_.matmul(w.in_proj_z, x_.data(), T, z);
-    k_.matmul(w.in_proj_b, x_.data(), T, B);
-    k_.matmul(w.in_proj_a, x_.data(), T, A);
+    k_.matmul(w.in_proj_qkv, x, T, mixed);
+    k_.matmul(w.in_proj_z, x, T, z);
+    k_.matmul(w.in_proj_b, x, T, B);
+    k_.matmul(w.in_proj_a, x, T, A);
     for (int64_t t = 0; t < T; ++t) {
       std::copy(B + t * hv, B + (t + 1) * hv, ba + t * 2 * hv);
       std::copy(A + t * hv, A + (t + 1) * hv, ba + t * 2 * hv + hv);
@@ -233,7 +239,7 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
   }
 
   if (fast_) {
-    delta_net_fast(w, st, T);
+    delta_net_fast(w, st, T, out);
     return;
   }
   float* u = grow(u_, size_t(C));
@@ -289,12 +295,12 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T) {
       for (int j = 0; j < dv; ++j) o[j] *= ref::silu(zh[j]);
     }
   }
-  k_.matmul(w.out_proj, core, T, out_.data());
+  k_.matmul(w.out_proj, core, T, out);
 }
 
 // The fast backends' DeltaNet after the input projections: the conv and norms vectorised, the
 // delta rule fused per token for decode and in chunks of 64 (WY/UT form, 3.8) for prefill.
-void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T) {
+void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T, float* out) {
   const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
   const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
   const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
@@ -331,7 +337,7 @@ void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T
   else gdn::delta_rule_recurrent(shape, db, st.ssm.data());
   for (int64_t t = 0; t < T; ++t)
     gdn::gated_rms_norm(core + t * vd, z_.data() + t * vd, w.norm.data(), hv, dv, c_.rms_norm_eps);
-  k_.matmul(w.out_proj, core, T, out_.data());
+  k_.matmul(w.out_proj, core, T, out);
 }
 
 void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {

@@ -26,6 +26,14 @@ struct Model {
 
 enum class LogitsMode { None, Last, All };
 
+// Prompt tokens per Forward::run call (Session splits longer prompts). Each call routes all of
+// its tokens at once, layer by layer, so a routed expert is acquired once per layer per call:
+// with experts streamed from disk, a prompt of up to this many tokens reads each expert it
+// needs once. Inside a call the token mixers (attention, DeltaNet) run kMixerChunk tokens at a
+// time, which bounds their buffers; only the MoE's buffers grow with the whole call.
+inline constexpr int kPrefillChunk = 1024;
+inline constexpr int64_t kMixerChunk = 256;
+
 // Routing decisions of one MoE layer for one token, for statistics and tests.
 struct RouteRecord {
   int layer;
@@ -84,9 +92,10 @@ class Forward {
   void reset_profile() { profile_ = {}; }
 
  private:
-  void gated_attention(int layer, LayerState& st, int64_t pos0, int64_t T);
-  void gated_delta_net(int layer, LayerState& st, int64_t T);
-  void delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T);
+  // The token mixers over T tokens at positions pos0.. : input rows x ([T][H]), output rows out.
+  void gated_attention(int layer, LayerState& st, int64_t pos0, int64_t T, const float* x, float* out);
+  void gated_delta_net(int layer, LayerState& st, int64_t T, const float* x, float* out);
+  void delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T, float* out);
   void sparse_moe(int layer, int64_t pos0, int64_t T);
   void rope_tables(int64_t pos0, int64_t T);
   void predict_next_layer(int layer, std::span<const int32_t> actual);
@@ -101,7 +110,7 @@ class Forward {
   std::vector<float> layer_outputs_;
   std::vector<RouteRecord> routes_;
 
-  // Activations, row-major with T rows. Shapes in comments.
+  // Activations, row-major with T rows (the mixers' with at most kMixerChunk). Shapes in comments.
   std::vector<float> h_;        // [T][H] residual stream
   std::vector<float> x_;        // [T][H] normed block input
   std::vector<float> out_;      // [T][H] block output
@@ -115,7 +124,8 @@ class Forward {
   std::vector<float> gate_;     // [T][attn_out_dim] attention output gate
   std::vector<float> q_;        // [T][attn_out_dim] normed, roped queries
   std::vector<float> scores_;   // [positions]
-  std::vector<float> cos_, sin_;  // [T][rotary_dim / 2]
+  std::vector<float> cos_, sin_;  // [T][rotary_dim / 2] for positions rope_pos0_..
+  int64_t rope_pos0_ = 0;
   std::vector<float> u_;        // [conv_dim] one token after conv + SiLU
   std::vector<float> tmp_;      // [max dim] scratch
   std::vector<float> router_;   // [T][experts]

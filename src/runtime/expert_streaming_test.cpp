@@ -4,6 +4,8 @@
 // turned into a cache size, or refused with the numbers.
 #include "runtime/model_loader.h"
 
+#include "runtime/session.h"
+
 #include "experts/qpack_experts.h"
 #include "format/qpack.h"
 #include "support/test_util.h"
@@ -73,6 +75,42 @@ TEST(ExpertStreaming, LogitsAreIdenticalFromOneSlotToUnlimited) {
           EXPECT_GT(got.prediction.total, 0u);
         }
       }
+}
+
+// A prompt goes through the model in calls of up to kPrefillChunk tokens, each routing all its
+// tokens layer by layer, so a streamed expert is read once per layer for the whole prompt (not
+// once per 256-token piece, as when the mixers' chunk was also the MoE's); the mixers run in
+// kMixerChunk pieces inside the call, and the result is the same bits as feeding the prompt in
+// small pieces.
+TEST(ExpertStreaming, LongPromptReadsEachExpertOncePerLayer) {
+  const std::string path = testing::tiny_qpack_with_tokenizer();
+  const QpackContainer qc = QpackContainer::open(path);
+  const int64_t P = 2 * kMixerChunk + 77;
+  ASSERT_LE(P, kPrefillChunk);
+  std::vector<int32_t> prompt;
+  std::mt19937 rng(5);
+  for (int64_t i = 0; i < P; ++i) prompt.push_back(int32_t(rng() % 1000));
+  auto prefill = [&](int chunk, uint64_t slots) {
+    LoadOptions o;
+    o.cache_bytes = slots * qc.layout.expert_stride;
+    auto lm = load_model(path, o);
+    SessionOptions so;
+    so.backend = Backend::CpuF32;
+    so.prefill_chunk = chunk;
+    Session s(lm->model, nullptr, so);
+    s.prepare(prompt);
+    return std::make_pair(s.last_logits(), lm->experts->expert_stats());
+  };
+  const auto [whole, whole_stats] = prefill(kPrefillChunk, 1);
+  const uint64_t layer_experts = uint64_t(qc.config.num_layers) * uint64_t(qc.config.num_experts);
+  EXPECT_LE(whole_stats.misses, layer_experts);  // one read per (layer, expert) at most
+  EXPECT_EQ(whole_stats.hits + whole_stats.misses, whole_stats.misses);  // one acquire each
+  const auto [pieces, piece_stats] = prefill(100, 1);
+  EXPECT_GT(piece_stats.misses, 2 * whole_stats.misses);  // six calls: experts read again each time
+  ASSERT_EQ(pieces.size(), whole.size());
+  EXPECT_EQ(pieces, whole);  // bit for bit
+  const auto [unlimited, unlimited_stats] = prefill(kPrefillChunk, layer_experts);
+  EXPECT_EQ(unlimited, whole);
 }
 
 TEST(ExpertStreaming, DefaultCacheIsOneTokensExperts) {

@@ -45,7 +45,7 @@ struct LoadOptions {
   std::optional<uint64_t> cache_bytes;
   uint64_t ram_budget = 0;       // whole-process budget; refused with the numbers if unmeetable
   int64_t budget_context = 4096;  // context length the budget leaves room for
-  int64_t budget_prompt = 256;    // prompt tokens processed at once (prefill chunk)
+  int64_t budget_prompt = kPrefillChunk;  // prompt tokens processed at once (Session's prefill chunk)
   IoMode io = IoMode::Uring;
   // How the dense weights of a .qpack come into memory. Populate: measured on the 35B-shaped
   // container from a cold page cache, loading took 0.71 s (read: 0.70 s, map: 1.48 s) with the

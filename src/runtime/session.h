@@ -60,7 +60,7 @@ using TokenCallback = std::function<bool(std::string_view text, int32_t token)>;
 
 struct SessionOptions {
   Backend backend = Backend::Cpu;
-  int prefill_chunk = 256;  // prompt tokens per forward call (bounds activation memory)
+  int prefill_chunk = kPrefillChunk;  // prompt tokens per forward call (model/qwen3_hybrid.h)
   int max_snapshots = 2;    // DeltaNet snapshots kept for prefix reuse
   int64_t max_context = 0;  // 0: the model's limit is not enforced here
   int predict_next = 1;  // decode: layers ahead whose guessed experts are read early (0: off)
