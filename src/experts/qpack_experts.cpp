@@ -115,6 +115,10 @@ void QpackExperts::acquire(int layer, std::span<const int32_t> experts, std::spa
                  max_batch_);
   const auto t0 = Clock::now();
   bool waited = false;
+  // Land what has finished so the reader starts the reads queued behind its depth: a prefill
+  // prefetches a whole layer's experts, and the disk would idle while the ready ones are
+  // computed if completions were only looked at when acquire has to wait.
+  if (in_flight_ > 0) collect(false);
   std::vector<int>& slots = acquiring_;
   slots.assign(experts.size(), -1);
   // Unpins what this call pinned and drops slots whose read failed, so an error leaves the cache
