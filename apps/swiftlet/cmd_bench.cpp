@@ -169,7 +169,16 @@ void run_child(const BenchOptions& o) {
             {"profile", profile},
             {"prefill_profile", prefill},
             {"bytes_touched_per_token", touched},
-            {"tokens", res.tokens}};
+            {"tokens", res.tokens},
+            {"on_gpu", g.on_gpu}};
+  if (g.on_gpu)
+    j["gpu"] = {{"hits", g.gpu.hits},
+                {"misses", g.gpu.misses},
+                {"bytes_uploaded", g.gpu.bytes_uploaded},
+                {"upload_gb_s", g.gpu.upload_gb_s()},
+                {"dense_bytes", g.gpu.dense_bytes},
+                {"cache_bytes", g.gpu.cache_bytes},
+                {"all_resident", g.gpu.all_resident}};
   // The memory bandwidth again, from this process right after its decode (the host's bandwidth
   // drifts; the parent takes the best figure of all as the bound). Peak RSS is recorded above,
   // so this buffer does not count in it.
@@ -226,6 +235,8 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   a += fmt::format(" --predict-next {}", predict);
   if (o.warm) a += " --warm";
   if (m.chunked_prefill) a += " --chunked-prefill";
+  if (m.gpu) a += " --gpu";
+  if (!m.gpu_cache_gb.empty()) a += " --gpu-cache-gb " + m.gpu_cache_gb;
   if (cache == "all") a += " --cache-gb all";
   else if (cache.rfind("budget:", 0) == 0) a += " --ram-budget " + cache.substr(7);
   else if (cache != "default") a += fmt::format(" --cache-mb {}", double(parse_bytes(cache, "--cache")) / 1e6);
@@ -373,6 +384,26 @@ void run_bench(const BenchOptions& o) {
               "layer). Decode time per token by part:\n\n%s\n",
               membw, membw_before, after.c_str(), compute.c_str());
   std::printf("prefill time per prompt token by part (ms):\n\n%s\n", prefill_rows.c_str());
+  std::string gpu_rows;
+  for (const json& r : rows) {
+    if (!r.value("on_gpu", false)) continue;
+    const json& gj = r["gpu"];
+    const uint64_t gh = gj["hits"], gm = gj["misses"];
+    gpu_rows += fmt::format("{:<12} {:<6} {:<5} {:>8.2f} {:>9.2f} {:>9.2f} {:>7.1f} {:>10.1f} {:>10.2f}\n",
+                            r["cache"].get<std::string>(), r["io"].get<std::string>(),
+                            pred_name(r["predict"].get<int>()), r["decode_tok_s"].get<double>(),
+                            double(gj["dense_bytes"].get<uint64_t>()) / 1e9,
+                            double(gj["cache_bytes"].get<uint64_t>()) / 1e9,
+                            gh + gm ? 100.0 * double(gh) / double(gh + gm) : 0.0,
+                            double(gj["bytes_uploaded"].get<uint64_t>()) / 1e6 /
+                                double(std::max<int64_t>(1, r["decode_tokens"].get<int64_t>())),
+                            gj["upload_gb_s"].get<double>());
+  }
+  if (!gpu_rows.empty())
+    std::printf("GPU runs (the CPU profile above does not apply to them): VRAM used by the dense weights and the "
+                "expert cache, the VRAM cache's hit rate, and uploads from the host per generated token:\n\n"
+                "%-12s %-6s %-5s %8s %9s %9s %7s %10s %10s\n%s\n",
+                "cache", "io", "pred", "decode", "denseGB", "cacheGB", "hit%", "upMB/tok", "upGB/s", gpu_rows.c_str());
   std::printf("every configuration generated the same %d tokens: %s\n", o.decode, same ? "yes" : "NO");
   std::printf("note: random-weight models route almost uniformly, so these hit rates are a worst case; real "
               "models reuse experts far more.\n");
