@@ -47,6 +47,7 @@ class QpackExperts : public ExpertSource {
   void predict(int layer, std::span<const int32_t> experts) override;
   bool ready(int layer, int expert) const override;
   bool wants_predictions() const override { return io_ != IoMode::Serial; }
+  int capacity() const override { return cache_.capacity(); }
   void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) override;
   void release(int layer) override;
   ExpertStats expert_stats() const override;

@@ -50,6 +50,8 @@ class ExpertSource {
   virtual void predict(int /*layer*/, std::span<const int32_t> /*experts*/) {}
   // Whether predict() does anything (a streaming source): else the model skips predicting.
   virtual bool wants_predictions() const { return false; }
+  // How many experts the source can hold in memory at once (0: no limit).
+  virtual int capacity() const { return 0; }
   // Whether acquire() would find the expert in memory now (the compute takes those first).
   virtual bool ready(int /*layer*/, int /*expert*/) const { return true; }
   // Makes `experts` of `layer` available and fills `out` (same order). Views stay valid until

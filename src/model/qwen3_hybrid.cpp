@@ -98,6 +98,19 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
     sparse_moe(l, pos0, T);
+    // A prompt of many tokens routes to nearly every expert of every layer (each is missed with
+    // probability ~e^-(T k / E)): start reading the next layer's now, so the reads overlap its
+    // token mixer instead of waiting for its router. Only when the cache holds a whole layer:
+    // else those reads would push out one another before they are used.
+    const int cap = m_.experts->capacity();
+    if (l + 1 < c_.num_layers && T * c_.num_experts_per_tok >= 4 * int64_t(c_.num_experts) &&
+        m_.experts->wants_predictions() && (cap == 0 || cap >= c_.num_experts)) {
+      if (all_experts_.size() != size_t(c_.num_experts)) {
+        all_experts_.resize(size_t(c_.num_experts));
+        std::iota(all_experts_.begin(), all_experts_.end(), 0);
+      }
+      m_.experts->predict(l + 1, all_experts_);
+    }
     for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
     if (capture_) std::copy(h, h + T * H, layer_outputs_.begin() + l * T * H);
   }

@@ -132,6 +132,7 @@ class Forward {
   std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I]; outputs [T*top_k][H]
   std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]
   std::vector<int32_t> ids_;      // experts the chunk routes to, in compute order
+  std::vector<int32_t> all_experts_;  // 0 .. E-1: a long prompt's read-ahead of the next layer
   std::vector<int64_t> expert_rows_;  // [expert] first row of its outputs in ye_
   int predict_next_ = 0;
   std::vector<int32_t> predicted_;  // guess for layer predicted_layer_
