@@ -97,13 +97,15 @@ RamEstimate estimate_peak_ram(const ModelSummary& s, int64_t cache_experts, int6
   r.expert_cache = uint64_t(std::max<int64_t>(0, cache_experts)) * s.expert_stride;
   r.kv_cache = uint64_t(c.kv_bytes_per_token()) * uint64_t(std::max<int64_t>(0, context));
   r.linear_state = uint64_t(c.linear_state_bytes());
-  // Per prompt token of a forward call: residual, normed input and output, router logits,
-  // shared expert and the routed experts' gathers and outputs (fp32); the token mixers' widest
+  // Per prompt token of a forward call: residual, normed input and output, router logits, the
+  // shared expert, the routed experts' outputs (top-k rows) and, at worst (one expert taking
+  // every token), one expert's gathered input and activations (fp32); the token mixers' widest
   // projections, DeltaNet channels and attention rows only for kMixerChunk tokens at a time
   // (Forward::run); plus one row of logits.
   const int64_t widest = std::max(c.q_proj_rows(), 2 * c.linear_key_dim() + 2 * c.linear_value_dim());
   const int64_t per_token = 3 * c.hidden_size + c.num_experts + 4 * c.shared_expert_intermediate_size +
-                            int64_t(c.num_experts_per_tok) * (2 * c.hidden_size + 2 * c.moe_intermediate_size);
+                            int64_t(c.num_experts_per_tok) * c.hidden_size + c.hidden_size +
+                            2 * c.moe_intermediate_size;
   const int64_t per_mixer_token =
       widest + 2 * c.kv_dim() + c.conv_dim() + 3 * c.linear_value_dim() + 2 * c.attn_out_dim();
   const int64_t tokens = std::max<int64_t>(1, prompt);
