@@ -51,7 +51,7 @@ TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
   // which a chaotic random-weight model amplifies (checked layer by layer elsewhere).
   const bool quantised = GetParam().find("mlx") != std::string::npos;
   const std::string fast = quantised ? " --backend cpu-f32" : "";
-  for (const std::string mode : {fast, " --decode" + fast, std::string(" --backend reference")}) {
+  for (const std::string& mode : {fast, " --decode" + fast, std::string(" --backend reference")}) {
     CmdResult r = run("logits " + dir + " --tokens " + join(tokens, ",") + " --out " + out + mode);
     ASSERT_EQ(r.status, 0) << r.out;
     auto got = read_f32(out);
