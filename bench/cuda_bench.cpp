@@ -4,6 +4,7 @@
 // Usage: swiftlet_bench_cuda [iterations]
 #include "kernels/cuda/cuda_kernels.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -108,6 +109,142 @@ void bench_expert(int iters) {
   gpu_free(od);
 }
 
+
+// The fused decode kernels at Qwen3-Next-80B shapes. `copies` rotating copies of the weights keep
+// each call's bytes out of the L2 (60 MB) where the total allows; GB/s counts weight bytes only.
+void bench_fused(int iters, double copy_gbs) {
+  struct Shape {
+    const char* name;
+    std::vector<int64_t> rows;
+    int64_t cols;
+    bool norm, add;
+  };
+  const Shape shapes[] = {{"qkvz+ba", {12288, 64}, 2048, true, false},
+                          {"q+k+v", {8192, 512, 512}, 2048, true, false},
+                          {"out (+=)", {2048}, 4096, false, true},
+                          {"router+gate", {512, 1}, 2048, true, false},
+                          {"lm_head", {151936}, 2048, true, false},
+                          {"q4 65536x8192", {65536}, 8192, false, false}};
+  for (const Shape& sh : shapes) {
+    size_t bytes = 0;
+    std::vector<Matrix> hs;
+    for (int64_t r : sh.rows) {
+      hs.push_back(make_matrix(WeightFormat::Affine, 4, r, sh.cols));
+      bytes += matrix_data_bytes(hs.back().m) + 2 * matrix_scale_bytes(hs.back().m);
+    }
+    const int copies = int(std::max<size_t>(1, std::min<size_t>(8, (size_t(400) << 20) / bytes)));
+    std::vector<void*> owners;
+    std::vector<std::vector<MatvecSegment>> segs(static_cast<size_t>(copies));
+    int64_t max_rows = 0;
+    for (int64_t r : sh.rows) max_rows = std::max(max_rows, r);
+    float* dx = static_cast<float*>(gpu_alloc(size_t(sh.cols) * 4));
+    float* dn = static_cast<float*>(gpu_alloc(size_t(sh.cols) * 4));
+    float* dxo = static_cast<float*>(gpu_alloc(size_t(sh.cols) * 4));
+    std::vector<float> x(size_t(sh.cols), 0.01f);
+    gpu_upload(dx, x.data(), x.size() * 4);
+    gpu_upload(dn, x.data(), x.size() * 4);
+    std::vector<float*> ys;
+    for (size_t i = 0; i < sh.rows.size(); ++i) {
+      ys.push_back(static_cast<float*>(gpu_alloc(size_t(sh.rows[i]) * 4)));
+      gpu_memset(ys.back(), 0, size_t(sh.rows[i]) * 4);
+    }
+    for (int c = 0; c < copies; ++c)
+      for (size_t i = 0; i < hs.size(); ++i) {
+        void* o = nullptr;
+        segs[size_t(c)].push_back({upload_matrix(hs[i].m, &o), ys[i], sh.add});
+        owners.push_back(o);
+      }
+    int call = 0;
+    const double ms = gpu_time_ms(
+        [&] {
+          const auto& sg = segs[size_t(call++ % copies)];
+          fused_matvec(sg.data(), int(sg.size()), dx, sh.norm ? dn : nullptr, 1e-6f, dxo);
+        },
+        iters * 5);
+    const double gbs = double(bytes) / (ms * 1e-3) / 1e9;
+    std::printf("fused_matvec %-14s %7.1f MB  %7.1f us  %6.0f GB/s (%2.0f%% of copy)%s\n", sh.name, double(bytes) / 1e6,
+                ms * 1e3, gbs, 100.0 * gbs / copy_gbs, copies == 1 ? "  [L2-resident]" : "");
+    for (void* o : owners) gpu_free(o);
+    for (float* y : ys) gpu_free(y);
+    gpu_free(dx);
+    gpu_free(dn);
+    gpu_free(dxo);
+  }
+
+  // Routed experts: 10 of a pool of 320 (560 MB) per call, plus the shared expert.
+  const int pool = 320, k = 10;
+  Matrix gate = make_matrix(WeightFormat::Affine, 4, 512, 2048), down = make_matrix(WeightFormat::Affine, 4, 2048, 512);
+  const size_t gb = matrix_device_bytes(gate.m), db = matrix_device_bytes(down.m), slot = 2 * gb + db;
+  auto* arena = static_cast<uint8_t*>(gpu_alloc(slot * pool));
+  std::vector<const void*> table(static_cast<size_t>(pool));
+  ExpertLayout lay;
+  for (int e = 0; e < pool; ++e) {
+    uint8_t* base = arena + size_t(e) * slot;
+    table[size_t(e)] = base;
+    const GpuMatrix g = upload_matrix_to(gate.m, base), u = upload_matrix_to(gate.m, base + gb),
+                    d = upload_matrix_to(down.m, base + 2 * gb);
+    auto rel = [&](GpuMatrix m) {
+      auto off = [&](const void* p) { return reinterpret_cast<const void*>(static_cast<const uint8_t*>(p) - base); };
+      m.data = off(m.data);
+      m.scales = off(m.scales);
+      m.biases = off(m.biases);
+      return m;
+    };
+    lay = {rel(g), rel(u), rel(d)};
+  }
+  auto* d_table = static_cast<const void**>(gpu_alloc(pool * sizeof(void*)));
+  gpu_upload(d_table, table.data(), pool * sizeof(void*));
+  std::vector<int32_t> ids(static_cast<size_t>(pool));
+  for (int i = 0; i < pool; ++i) ids[size_t(i)] = (i * 37) % pool;
+  auto* d_ids = static_cast<int32_t*>(gpu_alloc(ids.size() * 4));
+  gpu_upload(d_ids, ids.data(), ids.size() * 4);
+  void *og = nullptr, *ou = nullptr, *od = nullptr;
+  float* dlogit = static_cast<float*>(gpu_alloc(4));
+  gpu_memset(dlogit, 0, 4);
+  const SharedExpert shared{upload_matrix(gate.m, &og), upload_matrix(gate.m, &ou), upload_matrix(down.m, &od), dlogit};
+  float* dx = static_cast<float*>(gpu_alloc(2048 * 4));
+  float* dh = static_cast<float*>(gpu_alloc(2048 * 4));
+  float* dw = static_cast<float*>(gpu_alloc(16 * 4));
+  float* dact = static_cast<float*>(gpu_alloc(size_t(k + 1) * 512 * 4));
+  gpu_memset(dx, 0, 2048 * 4);
+  gpu_memset(dh, 0, 2048 * 4);
+  gpu_memset(dw, 0, 16 * 4);
+  const double ebytes = double(k + 1) * double(2 * gate.data.size() + 4 * gate.scales.size() + down.data.size() +
+                                               2 * down.scales.size());
+  int call = 0;
+  const double act_ms = gpu_time_ms(
+      [&] { expert_act(lay, d_table, d_ids + k * (call++ % (pool / k)), k, &shared, dx, dact); }, iters * 5);
+  call = 0;
+  const double down_ms = gpu_time_ms(
+      [&] { expert_down_add(lay, d_table, d_ids + k * (call++ % (pool / k)), dw, k, &shared, dact, dh); }, iters * 5);
+  std::printf("expert_act (10 + shared)  %7.1f us  %6.0f GB/s\n", act_ms * 1e3, ebytes * 2 / 3 / (act_ms * 1e-3) / 1e9);
+  std::printf("expert_down_add (10 + sh) %7.1f us  %6.0f GB/s\n", down_ms * 1e3, ebytes / 3 / (down_ms * 1e-3) / 1e9);
+  // Router, DeltaNet steps at the model's shapes.
+  float* dl = static_cast<float*>(gpu_alloc(512 * 4));
+  gpu_memset(dl, 0, 512 * 4);
+  const double topk_ms = gpu_time_ms([&] { router_topk(dl, 1, 512, k, true, d_ids, dw); }, iters * 5);
+  std::printf("router_topk E=512 k=10    %7.1f us\n", topk_ms * 1e3);
+  const int hk = 16, hv = 32, dk = 128, dv = 128, K = 4;
+  const int64_t C = 2 * hk * dk + hv * dv;
+  const size_t big = size_t(hv) * dk * dv;
+  float* buf = static_cast<float*>(gpu_alloc((8 * size_t(C) + big + size_t(K) * C) * 4));
+  gpu_memset(buf, 0, (8 * size_t(C) + big + size_t(K) * C) * 4);
+  float *P = buf, *u = buf + 2 * C, *z = buf + 3 * C, *bb = buf + 4 * C, *aa = bb + hv, *o = buf + 5 * C,
+        *cw = buf + 6 * C, *S = buf + 8 * C, *st = S + big;
+  const double prep_ms = gpu_time_ms(
+      [&] { deltanet_prep_grouped(P, P + C + 64, cw, st, hk, hv / hk, dk, dv, K, 1e-6f, 0.08f, u, u, z, bb, aa); },
+      iters * 5);
+  const double dn_ms = gpu_time_ms(
+      [&] { delta_rule_norm_step(u, u + hk * dk, u + 2 * hk * dk, bb, aa, bb, aa, S, z, cw, 1e-6f, hk, hv, dk, dv, o); },
+      iters * 5);
+  std::printf("deltanet_prep_grouped     %7.1f us\ndelta_rule_norm_step      %7.1f us  (state %.1f MB read + written)\n",
+              prep_ms * 1e3, dn_ms * 1e3, double(big) * 4 / 1e6);
+  for (void* p : {static_cast<void*>(arena), static_cast<void*>(d_table), static_cast<void*>(d_ids), og, ou, od,
+                  static_cast<void*>(dlogit), static_cast<void*>(dx), static_cast<void*>(dh), static_cast<void*>(dw),
+                  static_cast<void*>(dact), static_cast<void*>(dl), static_cast<void*>(buf)})
+    gpu_free(p);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,5 +294,6 @@ int main(int argc, char** argv) {
   bench_matvec("q4", WeightFormat::Affine, 4, 151936, 2048, iters, copy_gbs);
   bench_matvec("q4", WeightFormat::Affine, 4, 12288, 2048, iters, copy_gbs);
   bench_expert(200);
+  bench_fused(iters, copy_gbs);
   return 0;
 }

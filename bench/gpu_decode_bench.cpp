@@ -107,15 +107,16 @@ void op_breakdown(const ModelConfig& c, double ms_per_token) {
       {"gated_rms_norm", Ll, [&] { cu::gated_rms_norm(a, b, w, hv, dv, 1e-6f); }},
   };
   double total_us = 0;
-  std::printf("\n%-28s %10s %10s %12s\n", "small op", "us/launch", "per token", "us/token");
+  std::printf("\nthe unfused small ops of the earlier decode path (reference; decode now uses the fused\n"
+              "kernels of kernels/cuda/fused.cu, timed by swiftlet_bench_cuda):\n");
+  std::printf("%-28s %10s %10s %12s\n", "small op", "us/launch", "per token", "us/token");
   for (const Op& op : ops) {
     const double us = 1e3 * cu::gpu_time_ms(op.fn, 200);
     total_us += us * op.per_token;
     std::printf("%-28s %10.2f %10d %12.1f\n", op.name, us, op.per_token, us * op.per_token);
   }
   std::printf(
-      "small ops: %.0f us of the %.0f us a token takes (%.0f%%); the "
-      "rest: the weight products\n",
+      "those small ops: %.0f us against the %.0f us a token takes now (%.0f%%)\n",
       total_us, 1e3 * ms_per_token, 100 * total_us / (1e3 * ms_per_token));
   for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(w), static_cast<void*>(st),
                   static_cast<void*>(ids), static_cast<void*>(pos)})
@@ -254,6 +255,26 @@ int main(int argc, char** argv) {
         }
         std::printf("         without CUDA graphs: %.2f tok/s\n", tokens / seconds_since(t2));
         f2.reset();
+        // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
+        // fresh forward pass (its own graph); the default comes last again.
+        struct Variant {
+          const char* name;
+          bool pdl;
+          int bps;
+        };
+        for (const Variant& v : {Variant{"no PDL", false, 0}, Variant{"PDL, 2 blocks/SM", true, 2},
+                                 Variant{"default (PDL)", true, 0}}) {
+          cu::set_fused_launch(v.pdl, v.bps);
+          auto f3 = make_gpu_forward(g);
+          SessionState st3 = SessionState::create(c);
+          f3->run(st3, prompt, LogitsMode::Last, logits);
+          const auto t3 = Clock::now();
+          for (int i = 0; i < tokens; ++i) {
+            const int32_t t = next();
+            f3->run(st3, std::span(&t, 1), LogitsMode::Last, logits);
+          }
+          std::printf("         %-18s %.2f tok/s\n", v.name, tokens / seconds_since(t3));
+        }
         op_breakdown(c, 1e3 * dt / tokens);
       }
       std::fflush(stdout);

@@ -389,6 +389,11 @@ class GpuForward final : public ForwardPass {
   void sparse_moe(int l);
   void logits_to(float* host_row);
   void reserve_kv(int64_t positions);
+  // y_i (+)= W_i x for the segments in one launch; with norm_w, x is RMSNorm'd first and the normed
+  // x is left in x_.
+  void project(std::initializer_list<cu::MatvecSegment> segs, const float* x, const float* norm_w) {
+    cu::fused_matvec(segs.begin(), int(segs.size()), x, norm_w, c_.rms_norm_eps, x_, s_);
+  }
   float* buf(size_t n) {
     auto* p = static_cast<float*>(cu::gpu_alloc(std::max<size_t>(n, 1) * 4));
     bufs_.push_back(p);
@@ -413,7 +418,6 @@ class GpuForward final : public ForwardPass {
   std::vector<void*> bufs_;
   float* h_;                     // [H] residual stream
   float* x_;                     // [H] normed block input
-  float* out_;                   // [H] block output
   float* p1_;                    // [max(q_proj_rows, qkvz rows, conv_dim)]
   float* p2_;                    // [max(kv_dim, 2 hv)]
   float* p3_;                    // [kv_dim]
@@ -429,6 +433,11 @@ class GpuForward final : public ForwardPass {
   float* w_;                     // [k]
   float *eg_, *eu_, *ey_;        // [k][I], [k][I], [k][H]
   float *sh_, *su_, *sg_, *sy_;  // [SI], [SI], [1], [H]
+  float* act_;                   // [k + 1][I]: SiLU(gate x) * up x of the chosen experts, then the shared one
+  // The fused expert kernels (expert_act / expert_down_add) take this model's experts, and the
+  // shared expert (shared_[l]) rides along as one more expert.
+  bool experts_fused_ = false, shared_fused_ = false;
+  std::vector<cu::SharedExpert> shared_;
   float* logits_;                // [vocab]
   int32_t* h_ids_ = nullptr;     // pinned [k]
   int32_t* d_tok_ = nullptr;     // [1] this step's token
@@ -445,12 +454,12 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
   const int64_t H = c.hidden_size, kvd = c.kv_dim(), C = c.conv_dim(), vd = c.linear_value_dim();
   const int64_t hv = c.linear_num_value_heads, I = c.moe_intermediate_size, SI = c.shared_expert_intermediate_size;
   const int k = c.num_experts_per_tok;
+  cu::prepare_fused_kernels();
   s_ = cu::stream_create();
   ids_ready_ = cu::event_create();
   group_done_ = cu::event_create();
   h_ = buf(size_t(H));
   x_ = buf(size_t(H));
-  out_ = buf(size_t(H));
   p1_ = buf(size_t(std::max({c.q_proj_rows(), 2 * c.linear_key_dim() + 2 * vd, C})));
   p2_ = buf(size_t(std::max(kvd, 2 * hv)));
   p3_ = buf(size_t(kvd));
@@ -471,12 +480,22 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
   su_ = buf(size_t(SI));
   sg_ = buf(1);
   sy_ = buf(size_t(H));
+  act_ = buf(size_t((k + 1) * I));
   logits_ = buf(size_t(c.vocab_size));
   h_ids_ = static_cast<int32_t*>(cu::gpu_alloc_pinned(size_t(std::max(k, 1)) * sizeof(int32_t)));
   d_tok_ = reinterpret_cast<int32_t*>(buf(1));
   d_pos_ = reinterpret_cast<int64_t*>(buf(2));
   const char* env = std::getenv("SWIFTLET_GPU_GRAPHS");  // 0: launch kernel by kernel (for comparison)
   use_graphs_ = !(env && std::string(env) == "0");
+  if (c.num_experts > 0 && g_->grouped()) {
+    experts_fused_ = cu::experts_fusable(g_->layout(), k, nullptr);
+    shared_fused_ = experts_fused_;
+    for (const GpuModel::Layer& lw : g_->layers) {
+      shared_.push_back({lw.sh_gate, lw.sh_up, lw.sh_down, sg_});
+      shared_fused_ = shared_fused_ && lw.sh_expert_gate.rows == 1 &&
+                      cu::experts_fusable(g_->layout(), k, &shared_.back());
+    }
+  }
   dev_.resize(size_t(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     if (!c.is_linear_layer(l)) continue;
@@ -548,9 +567,7 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
 }
 
 void GpuForward::logits_to(float* host_row) {
-  const int64_t H = c_.hidden_size;
-  cu::rms_norm(h_, g_->final_norm, 1, H, c_.rms_norm_eps, x_, s_);
-  cu::matmul(g_->lm_head, x_, 1, logits_, s_);
+  project({{g_->lm_head, logits_}}, h_, g_->final_norm);
   cu::gpu_download(host_row, logits_, size_t(c_.vocab_size) * 4, s_);
 }
 
@@ -571,19 +588,16 @@ void GpuForward::step(int32_t token, int64_t pos) {
   g_->count_resident_hits(c_.num_layers * c_.num_experts_per_tok);
 }
 
+// Each block reads the residual stream h_ (its first product RMSNorms it on the fly) and adds its
+// output back into h_ (the last product of the block accumulates into it).
 void GpuForward::layers() {
-  const int64_t H = c_.hidden_size;
   cu::dequant_row_at(g_->embed, d_tok_, h_, s_);
   for (int l = 0; l < c_.num_layers; ++l) {
-    const GpuModel::Layer& lw = g_->layers[size_t(l)];
-    cu::rms_norm(h_, lw.in_norm, 1, H, c_.rms_norm_eps, x_, s_);
-    if (lw.linear)
+    if (g_->layers[size_t(l)].linear)
       gated_delta_net(l);
     else
       gated_attention(l);
-    cu::add_rms_norm(h_, out_, lw.post_norm, H, c_.rms_norm_eps, x_,
-                     s_);  // h += mixer; x = norm(h)
-    sparse_moe(l);         // adds into h_
+    sparse_moe(l);
   }
 }
 
@@ -591,14 +605,12 @@ void GpuForward::gated_attention(int l) {
   const GpuModel::Attn& w = g_->layers[size_t(l)].attn;
   const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
   LayerDev& d = dev_[size_t(l)];
-  cu::matmul(w.q, x_, 1, p1_, s_);
-  cu::matmul(w.k, x_, 1, p2_, s_);
-  cu::matmul(w.v, x_, 1, p3_, s_);
+  project({{w.q, p1_}, {w.k, p2_}, {w.v, p3_}}, h_, g_->layers[size_t(l)].in_norm);
   cu::attn_prep(p1_, p2_, p3_, w.q_norm, w.k_norm, nh, nkv, hd, c_.attn_output_gate, c_.rotary_dim(), 0, d_pos_,
                 c_.rope_theta, c_.rms_norm_eps, q_, gate_, d.k, d.v, s_);
   cu::attention_decode_at(q_, d.k, d.v, 0, d_pos_, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
                           c_.attn_output_gate ? gate_ : nullptr, core_, s_);
-  cu::matmul(w.o, core_, 1, out_, s_);
+  project({{w.o, h_, true}}, core_, nullptr);  // h += o_proj(attention)
 }
 
 void GpuForward::gated_delta_net(int l) {
@@ -609,64 +621,77 @@ void GpuForward::gated_delta_net(int l) {
   LayerDev& d = dev_[size_t(l)];
   float* b = ba_;
   float* a = ba_ + hv;
+  const float* in_norm = g_->layers[size_t(l)].in_norm;
+  const float q_scale = 1.0f / std::sqrt(float(dk));
   if (c_.family == Family::Qwen3Next) {
-    cu::matmul(w.qkvz, x_, 1, p1_, s_);
-    cu::matmul(w.ba, x_, 1, p2_, s_);
-    cu::unpack_deltanet_grouped(p1_, p2_, hk, hv / hk, dk, dv, mixed_, z_, b, a, s_);
+    project({{w.qkvz, p1_}, {w.ba, p2_}}, h_, in_norm);
+    cu::deltanet_prep_grouped(p1_, p2_, w.conv, d.conv, hk, hv / hk, dk, dv, c_.linear_conv_kernel_dim, 1e-6f,
+                              q_scale, mixed_, u_, z_, b, a, s_);
   } else {
-    cu::matmul(w.qkv, x_, 1, mixed_, s_);
-    cu::matmul(w.z, x_, 1, z_, s_);
-    cu::matmul(w.b, x_, 1, b, s_);
-    cu::matmul(w.a, x_, 1, a, s_);
+    project({{w.qkv, mixed_}, {w.z, z_}, {w.b, b}, {w.a, a}}, h_, in_norm);
+    cu::conv1d_silu_step(mixed_, w.conv, d.conv, C, c_.linear_conv_kernel_dim, u_, s_);
+    cu::l2_norm_qk(u_, hk, dk, 1e-6f, q_scale, s_);  // q then k: contiguous in u_
   }
-  cu::conv1d_silu_step(mixed_, w.conv, d.conv, C, c_.linear_conv_kernel_dim, u_, s_);
-  cu::l2_norm_qk(u_, hk, dk, 1e-6f, 1.0f / std::sqrt(float(dk)),
-                 s_);  // q then k: contiguous in u_
-  cu::delta_rule_step(u_, u_ + kd, u_ + 2 * kd, b, a, w.A_log, w.dt_bias, d.ssm, hk, hv, dk, dv, core_, s_);
-  cu::gated_rms_norm(core_, z_, w.norm, hv, dv, c_.rms_norm_eps, s_);
-  cu::matmul(w.out, core_, 1, out_, s_);
+  cu::delta_rule_norm_step(u_, u_ + kd, u_ + 2 * kd, b, a, w.A_log, w.dt_bias, d.ssm, z_, w.norm, c_.rms_norm_eps,
+                           hk, hv, dk, dv, core_, s_);
+  project({{w.out, h_, true}}, core_, nullptr);  // h += out_proj(core)
 }
 
 void GpuForward::sparse_moe(int l) {
   const GpuModel::Layer& w = g_->layers[size_t(l)];
   const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
   const int E = c_.num_experts, k = c_.num_experts_per_tok;
-  // Router: softmax, top-k, renormalise (3.10); the ids go to the host while the shared expert
-  // runs.
-  cu::matmul(w.router, x_, 1, router_, s_);
+  // x = norm(h); router logits and the shared expert's gate logit in one launch. Router: softmax,
+  // top-k, renormalise (3.10); the ids go to the host while the shared expert runs.
+  project({{w.router, router_}, {w.sh_expert_gate, sg_}}, h_, w.post_norm);
   cu::router_topk(router_, 1, E, k, c_.norm_topk_prob, ids_, w_, s_);
   const bool on_device = g_->all_resident();
   if (!on_device) {
     cu::gpu_download_async(h_ids_, ids_, size_t(k) * sizeof(int32_t), s_);
     cu::event_record(ids_ready_, s_);
   }
-  // Shared expert with its sigmoid gate: h += sigmoid(g x) * down(SiLU(gate x) * up x).
-  cu::matmul(w.sh_gate, x_, 1, sh_, s_);
-  cu::matmul(w.sh_up, x_, 1, su_, s_);
-  cu::matmul(w.sh_expert_gate, x_, 1, sg_, s_);
-  cu::silu_mul(sh_, su_, SI, sh_, s_);
-  cu::matmul(w.sh_down, sh_, 1, sy_, s_);
+  const cu::ExpertLayout& lay = g_->layout();
+  const void* const* table = g_->table(l);
+  // The shared expert with its sigmoid gate: h += sigmoid(g x) * down(SiLU(gate x) * up x); fused
+  // into the routed experts' kernels where it can be.
+  const cu::SharedExpert* sh = shared_fused_ ? &shared_[size_t(l)] : nullptr;
+  if (!sh) {
+    project({{w.sh_gate, sh_}, {w.sh_up, su_}}, x_, nullptr);
+    cu::silu_mul(sh_, su_, SI, sh_, s_);
+    project({{w.sh_down, sy_}}, sh_, nullptr);
+    cu::add_sigmoid_scaled(h_, sy_, sg_, H, s_);
+  }
   if (on_device) {  // everything in one go: hits are counted per step (this may be a graph capture)
-    const void* const* table = g_->table(l);
-    cu::expert_gate_up(g_->layout(), table, ids_, k, x_, eg_, eu_, s_);
+    if (experts_fused_) {
+      cu::expert_act(lay, table, ids_, k, sh, x_, act_, s_);
+      cu::expert_down_add(lay, table, ids_, w_, k, sh, act_, h_, s_);
+      return;
+    }
+    cu::expert_gate_up(lay, table, ids_, k, x_, eg_, eu_, s_);
     cu::silu_mul(eg_, eu_, int64_t(k) * I, eg_, s_);
-    cu::expert_down(g_->layout(), table, ids_, k, eg_, ey_, s_);
-    cu::moe_finish(h_, sy_, sg_, ey_, w_, k, H, s_);
+    cu::expert_down(lay, table, ids_, k, eg_, ey_, s_);
+    cu::moe_combine(h_, ey_, w_, k, H, s_);
     return;
   }
-  cu::add_sigmoid_scaled(h_, sy_, sg_, H, s_);
+  if (sh) {  // the shared expert alone while the ids travel
+    cu::expert_act(lay, table, ids_, 0, sh, x_, act_, s_);
+    cu::expert_down_add(lay, table, ids_, w_, 0, sh, act_, h_, s_);
+  }
 
   // Routed experts: h += sum_i w_i down_i(SiLU(gate_i x) * up_i x).
   auto compute = [&](int g0, int n) {
+    if (experts_fused_) {
+      cu::expert_act(lay, table, ids_ + g0, n, nullptr, x_, act_, s_);
+      cu::expert_down_add(lay, table, ids_ + g0, w_ + g0, n, nullptr, act_, h_, s_);
+      return;
+    }
     if (g_->grouped()) {
-      const void* const* table = g_->table(l);
-      cu::expert_gate_up(g_->layout(), table, ids_ + g0, n, x_, eg_, eu_, s_);
+      cu::expert_gate_up(lay, table, ids_ + g0, n, x_, eg_, eu_, s_);
       cu::silu_mul(eg_, eu_, int64_t(n) * I, eg_, s_);
-      cu::expert_down(g_->layout(), table, ids_ + g0, n, eg_, ey_, s_);
+      cu::expert_down(lay, table, ids_ + g0, n, eg_, ey_, s_);
       cu::moe_combine(h_, ey_, w_ + g0, n, H, s_);
       return;
     }
-    const cu::ExpertLayout& lay = g_->layout();
     for (int i = 0; i < n; ++i) {
       const void* base = g_->slot_of(l, h_ids_[g0 + i]);
       cu::matmul(at_base(lay.gate, base), x_, 1, eg_, s_);

@@ -106,6 +106,26 @@ void graph_destroy(GpuGraph g);
 // for up to 8 tokens (decode and small batches); larger n runs in blocks of 8 tokens.
 void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
 
+// y += W x for one token (the residual add of an output projection).
+void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s = nullptr);
+
+// --- fused decode products (fused.cu) ---------------------------------------------------------
+// One launch for several matrices that read the same input: q/k/v, qkvz + ba, router + the
+// shared expert's gate logit, an output projection added into the residual stream. Segment i
+// computes y_i = W_i x, or y_i += W_i x with `add`. With d_norm_w non-null, x is RMSNorm'd first
+// (x / sqrt(mean(x^2) + eps) * norm_w, ref::rms_norm): every block computes it afresh, and block 0
+// writes the normed x to d_x_out (required then) for later kernels. Affine 4/8-bit matrices of one
+// kind (bits, group size, scale type, cols) run as one launch; anything else runs through
+// rms_norm + matmul, segment by segment. Segments with 0 rows are skipped.
+constexpr int kMaxSegments = 4;
+struct MatvecSegment {
+  GpuMatrix w;
+  float* d_y = nullptr;
+  bool add = false;
+};
+void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const float* d_norm_w, float eps,
+                  float* d_x_out, GpuStream s = nullptr);
+
 // The routed experts of one token, all in one launch per stage. Each chosen expert i lives in a
 // slot of device memory whose base is d_table[d_ids[i]] (the layer's row of an expert table); the
 // matrices sit at fixed offsets inside every slot: ExpertLayout holds GpuMatrix views whose
@@ -119,6 +139,33 @@ void expert_gate_up(const ExpertLayout& l, const void* const* d_table, const int
 // y[i] = down_i act[i]   (act: [n][moe_intermediate], y: [n][hidden])
 void expert_down(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_act,
                  float* d_y, GpuStream s = nullptr);
+// Launch settings of the fused kernels, for benchmarks: Programmatic Dependent Launch (sm_90+ only;
+// on by default there: a kernel starts during its predecessor's tail and prefetches its weights
+// into the L2 before waiting for the predecessor's results), and blocks per SM of the products
+// (0: by register use). Not thread-safe; set before launching.
+void set_fused_launch(bool pdl, int blocks_per_sm);
+// Asks the driver once for what the fused kernels' launches need (occupancy, device facts), so no
+// query happens later inside a CUDA graph capture. Idempotent.
+void prepare_fused_kernels();
+
+// The shared expert as one more, always chosen expert of the fused expert kernels: its matrices at
+// device addresses, its output weighed by sigmoid(*d_gate_logit) (3.10 steps 5-6).
+struct SharedExpert {
+  GpuMatrix gate, up, down;
+  const float* d_gate_logit = nullptr;
+};
+// True when expert_act / expert_down_add take these matrices (affine 4/8-bit, gate and up of one
+// kind, the shared expert of the routed experts' shapes and kinds, n + 1 <= 17, inputs that fit in
+// shared memory).
+bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh);
+// act[i] = SiLU(gate_i x) * up_i x for the n chosen experts (slots through the table) and, with
+// sh, act[n] for the shared expert; one launch. act: [n (+1)][moe_intermediate]
+void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,
+                const SharedExpert* sh, const float* d_x, float* d_act, GpuStream s = nullptr);
+// h[d] += sum_i w[i] (down_i act[i])[d] (+ sigmoid(*sh->d_gate_logit) (down_sh act[n])[d]), one launch:
+// a warp owns output rows and sums over the experts itself (deterministic, no atomics).
+void expert_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
+                     int n, const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s = nullptr);
 // h[d] += sigmoid(*gate) shared[d] + sum_i w[i] y[i][d]: the shared expert (gated) and the
 // routed experts' weighted sum added to the residual stream in one launch (3.10 steps 4-6).
 void moe_finish(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w, int n,
@@ -147,7 +194,8 @@ void add_sigmoid_scaled(float* d_y, const float* d_x, const float* d_gate, int64
 
 // --- router -----------------------------------------------------------------------------------
 // For each of n_tok rows of E logits: softmax over all E, the top k (k <= 16, ties to the lower
-// index), weights renormalised over the k when `renormalise` (model-spec.md 3.10).
+// index), weights renormalised over the k when `renormalise` (model-spec.md 3.10). A bitonic sort
+// in shared memory (fused.cu).
 // Writes d_ids[t][k] (descending probability) and d_weights[t][k]. E <= 4096.
 void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
                  float* d_weights, GpuStream s = nullptr);
@@ -194,6 +242,19 @@ void delta_rule_step(const float* d_q, const float* d_k, const float* d_v, const
 // model/qwen3_hybrid.h) into mixed = [q | k | v], z, b, a, one token.
 void unpack_deltanet_grouped(const float* d_qkvz, const float* d_ba, int hk, int r, int dk, int dv, float* d_mixed,
                              float* d_z, float* d_b, float* d_a, GpuStream s = nullptr);
+// Qwen3-Next's DeltaNet front in one launch (one block per key head): unpack_deltanet_grouped,
+// conv1d_silu_step and l2_norm_qk. u = [q | k | v] after conv, SiLU and the q/k L2 norms (q scaled
+// by q_scale); z, b, a as unpack_deltanet_grouped. d_mixed: [conv_dim] scratch, used only where
+// dk > 256 (then the three generic kernels run).
+void deltanet_prep_grouped(const float* d_qkvz, const float* d_ba, const float* d_conv_w, float* d_conv_state, int hk,
+                           int r, int dk, int dv, int K, float eps, float q_scale, float* d_mixed, float* d_u,
+                           float* d_z, float* d_b, float* d_a, GpuStream s = nullptr);
+// delta_rule_step then gated_rms_norm (norm weight w [dv]) in one launch, one block per value head
+// (dv <= 128, dk <= 256; otherwise the two kernels run).
+void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
+                          const float* d_A_log, const float* d_dt_bias, float* d_S, const float* d_z,
+                          const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, float* d_o,
+                          GpuStream s = nullptr);
 // o[h] <- w * rmsnorm(o[h]) * SiLU(z[h]) per head of dv (3.9; plain weight w [dv]).
 void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
                     GpuStream s = nullptr);

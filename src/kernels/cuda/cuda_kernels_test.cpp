@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -207,7 +208,8 @@ TEST(CudaKernels, ElementwiseMatchReference) {
 TEST(CudaKernels, RouterTopkMatchesReference) {
   REQUIRE_GPU();
   std::mt19937 rng(9);
-  for (auto [E, k] : {std::pair<int, int>{8, 1}, {8, 8}, {64, 4}, {256, 8}, {300, 10}, {512, 10}, {512, 16}}) {
+  for (auto [E, k] : {std::pair<int, int>{8, 1}, {8, 8}, {64, 4}, {256, 8}, {300, 10}, {512, 10}, {512, 16},
+                        {1, 1}, {3000, 16}, {4096, 10}}) {
     const int64_t T = 5;
     const std::vector<float> logits = randn(rng, size_t(T * E), 2.0f);
     std::vector<int32_t> want_ids;
@@ -324,6 +326,9 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
     std::vector<float> conv(size_t((K - 1) * C)), S(size_t(sh.hv) * sh.dk * sh.dv);
     DevBuf<float> d_conv_w(conv_w), d_norm_w(norm_w), d_A(A_log), d_dt(dt_bias), d_conv(conv.size()), d_S(S.size()),
         d_u(static_cast<size_t>(C)), d_o(static_cast<size_t>(vd));
+    // The fused path (deltanet_prep_grouped + delta_rule_norm_step) on its own copy of the state.
+    DevBuf<float> f_conv(conv.size()), f_S(S.size()), f_u(static_cast<size_t>(C)), f_o(static_cast<size_t>(vd)),
+        f_mixed(static_cast<size_t>(C)), f_z(static_cast<size_t>(vd)), f_b(size_t(sh.hv)), f_a(size_t(sh.hv));
     for (int step = 0; step < 4; ++step) {
       const std::vector<float> x = randn(rng, size_t(C)), z = randn(rng, size_t(vd)), b = randn(rng, size_t(sh.hv)),
                                a = randn(rng, size_t(sh.hv));
@@ -377,6 +382,32 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
       expect_close(d_conv.get(), conv, 0.0f, 0.0f, what + " conv state");
       expect_close(d_S.get(), S, 1e-4f, 1e-5f, what + " state");
       expect_close(d_o.get(), o, 1e-4f, 1e-4f, what + " output");
+
+      // The same step from Qwen3-Next's grouped projections (the layout unpack_deltanet_grouped reads).
+      const int64_t rdv = int64_t(r) * sh.dv, group = 2 * int64_t(sh.dk) + 2 * rdv;
+      std::vector<float> P(size_t(sh.hk * group)), Rb(size_t(2 * sh.hv));
+      for (int g = 0; g < sh.hk; ++g) {
+        float* dst = P.data() + g * group;
+        std::copy_n(x.begin() + g * sh.dk, sh.dk, dst);
+        std::copy_n(x.begin() + kd + g * sh.dk, sh.dk, dst + sh.dk);
+        std::copy_n(x.begin() + 2 * kd + g * rdv, rdv, dst + 2 * sh.dk);
+        std::copy_n(z.begin() + g * rdv, rdv, dst + 2 * sh.dk + rdv);
+        for (int i = 0; i < r; ++i) {
+          Rb[size_t(g * 2 * r + i)] = b[size_t(g * r + i)];
+          Rb[size_t(g * 2 * r + r + i)] = a[size_t(g * r + i)];
+        }
+      }
+      DevBuf<float> dP(P), dR(Rb);
+      cuda::deltanet_prep_grouped(dP.p, dR.p, d_conv_w.p, f_conv.p, sh.hk, r, sh.dk, sh.dv, K, eps, q_scale,
+                                  f_mixed.p, f_u.p, f_z.p, f_b.p, f_a.p);
+      cuda::delta_rule_norm_step(f_u.p, f_u.p + kd, f_u.p + 2 * kd, f_b.p, f_a.p, d_A.p, d_dt.p, f_S.p, f_z.p,
+                                 d_norm_w.p, eps, sh.hk, sh.hv, sh.dk, sh.dv, f_o.p);
+      expect_close(f_z.get(), z, 0.0f, 0.0f, what + " fused z");
+      expect_close(f_b.get(), b, 0.0f, 0.0f, what + " fused b");
+      expect_close(f_u.get(), u, 1e-5f, 1e-5f, what + " fused conv/l2");
+      expect_close(f_conv.get(), conv, 0.0f, 0.0f, what + " fused conv state");
+      expect_close(f_S.get(), S, 1e-4f, 1e-5f, what + " fused state");
+      expect_close(f_o.get(), o, 1e-4f, 1e-4f, what + " fused output");
     }
   }
 }
@@ -536,6 +567,158 @@ TEST(CudaKernels, UnpackDeltaNetGroupedMatchesReference) {
   expect_close(dz.get(), z, 0.0f, 0.0f, "z");
   expect_close(db.get(), b, 0.0f, 0.0f, "b");
   expect_close(da.get(), a, 0.0f, 0.0f, "a");
+}
+
+// fused_matvec: several matrices over one input in one launch, optionally RMSNorm'd first and
+// added into the outputs, against ref::rms_norm + ref::matmul. Row counts cover every rows-per-warp
+// variant (1, 2, 4) and ragged block edges; a BF16 segment takes the unfused path.
+TEST(CudaKernels, FusedMatvecMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  struct Case {
+    int bits, gs;
+    DType sdt;
+    int64_t cols;
+    std::vector<int64_t> rows;
+    bool mixed;  // one segment BF16 (the unfused path)
+  };
+  const Case cases[] = {
+      {4, 64, DType::BF16, 2048, {515, 33, 1}, false},     {8, 64, DType::BF16, 512, {130, 7}, false},
+      {4, 32, DType::F16, 256, {9}, false},               {8, 32, DType::F32, 4096, {300, 1, 64, 2}, false},
+      {4, 128, DType::BF16, 2048, {4300, 70}, false},     {4, 64, DType::BF16, 1024, {8700, 5, 513}, false},
+      {8, 64, DType::BF16, 768, {8500}, false},           {4, 64, DType::BF16, 2048, {512, 1}, true},
+  };
+  for (const Case& c : cases) {
+    for (bool norm : {false, true}) {
+      for (bool add : {false, true}) {
+        const int64_t cols = c.cols;
+        const std::vector<float> x = randn(rng, size_t(cols), 2.0f), nw = randn(rng, size_t(cols));
+        std::vector<float> xn = x;
+        if (norm) ref::rms_norm(x.data(), nw.data(), cols, 1e-6f, xn.data());
+        std::vector<HostMatrix> ws;
+        std::vector<void*> owners;
+        std::vector<std::unique_ptr<DevBuf<float>>> ys;
+        std::vector<std::vector<float>> want;
+        std::vector<cuda::MatvecSegment> segs;
+        for (size_t i = 0; i < c.rows.size(); ++i) {
+          const bool dense = c.mixed && i == 1;
+          ws.push_back(random_matrix(rng, dense ? WeightFormat::BF16 : WeightFormat::Affine, c.rows[i], cols, c.bits,
+                                     c.gs, c.sdt));
+          void* owner = nullptr;
+          const cuda::GpuMatrix g = cuda::upload_matrix(ws.back().m, &owner);
+          owners.push_back(owner);
+          const std::vector<float> y0 = randn(rng, size_t(c.rows[i]));
+          std::vector<float> w(static_cast<size_t>(c.rows[i]));
+          ref::matmul(ws.back().m, xn.data(), 1, w.data());
+          if (add)
+            for (size_t j = 0; j < w.size(); ++j) w[j] += y0[j];
+          want.push_back(w);
+          ys.push_back(std::make_unique<DevBuf<float>>(y0));
+          segs.push_back({g, ys.back()->p, add});
+        }
+        DevBuf<float> dx(x), dnw(nw), dxo(static_cast<size_t>(cols));
+        cuda::fused_matvec(segs.data(), int(segs.size()), dx.p, norm ? dnw.p : nullptr, 1e-6f, dxo.p);
+        const std::string what = "bits " + std::to_string(c.bits) + " gs " + std::to_string(c.gs) + " cols " +
+                                 std::to_string(cols) + (norm ? " norm" : "") + (add ? " add" : "") +
+                                 (c.mixed ? " mixed" : "");
+        for (size_t i = 0; i < segs.size(); ++i)
+          expect_close(ys[i]->get(), want[i], 1e-4f, 2e-3f, what + " segment " + std::to_string(i));
+        if (norm) expect_close(dxo.get(), xn, 1e-5f, 1e-5f, what + " normed x");
+        for (void* o : owners) cuda::gpu_free(o);
+      }
+    }
+  }
+}
+
+// expert_act + expert_down_add (routed experts through a slot table, plus the shared expert as one
+// more) against per-expert reference products; both rows-per-warp variants.
+TEST(CudaKernels, FusedExpertsMatchReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(43);
+  struct Shape {
+    int64_t H, I;
+    std::vector<int32_t> ids;
+  };
+  for (int bits : {4, 8}) {
+    for (const Shape& shp : {Shape{256, 192, {4, 1, 5, 0}}, Shape{4352, 512, {3, 9, 0, 7, 1, 8, 2, 6, 5, 4}}}) {
+      const int64_t H = shp.H, I = shp.I;
+      const int E = int(shp.ids.size()) + 2;
+      std::vector<HostMatrix> gate, up, down;
+      for (int e = 0; e <= E; ++e) {  // expert E: the shared one
+        gate.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+        up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+        down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, 64, DType::BF16));
+      }
+      const size_t gb = cuda::matrix_device_bytes(gate[0].m), ub = cuda::matrix_device_bytes(up[0].m);
+      const size_t slot = gb + ub + cuda::matrix_device_bytes(down[0].m);
+      auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * size_t(E)));
+      std::vector<const void*> table(static_cast<size_t>(E));
+      cuda::ExpertLayout lay;
+      for (int e = 0; e < E; ++e) {
+        uint8_t* base = arena + size_t((e * 5) % E) * slot;
+        table[size_t(e)] = base;
+        const cuda::GpuMatrix g = cuda::upload_matrix_to(gate[size_t(e)].m, base);
+        const cuda::GpuMatrix u = cuda::upload_matrix_to(up[size_t(e)].m, base + gb);
+        const cuda::GpuMatrix d = cuda::upload_matrix_to(down[size_t(e)].m, base + gb + ub);
+        auto rel = [&](cuda::GpuMatrix m) {
+          auto off = [&](const void* p) { return reinterpret_cast<const void*>(static_cast<const uint8_t*>(p) - base); };
+          m.data = off(m.data);
+          m.scales = off(m.scales);
+          m.biases = off(m.biases);
+          return m;
+        };
+        lay = {rel(g), rel(u), rel(d)};
+      }
+      void *og = nullptr, *ou = nullptr, *od = nullptr;
+      const float gate_logit = 0.7f;
+      DevBuf<float> dgl(std::vector<float>{gate_logit});
+      const cuda::SharedExpert shared{cuda::upload_matrix(gate[size_t(E)].m, &og),
+                                      cuda::upload_matrix(up[size_t(E)].m, &ou),
+                                      cuda::upload_matrix(down[size_t(E)].m, &od), dgl.p};
+      auto* d_table = static_cast<const void**>(cuda::gpu_alloc(size_t(E) * sizeof(void*)));
+      cuda::gpu_upload(d_table, table.data(), size_t(E) * sizeof(void*));
+      const std::vector<float> x = randn(rng, size_t(H)), h0 = randn(rng, size_t(H));
+      std::vector<float> w(shp.ids.size());
+      for (size_t i = 0; i < w.size(); ++i) w[i] = 0.05f + 0.1f * float(i % 4);
+      // expert e's contribution down_e(SiLU(gate_e x) * up_e x)
+      auto expert_out = [&](int e) {
+        std::vector<float> g(static_cast<size_t>(I)), u(static_cast<size_t>(I)), y(static_cast<size_t>(H));
+        ref::matmul(gate[size_t(e)].m, x.data(), 1, g.data());
+        ref::matmul(up[size_t(e)].m, x.data(), 1, u.data());
+        for (int64_t j = 0; j < I; ++j) g[size_t(j)] = ref::silu(g[size_t(j)]) * u[size_t(j)];
+        ref::matmul(down[size_t(e)].m, g.data(), 1, y.data());
+        return y;
+      };
+      const std::vector<float> ysh = expert_out(E);
+      for (int n : {int(shp.ids.size()), 2, 0}) {
+        for (bool with_shared : {true, false}) {
+          if (n == 0 && !with_shared) continue;
+          std::vector<float> want = h0;
+          for (int i = 0; i < n; ++i) {
+            const std::vector<float> y = expert_out(shp.ids[size_t(i)]);
+            for (int64_t d = 0; d < H; ++d) want[size_t(d)] += w[size_t(i)] * y[size_t(d)];
+          }
+          if (with_shared)
+            for (int64_t d = 0; d < H; ++d) want[size_t(d)] += ref::sigmoid(gate_logit) * ysh[size_t(d)];
+          const cuda::SharedExpert* sh = with_shared ? &shared : nullptr;
+          ASSERT_TRUE(cuda::experts_fusable(lay, n, sh));
+          DevBuf<int32_t> d_ids(shp.ids);
+          DevBuf<float> dx(x), dw(w), dh(h0), dact(static_cast<size_t>((n + 1) * I));
+          cuda::expert_act(lay, d_table, d_ids.p, n, sh, dx.p, dact.p);
+          cuda::expert_down_add(lay, d_table, d_ids.p, dw.p, n, sh, dact.p, dh.p);
+          // Products of ~1e5 that cancel to ~10: the tolerance scales with the largest output.
+          float big = 0.0f;
+          for (float v : want) big = std::max(big, std::fabs(v));
+          expect_close(dh.get(), want, 1e-4f, 2e-3f + 1e-6f * big,
+                       "fused experts bits " + std::to_string(bits) + " H " + std::to_string(H) + " n " +
+                           std::to_string(n) + (with_shared ? " +shared" : ""));
+        }
+      }
+      cuda::gpu_free(d_table);
+      cuda::gpu_free(arena);
+      for (void* p : {og, ou, od}) cuda::gpu_free(p);
+    }
+  }
 }
 
 }  // namespace

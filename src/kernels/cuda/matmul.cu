@@ -53,7 +53,7 @@ template <int BITS, int NT>
 __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ w, const void* __restrict__ scales,
                                                    const void* __restrict__ biases, int st, int64_t rows,
                                                    int64_t cols, int gs, const float* __restrict__ x,
-                                                   float* __restrict__ y) {
+                                                   float* __restrict__ y, bool add = false) {
   constexpr int kPerWord = 32 / BITS;
   constexpr int kPerChunk = 4 * kPerWord;  // elements in one 16-byte load
   constexpr uint32_t kMask = (1u << BITS) - 1u;
@@ -115,7 +115,7 @@ __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ 
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float v = warp_sum(acc[t]);
-    if (lane == 0) y[t * rows + r] = v;
+    if (lane == 0) y[t * rows + r] = add ? y[t * rows + r] + v : v;
   }
 }
 
@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kThreads) affine_matvec_kernel(const uint32_t*
                                                                  const void* __restrict__ biases, int st,
                                                                  int64_t rows, int64_t cols, int gs,
                                                                  const float* __restrict__ x,
-                                                                 float* __restrict__ y) {
-  affine_matvec_body<BITS, NT>(w, scales, biases, st, rows, cols, gs, x, y);
+                                                                 float* __restrict__ y, bool add) {
+  affine_matvec_body<BITS, NT>(w, scales, biases, st, rows, cols, gs, x, y, add);
 }
 
 // The routed experts of one token in one launch: blockIdx.y picks the i-th chosen expert, whose
@@ -165,7 +165,7 @@ __device__ __forceinline__ float elem_to_float<__half>(__half v) { return __half
 template <typename T, bool VEC, int NT>
 __global__ void __launch_bounds__(kThreads) dense_matvec_kernel(const T* __restrict__ w, int64_t rows, int64_t cols,
                                                                 const float* __restrict__ x,
-                                                                float* __restrict__ y) {
+                                                                float* __restrict__ y, bool add) {
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kThreads) dense_matvec_kernel(const T* __restr
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float v = warp_sum(acc[t]);
-    if (lane == 0) y[t * rows + r] = v;
+    if (lane == 0) y[t * rows + r] = add ? y[t * rows + r] + v : v;
   }
 }
 
@@ -220,38 +220,38 @@ int scale_type(DType t) {
 }
 
 template <typename T, int NT>
-void launch_dense(const GpuMatrix& w, const float* x, float* y, cudaStream_t s) {
+void launch_dense(const GpuMatrix& w, const float* x, float* y, bool add, cudaStream_t s) {
   const unsigned grid = detail::blocks_for(w.rows, kRowsPerBlock);
   const T* d = static_cast<const T*>(w.data);
   if ((w.cols * int64_t(sizeof(T))) % 16 == 0)
-    dense_matvec_kernel<T, true, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y);
+    dense_matvec_kernel<T, true, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y, add);
   else
-    dense_matvec_kernel<T, false, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y);
+    dense_matvec_kernel<T, false, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y, add);
 }
 
 template <int NT>
-void launch_matvec(const GpuMatrix& w, const float* x, float* y, cudaStream_t s) {
+void launch_matvec(const GpuMatrix& w, const float* x, float* y, bool add, cudaStream_t s) {
   const unsigned grid = detail::blocks_for(w.rows, kRowsPerBlock);
   switch (w.format) {
-    case WeightFormat::F32: launch_dense<float, NT>(w, x, y, s); break;
-    case WeightFormat::BF16: launch_dense<uint16_t, NT>(w, x, y, s); break;
-    case WeightFormat::F16: launch_dense<__half, NT>(w, x, y, s); break;
+    case WeightFormat::F32: launch_dense<float, NT>(w, x, y, add, s); break;
+    case WeightFormat::BF16: launch_dense<uint16_t, NT>(w, x, y, add, s); break;
+    case WeightFormat::F16: launch_dense<__half, NT>(w, x, y, add, s); break;
     case WeightFormat::Affine: {
       const int st = scale_type(w.scale_dtype);
       const auto* d = static_cast<const uint32_t*>(w.data);
       if (w.bits == 4)
         affine_matvec_kernel<4, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(d, w.scales, w.biases, st, w.rows, w.cols,
-                                                              w.group_size, x, y);
+                                                              w.group_size, x, y, add);
       else
         affine_matvec_kernel<8, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(d, w.scales, w.biases, st, w.rows, w.cols,
-                                                              w.group_size, x, y);
+                                                              w.group_size, x, y, add);
       break;
     }
   }
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-using LaunchFn = void (*)(const GpuMatrix&, const float*, float*, cudaStream_t);
+using LaunchFn = void (*)(const GpuMatrix&, const float*, float*, bool, cudaStream_t);
 constexpr LaunchFn kLaunch[kMaxTokens + 1] = {nullptr,          launch_matvec<1>, launch_matvec<2>,
                                               launch_matvec<3>, launch_matvec<4>, launch_matvec<5>,
                                               launch_matvec<6>, launch_matvec<7>, launch_matvec<8>};
@@ -267,8 +267,18 @@ void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStre
   if (w.rows == 0 || n == 0) return;
   for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
     const int nt = int(n - t0 < kMaxTokens ? n - t0 : kMaxTokens);
-    kLaunch[nt](w, d_x + t0 * w.cols, d_y + t0 * w.rows, s);
+    kLaunch[nt](w, d_x + t0 * w.cols, d_y + t0 * w.rows, false, s);
   }
+}
+
+void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s) {
+  if (w.format == WeightFormat::Affine) {
+    SWIFTLET_CUDA_REQUIRE(w.bits == 4 || w.bits == 8);
+    SWIFTLET_CUDA_REQUIRE(w.group_size > 0 && w.group_size % (128 / w.bits) == 0);
+    SWIFTLET_CUDA_REQUIRE(w.cols % w.group_size == 0);
+  }
+  if (w.rows == 0) return;
+  kLaunch[1](w, d_x, d_y, true, s);
 }
 
 

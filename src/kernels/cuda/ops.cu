@@ -1,4 +1,4 @@
-// Norms, element-wise ops, the MoE router, RoPE, gated-attention decode and the Gated DeltaNet
+// Norms, element-wise ops, RoPE, gated-attention decode and the Gated DeltaNet
 // decode step (model-spec.md sections 3.1 - 3.10). Each mirrors a scalar loop of
 // kernels/cpu/ops_ref.cpp or model/qwen3_hybrid.cpp; fp32 throughout.
 #include "kernels/cuda/cuda_common.cuh"
@@ -6,7 +6,6 @@
 
 namespace swiftlet::cuda {
 
-using detail::block_max;
 using detail::block_sum;
 using detail::blocks_for;
 using detail::sigmoidf_;
@@ -72,90 +71,6 @@ __global__ void add_sigmoid_scaled_kernel(float* y, const float* __restrict__ x,
                                           int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = fmaf(sigmoidf_(*gate), x[i], y[i]);
-}
-
-// --- router -----------------------------------------------------------------------------------
-
-constexpr int kRouterThreads = 256;
-constexpr int kRouterMaxE = 4096;
-constexpr int kRouterMaxK = 16;
-
-// a beats b: higher probability, ties to the lower index (as the CPU's partial_sort comparator).
-__device__ __forceinline__ bool beats(float av, int ai, float bv, int bi) {
-  return av > bv || (av == bv && ai < bi);
-}
-
-__global__ void router_topk_kernel(const float* __restrict__ logits, int E, int k, bool renormalise,
-                                   int32_t* ids, float* weights) {
-  __shared__ float p[kRouterMaxE];
-  __shared__ float red[32];
-  __shared__ float best_v[32];
-  __shared__ int best_i[32];
-  __shared__ float chosen_p[kRouterMaxK];
-  __shared__ int chosen_i[kRouterMaxK];
-  const float* lr = logits + int64_t(blockIdx.x) * E;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-
-  // softmax over all E (ref::softmax: subtract the max, exp, times 1/sum)
-  float m = -INFINITY;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) {
-    p[i] = lr[i];
-    m = fmaxf(m, p[i]);
-  }
-  m = block_max(m, red);
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) {
-    p[i] = expf(p[i] - m);
-    s += p[i];
-  }
-  s = block_sum(s, red);
-  const float inv = 1.0f / s;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) p[i] *= inv;
-  __syncthreads();
-
-  // k rounds of arg-max; a chosen entry is set to -1 (probabilities are >= 0).
-  for (int round = 0; round < k; ++round) {
-    float bv = -2.0f;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < E; i += blockDim.x)
-      if (beats(p[i], i, bv, bi)) {
-        bv = p[i];
-        bi = i;
-      }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (beats(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane == 0) {
-      best_v[warp] = bv;
-      best_i[warp] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < nw; ++w)
-        if (beats(best_v[w], best_i[w], bv, bi)) {
-          bv = best_v[w];
-          bi = best_i[w];
-        }
-      chosen_p[round] = bv;
-      chosen_i[round] = bi;
-      p[bi] = -1.0f;
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += chosen_p[i];
-    for (int i = 0; i < k; ++i) {
-      ids[int64_t(blockIdx.x) * k + i] = chosen_i[i];
-      weights[int64_t(blockIdx.x) * k + i] = renormalise ? chosen_p[i] / sum : chosen_p[i];
-    }
-  }
 }
 
 // --- RoPE -------------------------------------------------------------------------------------
@@ -359,15 +274,6 @@ void axpy(float* d_y, const float* d_x, int64_t n, float a, const float* d_a, Gp
 void add_sigmoid_scaled(float* d_y, const float* d_x, const float* d_gate, int64_t n, GpuStream s) {
   if (n == 0) return;
   add_sigmoid_scaled_kernel<<<blocks_for(n, kEltThreads), kEltThreads, 0, s>>>(d_y, d_x, d_gate, n);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
-void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
-                 float* d_weights, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(E >= 1 && E <= kRouterMaxE);
-  SWIFTLET_CUDA_REQUIRE(k >= 1 && k <= kRouterMaxK && k <= E);
-  if (n_tok == 0) return;
-  router_topk_kernel<<<unsigned(n_tok), kRouterThreads, 0, s>>>(d_logits, E, k, renormalise, d_ids, d_weights);
   SWIFTLET_CUDA_LAUNCHED();
 }
 

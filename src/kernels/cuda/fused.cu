@@ -1,0 +1,1055 @@
+// Fused decode kernels (issue 8): the products of a decoder layer in a few fat launches instead of
+// one launch per matrix, for affine 4/8-bit weights (MLX, model-spec.md 5.1).
+//
+// The product loop. A block stages its input x once in shared memory, already multiplied per
+// column by a power of two (below) and with the sum of every 16-byte chunk's x values beside it;
+// then each warp streams R weight rows in 16-byte loads, lane l taking chunks l, l + 32, ... of
+// every row, so one read of x from shared memory serves R rows. A 4-bit code q at bit s of its
+// word becomes a float without shifting it down: (word & (15 << s)) | 0x4B000000 is the float
+// 2^23 + q 2^s, less 2^23 that is q 2^s exactly, and x was staged times 2^-s, so the product is
+// q x. Nibbles 5..7 are first shifted down by 12 (one shift per word), so a code costs one logic
+// op, one add and one FMA. The group's affine map is applied per chunk:
+// sum (scale q + bias) x = scale sum q x + bias sum x.
+// Every sum runs in a fixed order (no atomics), so results are deterministic.
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+#include <cuda_fp16.h>
+
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace swiftlet::cuda {
+
+using detail::block_sum;
+using detail::sigmoidf_;
+using detail::siluf_;
+using detail::warp_sum;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxParts = 17;                 // routed experts (top-k <= 16) + the shared expert
+constexpr size_t kMaxSmem = 48 * 1024;        // dynamic shared memory without an opt-in
+enum ScaleType : int { kScaleBF16 = 0, kScaleF16 = 1, kScaleF32 = 2 };
+
+int scale_type(DType t) {
+  switch (t) {
+    case DType::BF16: return kScaleBF16;
+    case DType::F16: return kScaleF16;
+    case DType::F32: return kScaleF32;
+    default: detail::invariant_failed("affine scales must be BF16, F16 or F32", __FILE__, __LINE__);
+  }
+}
+
+__device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
+  if (st == kScaleBF16) return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(p) + i)) << 16);
+  if (st == kScaleF32) return __ldg(static_cast<const float*>(p) + i);
+  return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
+}
+
+// Programmatic Dependent Launch (sm_90): a kernel launched with the PDL attribute may start while
+// its predecessor finishes; it prefetches what does not depend on the predecessor (its weights)
+// and then waits (griddepcontrol.wait: the predecessor has completed and its writes are visible).
+// Each kernel here lets its successor start only after its own wait, so when a kernel starts, the
+// kernel two back has completed (expert_down reads the top-k ids that way before waiting).
+// Without the attribute both instructions are no-ops.
+__device__ __forceinline__ void pdl_wait_and_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// The lanes of a warp prefetch [p, p + bytes) into the L2, one 128-byte line each.
+__device__ __forceinline__ void prefetch_lines(const void* p, int64_t bytes, int lane) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = int64_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(c + o);
+}
+
+// Values per 16-byte chunk.
+template <int BITS>
+__host__ __device__ constexpr int per_chunk() { return 128 / BITS; }
+
+// The bit position each code of a word is masked at (see the file comment): 4-bit codes 0..4 at
+// 4e, codes 5..7 at 4e - 12 after the shift; 8-bit codes 0, 1 at 0, 8 and codes 2, 3 at 0, 8 after
+// >> 16 (q 2^s stays below 2^23: exact).
+template <int BITS>
+__device__ __forceinline__ float prescale(int i) {
+  if constexpr (BITS == 4) {
+    const int e = i & 7;
+    const int s = e <= 4 ? 4 * e : 4 * e - 12;
+    return __uint_as_float(uint32_t(127 - s) << 23);
+  } else {
+    const int s = (i & 1) * 8;
+    return __uint_as_float(uint32_t(127 - s) << 23);
+  }
+}
+
+__device__ __forceinline__ float code(uint32_t masked) { return __uint_as_float(masked | 0x4B000000u) - 8388608.0f; }
+
+// sum q_j x_j over one chunk; xp: the chunk's staged (prescaled) x values.
+template <int BITS>
+__device__ __forceinline__ float dot_chunk(const uint4& pk, const float* xp) {
+  const uint32_t words[4] = {pk.x, pk.y, pk.z, pk.w};
+  // Four partial sums: short FMA chains, so a warp has independent work while one waits.
+  float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t w = words[k];
+    if constexpr (BITS == 4) {
+      const uint32_t w2 = w >> 12;
+      const float* x = xp + 8 * k;
+      d0 = fmaf(code(w & 0xFu), x[0], d0);
+      d1 = fmaf(code(w & 0xF0u), x[1], d1);
+      d2 = fmaf(code(w & 0xF00u), x[2], d2);
+      d3 = fmaf(code(w & 0xF000u), x[3], d3);
+      d0 = fmaf(code(w & 0xF0000u), x[4], d0);
+      d1 = fmaf(code(w2 & 0xF00u), x[5], d1);
+      d2 = fmaf(code(w2 & 0xF000u), x[6], d2);
+      d3 = fmaf(code(w2 & 0xF0000u), x[7], d3);
+    } else {
+      const uint32_t w2 = w >> 16;
+      const float* x = xp + 4 * k;
+      d0 = fmaf(code(w & 0xFFu), x[0], d0);
+      d1 = fmaf(code(w & 0xFF00u), x[1], d1);
+      d2 = fmaf(code(w2 & 0xFFu), x[2], d2);
+      d3 = fmaf(code(w2 & 0xFF00u), x[3], d3);
+    }
+  }
+  return (d0 + d1) + (d2 + d3);
+}
+
+// Shared-memory layout of a staged row: 4 floats of padding after every 32, so the lanes' 16-byte
+// reads of their own chunk hit distinct banks.
+__host__ __device__ __forceinline__ int padded(int i) { return i + (i >> 5) * 4; }
+// Floats of shared memory for a staged row of n values (n a multiple of the chunk size): the
+// padded values, then one sum per chunk.
+template <int BITS>
+__host__ __device__ constexpr int staged_floats(int n) { return n + (n + 31) / 32 * 4 + n / per_chunk<BITS>(); }
+
+// Stages value(i) for i < n (n a multiple of the chunk size) into xs, times prescale, with the
+// chunk sums of the unscaled values after the padded row. A warp stages 32 values at a time and
+// sums each chunk with shuffles. Call from every thread; ends with a barrier.
+template <int BITS, typename F>
+__device__ __forceinline__ void stage(float* xs, int n, F value) {
+  constexpr int kPer = per_chunk<BITS>();
+  float* sums = xs + n + (n + 31) / 32 * 4;
+  const int lane = threadIdx.x & 31;
+  for (int base = (threadIdx.x >> 5) * 32; base < n; base += kThreads) {  // warp-uniform
+    const int i = base + lane;
+    const float v = i < n ? value(i) : 0.0f;
+    if (i < n) xs[padded(i)] = v * prescale<BITS>(i);
+    float sum = v;
+#pragma unroll
+    for (int o = kPer / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (i < n && i % kPer == 0) sums[i / kPer] = sum;
+  }
+  __syncthreads();
+}
+
+// acc[i] += W_i x for R rows (each by its chunk pointer, scales, biases and first group index),
+// lane l taking chunks l, l + 32, ... Rows past the end (!valid) are skipped.
+template <int BITS, int R>
+__device__ __forceinline__ void rows_dot(const uint4* const (&data)[R], const void* const (&scales)[R],
+                                         const void* const (&biases)[R], const int64_t (&g0)[R],
+                                         const bool (&valid)[R], int n_chunks, int gs, int st, const float* xs,
+                                         const float* sums, float (&acc)[R]) {
+  constexpr int kPer = per_chunk<BITS>();
+  const int lane = threadIdx.x & 31;
+#pragma unroll 2
+  for (int ch = lane; ch < n_chunks; ch += 32) {
+    uint4 pk[R];
+    float sc[R], bi[R];
+    const int gc = (ch * kPer) / gs;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (!valid[i]) continue;
+      pk[i] = __ldg(data[i] + ch);
+      sc[i] = load_scale(scales[i], g0[i] + gc, st);
+      bi[i] = load_scale(biases[i], g0[i] + gc, st);
+    }
+    float xr[kPer];
+    const float4* xv = reinterpret_cast<const float4*>(xs + padded(ch * kPer));
+#pragma unroll
+    for (int j = 0; j < kPer / 4; ++j) {
+      const float4 v = xv[j];
+      xr[4 * j] = v.x;
+      xr[4 * j + 1] = v.y;
+      xr[4 * j + 2] = v.z;
+      xr[4 * j + 3] = v.w;
+    }
+    const float xsum = sums[ch];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (valid[i]) acc[i] = fmaf(sc[i], dot_chunk<BITS>(pk[i], xr), fmaf(bi[i], xsum, acc[i]));
+  }
+}
+
+// The same for exactly J chunks per lane (cols = 32 J chunks): all R x J weight and scale loads
+// are issued before any arithmetic (memory parallelism), and the group of each of the lane's
+// chunks (gc) is computed once per kernel. Rows past the end read nothing and add zeros.
+template <int BITS, int R, int J>
+__device__ __forceinline__ void rows_dot_fixed(const uint4* const (&data)[R], const void* const (&scales)[R],
+                                               const void* const (&biases)[R], const int64_t (&g0)[R],
+                                               const bool (&valid)[R], const int (&gc)[J], int st, const float* xs,
+                                               const float* sums, float (&acc)[R]) {
+  constexpr int kPer = per_chunk<BITS>();
+  const int lane = threadIdx.x & 31;
+  uint4 pk[R][J];
+  float sc[R][J], bi[R][J];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      if (valid[i]) {
+        pk[i][j] = __ldg(data[i] + lane + 32 * j);
+        sc[i][j] = load_scale(scales[i], g0[i] + gc[j], st);
+        bi[i][j] = load_scale(biases[i], g0[i] + gc[j], st);
+      } else {
+        pk[i][j] = make_uint4(0, 0, 0, 0);
+        sc[i][j] = bi[i][j] = 0.0f;
+      }
+    }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int ch = lane + 32 * j;
+    float xr[kPer];
+    const float4* xv = reinterpret_cast<const float4*>(xs + padded(ch * kPer));
+#pragma unroll
+    for (int q = 0; q < kPer / 4; ++q) {
+      const float4 v = xv[q];
+      xr[4 * q] = v.x;
+      xr[4 * q + 1] = v.y;
+      xr[4 * q + 2] = v.z;
+      xr[4 * q + 3] = v.w;
+    }
+    const float xsum = sums[ch];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = fmaf(sc[i][j], dot_chunk<BITS>(pk[i][j], xr), fmaf(bi[i][j], xsum, acc[i]));
+  }
+}
+
+// Chunks per lane for rows_dot_fixed (0: the general loop).
+template <int BITS>
+int fixed_chunks(int64_t cols, int R) {
+  const int64_t n = cols / per_chunk<BITS>();
+  if (n == 64 && R <= 4) return 2;
+  if (n == 128 && R <= 2) return 4;
+  return 0;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
+    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v > 0 ? v : 1;
+  }();
+  return n;
+}
+
+// Launch settings (set_fused_launch): PDL on sm_90+, and blocks per SM of the products. Every block
+// of a product stays resident and stages its x once; its warps then take row groups grid-stride.
+// Fewer blocks per SM leave room for the successor's blocks to start early and prefetch.
+struct Tuning {
+  bool capable = false;  // sm_90+
+  bool pdl = false;
+  int blocks_per_sm = 0;  // 0: by registers (R = 1, 2, 4 use ~45, ~80, ~115 per thread)
+};
+Tuning& tuning() {
+  static Tuning t = [] {
+    Tuning v;
+    int dev = 0, major = 0;
+    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
+    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    v.capable = v.pdl = major >= 9;
+    return v;
+  }();
+  return t;
+}
+int blocks_per_sm(int R) {
+  if (tuning().blocks_per_sm > 0) return tuning().blocks_per_sm;
+  return R >= 4 ? 2 : R == 2 ? 3 : 4;
+}
+
+// Blocks of `kernel` (256 threads, `smem` dynamic shared memory) that fit on one SM, asked once per
+// kernel.
+int occupancy(const void* kernel, size_t smem) {
+  static std::mutex mu;
+  static std::vector<std::pair<const void*, int>> known;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [k, n] : known)
+    if (k == kernel) return n;
+  int n = 0;
+  SWIFTLET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+  known.emplace_back(kernel, n > 0 ? n : 1);
+  return known.back().second;
+}
+
+// Launches kernel<<<grid, block, smem, s>>>(args...), with the PDL attribute when enabled. A
+// grid-stride product kernel (resident) gets at most the blocks that are resident at once.
+template <typename... Params, typename... Args>
+void launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool resident,
+               Args&&... args) {
+  if (resident) {
+    const unsigned cap = unsigned(occupancy(reinterpret_cast<const void*>(kernel), smem) * sm_count());
+    if (grid.x > cap) grid.x = cap;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = tuning().pdl ? 1 : 0;
+  SWIFTLET_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_ex(kernel, grid, block, smem, s, false, std::forward<Args>(args)...);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several matrices over one input.
+
+struct Segment {
+  const uint4* data;
+  const void* scales;
+  const void* biases;
+  float* y;
+  int rows;
+  int add;  // y += W x instead of y = W x
+  int rg0;  // first row group (of R rows) of this segment
+};
+
+struct MultiArgs {
+  Segment seg[kMaxSegments];
+  int n_seg, total_rg;
+  int cols, gs, st;
+  const float* x;
+  const float* norm_w;  // null: x as it is
+  float eps;
+  float* x_out;  // block 0 writes the normed x here (when norm_w)
+};
+
+template <int BITS, int R, int J>
+__global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_constant__ MultiArgs a) {
+  constexpr int kPer = per_chunk<BITS>();
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  __shared__ float red[32];
+  const int cols = a.cols;
+  {  // this warp's weight rows into the L2 while the predecessor finishes
+    const int lane = threadIdx.x & 31;
+    const int64_t row_bytes = int64_t(cols) * BITS / 8, scale_bytes = int64_t(cols / a.gs) * (a.st == kScaleF32 ? 4 : 2);
+    for (int rg = int(blockIdx.x) * kWarps + (threadIdx.x >> 5); rg < a.total_rg; rg += int(gridDim.x) * kWarps) {
+      int si = 0;
+      while (si + 1 < a.n_seg && rg >= a.seg[si + 1].rg0) ++si;
+      const Segment& sg = a.seg[si];
+      const int r0 = (rg - sg.rg0) * R, nr = sg.rows - r0 < R ? sg.rows - r0 : R;
+      prefetch_lines(reinterpret_cast<const char*>(sg.data) + r0 * row_bytes, nr * row_bytes, lane);
+      prefetch_lines(static_cast<const char*>(sg.scales) + r0 * scale_bytes, nr * scale_bytes, lane);
+      prefetch_lines(static_cast<const char*>(sg.biases) + r0 * scale_bytes, nr * scale_bytes, lane);
+    }
+  }
+  pdl_wait_and_release();
+  float inv = 1.0f;
+  if (a.norm_w) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += kThreads) ss = fmaf(a.x[i], a.x[i], ss);
+    ss = block_sum(ss, red);
+    inv = rsqrtf(ss / float(cols) + a.eps);
+  }
+  stage<BITS>(xs, cols, [&](int i) {
+    float v = a.x[i];
+    if (a.norm_w) {
+      v = v * inv * a.norm_w[i];
+      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
+    }
+    return v;
+  });
+  const float* sums = xs + cols + (cols + 31) / 32 * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_chunks = cols / kPer, groups = cols / a.gs;
+  int gc[J > 0 ? J : 1];
+#pragma unroll
+  for (int j = 0; j < (J > 0 ? J : 1); ++j) gc[j] = ((lane + 32 * j) * kPer) / a.gs;
+  for (int rg = int(blockIdx.x) * kWarps + warp; rg < a.total_rg; rg += int(gridDim.x) * kWarps) {
+    int si = 0;
+    while (si + 1 < a.n_seg && rg >= a.seg[si + 1].rg0) ++si;
+    const Segment& sg = a.seg[si];
+    const int r0 = (rg - sg.rg0) * R;
+    const uint4* data[R];
+    const void* scales[R];
+    const void* biases[R];
+    int64_t g0[R];
+    bool valid[R];
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t r = r0 + i;
+      valid[i] = r < sg.rows;
+      data[i] = sg.data + r * n_chunks;
+      scales[i] = sg.scales;
+      biases[i] = sg.biases;
+      g0[i] = r * groups;
+      acc[i] = 0.0f;
+    }
+    if constexpr (J > 0)
+      rows_dot_fixed<BITS, R, J>(data, scales, biases, g0, valid, gc, a.st, xs, sums, acc);
+    else
+      rows_dot<BITS, R>(data, scales, biases, g0, valid, n_chunks, a.gs, a.st, xs, sums, acc);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float v = warp_sum(acc[i]);
+      if (lane == 0 && valid[i]) {
+        float* y = sg.y + r0 + i;
+        *y = sg.add ? *y + v : v;
+      }
+    }
+  }
+}
+
+bool affine_fusable(const GpuMatrix& m) {
+  if (m.format != WeightFormat::Affine || (m.bits != 4 && m.bits != 8) || m.group_size <= 0) return false;
+  const int per = 128 / m.bits;
+  auto a16 = [](const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; };
+  return m.group_size % per == 0 && m.cols % m.group_size == 0 && a16(m.data) && m.cols <= (1 << 30) &&
+         m.rows < (int64_t(1) << 30);
+}
+
+bool same_shape_kind(const GpuMatrix& a, const GpuMatrix& b) {
+  return a.bits == b.bits && a.group_size == b.group_size && a.scale_dtype == b.scale_dtype && a.cols == b.cols;
+}
+
+// Blocks for `groups` row groups: every warp busy, at most what stays resident.
+unsigned grid_for(int64_t groups, int R) {
+  const int64_t want = (groups + kWarps - 1) / kWarps, cap = int64_t(blocks_per_sm(R)) * sm_count();
+  return unsigned(want < cap ? want : cap);
+}
+
+// Rows per warp: 2 where every warp of a full grid (2 blocks per SM) still gets a group, else 1.
+// Not 4: at ~120 registers only 16 warps fit on an SM, and the product is latency-bound there
+// (ncu on the H200: 0.34 instructions issued per scheduler-cycle, 0.6 eligible warps of 3.5).
+int rows_per_warp(int64_t rows) {
+  const int64_t warps = 2 * int64_t(sm_count()) * kWarps;
+  return rows >= 2 * warps ? 2 : 1;
+}
+
+template <int BITS, int R>
+void launch_multi(MultiArgs a, cudaStream_t s) {
+  int groups = 0;
+  for (int i = 0; i < a.n_seg; ++i) {
+    a.seg[i].rg0 = groups;
+    groups += (a.seg[i].rows + R - 1) / R;
+  }
+  a.total_rg = groups;
+  const size_t smem = size_t(staged_floats<BITS>(a.cols)) * 4;
+  switch (fixed_chunks<BITS>(a.cols, R)) {
+    case 2: launch_ex(multi_matvec_kernel<BITS, R, 2>, grid_for(groups, R), kThreads, smem, s, true, a); break;
+    case 4: launch_ex(multi_matvec_kernel<BITS, R, 4>, grid_for(groups, R), kThreads, smem, s, true, a); break;
+    default: launch_ex(multi_matvec_kernel<BITS, R, 0>, grid_for(groups, R), kThreads, smem, s, true, a); break;
+  }
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+template <int BITS>
+void launch_multi_rows(const MultiArgs& a, cudaStream_t s) {
+  int64_t rows = 0;
+  for (int i = 0; i < a.n_seg; ++i) rows += a.seg[i].rows;
+  switch (rows_per_warp(rows)) {
+    case 4: launch_multi<BITS, 4>(a, s); break;
+    case 2: launch_multi<BITS, 2>(a, s); break;
+    default: launch_multi<BITS, 1>(a, s); break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routed (and shared) experts.
+
+struct Part {  // a matrix of an expert: byte offsets from the slot base, or addresses (base 0)
+  size_t data, scales, biases;
+};
+struct ExpertArgs {
+  Part gate, up, down;           // routed experts: offsets in the slot
+  Part sh_gate, sh_up, sh_down;  // the shared expert: addresses
+  const void* const* table;
+  const int32_t* ids;
+  int n;      // routed experts
+  int parts;  // n, or n + 1 with the shared expert
+  int I, H;   // intermediate and hidden sizes
+  int gs_in, st_in, gs_out, st_out;
+  const float* x;  // [H] for gate/up; act [parts][I] for down
+  const float* w;  // [n] routing weights
+  const float* sh_gate_logit;
+  float* y;  // act [parts][I] for gate/up; h [H] for down
+};
+
+// Part p's slot base as an integer (0 for the shared expert, whose offsets are addresses).
+__device__ __forceinline__ size_t part_base(const ExpertArgs& a, int p) {
+  return p < a.n ? reinterpret_cast<size_t>(a.table[a.ids[p]]) : size_t(0);
+}
+template <typename T>
+__device__ __forceinline__ const T* at(size_t base, size_t off) {
+  return reinterpret_cast<const T*>(base + off);
+}
+
+// act[p][r] = SiLU(gate_p[r] x) * up_p[r] x. Row group g: part g / per_part, rows RP of it; each
+// warp reads RP rows of gate and RP of up.
+template <int BITS, int RP, int J>
+__global__ void __launch_bounds__(kThreads) expert_act_kernel(const __grid_constant__ ExpertArgs a) {
+  constexpr int kPer = per_chunk<BITS>();
+  constexpr int R = 2 * RP;
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  const int H = a.H;
+  pdl_wait_and_release();  // the ids come from the predecessor: nothing to prefetch before
+  stage<BITS>(xs, H, [&](int i) { return a.x[i]; });
+  const float* sums = xs + H + (H + 31) / 32 * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_chunks = H / kPer, groups = H / a.gs_in;
+  const int per_part = (a.I + RP - 1) / RP, total = a.parts * per_part;
+  int gc[J > 0 ? J : 1];
+#pragma unroll
+  for (int j = 0; j < (J > 0 ? J : 1); ++j) gc[j] = ((lane + 32 * j) * kPer) / a.gs_in;
+  for (int rg = int(blockIdx.x) * kWarps + warp; rg < total; rg += int(gridDim.x) * kWarps) {
+    const int p = rg / per_part, r0 = (rg - p * per_part) * RP;
+    const size_t base = part_base(a, p);
+    const Part& gm = p < a.n ? a.gate : a.sh_gate;
+    const Part& um = p < a.n ? a.up : a.sh_up;
+    const uint4* data[R];
+    const void* scales[R];
+    const void* biases[R];
+    int64_t g0[R];
+    bool valid[R];
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const Part& m = i < RP ? gm : um;
+      const int64_t r = r0 + (i % RP);
+      valid[i] = r < a.I;
+      data[i] = at<uint4>(base, m.data) + r * n_chunks;
+      scales[i] = at<void>(base, m.scales);
+      biases[i] = at<void>(base, m.biases);
+      g0[i] = r * groups;
+      acc[i] = 0.0f;
+    }
+    if constexpr (J > 0)
+      rows_dot_fixed<BITS, R, J>(data, scales, biases, g0, valid, gc, a.st_in, xs, sums, acc);
+    else
+      rows_dot<BITS, R>(data, scales, biases, g0, valid, n_chunks, a.gs_in, a.st_in, xs, sums, acc);
+#pragma unroll
+    for (int i = 0; i < RP; ++i) {
+      const float gv = warp_sum(acc[i]);
+      const float uv = warp_sum(acc[RP + i]);
+      if (lane == 0 && valid[i]) a.y[int64_t(p) * a.I + r0 + i] = siluf_(gv) * uv;
+    }
+  }
+}
+
+// h[r] += sum_p coef_p down_p[r] act[p]: coef_p = w[p] for the routed experts, sigmoid of the
+// shared expert's gate logit for the shared one. Each warp owns R output rows; its lanes share out
+// the chunks of all parts, so the sum over experts stays in one warp (no atomics).
+template <int BITS, int R>
+__global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_constant__ ExpertArgs a) {
+  constexpr int kPer = per_chunk<BITS>();
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  __shared__ size_t bases[kMaxParts];
+  __shared__ float coefs[kMaxParts];
+  const int n_in = a.parts * a.I;
+  {  // the ids are two kernels back (complete): this warp's rows of every part into the L2
+    const int lane = threadIdx.x & 31;
+    const int64_t row_bytes = int64_t(a.I) * BITS / 8, scale_bytes = int64_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4 : 2);
+    for (int rg = int(blockIdx.x) * kWarps + (threadIdx.x >> 5); rg < (a.H + R - 1) / R; rg += int(gridDim.x) * kWarps) {
+      const int r0 = rg * R, nr = a.H - r0 < R ? a.H - r0 : R;
+      for (int p = 0; p < a.parts; ++p) {
+        const size_t base = part_base(a, p);
+        const Part& m = p < a.n ? a.down : a.sh_down;
+        prefetch_lines(at<char>(base, m.data) + r0 * row_bytes, nr * row_bytes, lane);
+        prefetch_lines(at<char>(base, m.scales) + r0 * scale_bytes, nr * scale_bytes, lane);
+        prefetch_lines(at<char>(base, m.biases) + r0 * scale_bytes, nr * scale_bytes, lane);
+      }
+    }
+  }
+  pdl_wait_and_release();
+  if (threadIdx.x < unsigned(a.parts)) {
+    const int p = threadIdx.x;
+    bases[p] = part_base(a, p);
+    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
+  }
+  stage<BITS>(xs, n_in, [&](int i) { return a.x[i]; });
+  const float* sums = xs + n_in + (n_in + 31) / 32 * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int part_chunks = a.I / kPer, groups = a.I / a.gs_out;
+  const int total = a.parts * part_chunks;
+  const int n_rg = (a.H + R - 1) / R;
+  for (int rg = int(blockIdx.x) * kWarps + warp; rg < n_rg; rg += int(gridDim.x) * kWarps) {
+    const int r0 = rg * R;
+    bool valid[R];
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      valid[i] = r0 + i < a.H;
+      acc[i] = 0.0f;
+    }
+#pragma unroll 2
+    for (int t = lane; t < total; t += 32) {
+      const int p = t / part_chunks, ch = t - p * part_chunks;
+      const size_t base = bases[p];
+      const Part& m = p < a.n ? a.down : a.sh_down;
+      const uint4* data = at<uint4>(base, m.data);
+      const int gc = (ch * kPer) / a.gs_out;
+      uint4 pk[R];
+      float sc[R], bi[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        if (!valid[i]) continue;
+        const int64_t r = r0 + i;
+        pk[i] = __ldg(data + r * part_chunks + ch);
+        sc[i] = load_scale(at<void>(base, m.scales), r * groups + gc, a.st_out);
+        bi[i] = load_scale(at<void>(base, m.biases), r * groups + gc, a.st_out);
+      }
+      float xr[kPer];
+      const float4* xv = reinterpret_cast<const float4*>(xs + padded(t * kPer));
+#pragma unroll
+      for (int j = 0; j < kPer / 4; ++j) {
+        const float4 v = xv[j];
+        xr[4 * j] = v.x;
+        xr[4 * j + 1] = v.y;
+        xr[4 * j + 2] = v.z;
+        xr[4 * j + 3] = v.w;
+      }
+      const float xsum = sums[t], c = coefs[p];
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (valid[i]) acc[i] = fmaf(c, fmaf(sc[i], dot_chunk<BITS>(pk[i], xr), bi[i] * xsum), acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float v = warp_sum(acc[i]);
+      if (lane == 0 && valid[i]) a.y[r0 + i] += v;
+    }
+  }
+}
+
+Part part_of(const GpuMatrix& m) {
+  return {reinterpret_cast<size_t>(m.data), reinterpret_cast<size_t>(m.scales), reinterpret_cast<size_t>(m.biases)};
+}
+
+ExpertArgs expert_args(const ExpertLayout& l, const void* const* table, const int32_t* ids, int n,
+                       const SharedExpert* sh) {
+  ExpertArgs a{};
+  a.gate = part_of(l.gate);
+  a.up = part_of(l.up);
+  a.down = part_of(l.down);
+  if (sh) {
+    a.sh_gate = part_of(sh->gate);
+    a.sh_up = part_of(sh->up);
+    a.sh_down = part_of(sh->down);
+    a.sh_gate_logit = sh->d_gate_logit;
+  }
+  a.table = table;
+  a.ids = ids;
+  a.n = n;
+  a.parts = n + (sh ? 1 : 0);
+  a.I = int(l.gate.rows);
+  a.H = int(l.gate.cols);
+  a.gs_in = l.gate.group_size;
+  a.st_in = scale_type(l.gate.scale_dtype);
+  a.gs_out = l.down.group_size;
+  a.st_out = scale_type(l.down.scale_dtype);
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet, one token.
+
+constexpr int kConvThreads = 256;
+constexpr int kConvMaxDk = 256;
+
+// One block per key head g: Qwen3-Next's grouped projections (in_proj_qkvz per g: [q_g | k_g |
+// v (r heads) | z (r heads)], in_proj_ba per g: [b (r) | a (r)]) unpacked, the causal conv + SiLU
+// on the q/k/v channels, and q_g, k_g L2-normalised (q also scaled): 3.4 - 3.5 in one launch.
+__global__ void __launch_bounds__(kConvThreads)
+    deltanet_prep_kernel(const float* __restrict__ P, const float* __restrict__ Rb, const float* __restrict__ conv_w,
+                         float* __restrict__ state, int hk, int r, int dk, int dv, int K, float eps, float q_scale,
+                         float* __restrict__ u, float* __restrict__ z, float* __restrict__ b, float* __restrict__ a) {
+  __shared__ float qk[2 * kConvMaxDk];
+  __shared__ float red[32];
+  pdl_wait_and_release();
+  const int g = blockIdx.x;
+  const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv, C = 2 * kd + int64_t(hk) * rdv;
+  const int64_t group = 2 * int64_t(dk) + 2 * rdv;
+  const float* src = P + g * group;
+  float ssq = 0.0f, ssk = 0.0f;
+  for (int64_t t = threadIdx.x; t < 2 * dk + rdv; t += kConvThreads) {
+    const int64_t c = t < dk ? g * dk + t : t < 2 * dk ? kd + g * dk + (t - dk) : 2 * kd + g * rdv + (t - 2 * dk);
+    const float* wc = conv_w + c * K;
+    const float xc = src[t];
+    float acc = wc[K - 1] * xc;
+    for (int j = 0; j < K - 1; ++j) acc += wc[j] * state[j * C + c];
+    for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
+    if (K > 1) state[int64_t(K - 2) * C + c] = xc;
+    const float v = siluf_(acc);
+    if (t < dk) {
+      qk[t] = v;
+      ssq = fmaf(v, v, ssq);
+    } else if (t < 2 * dk) {
+      qk[t] = v;
+      ssk = fmaf(v, v, ssk);
+    } else {
+      u[c] = v;
+    }
+  }
+  for (int64_t t = threadIdx.x; t < rdv; t += kConvThreads) z[g * rdv + t] = src[2 * dk + rdv + t];
+  if (threadIdx.x < unsigned(r)) {
+    b[g * r + threadIdx.x] = Rb[int64_t(g) * 2 * r + threadIdx.x];
+    a[g * r + threadIdx.x] = Rb[int64_t(g) * 2 * r + r + threadIdx.x];
+  }
+  ssq = block_sum(ssq, red);  // also the barrier before reading qk
+  ssk = block_sum(ssk, red);
+  const float iq = rsqrtf(ssq + eps) * q_scale, ik = rsqrtf(ssk + eps);
+  for (int t = threadIdx.x; t < dk; t += kConvThreads) {
+    u[int64_t(g) * dk + t] = qk[t] * iq;
+    u[kd + int64_t(g) * dk + t] = qk[dk + t] * ik;
+  }
+}
+
+constexpr int kDnSlices = 8;
+constexpr int kDnMaxDv = 128;
+constexpr int kDnMaxDk = 256;
+constexpr int kDnRows = kDnMaxDk / kDnSlices;
+
+// The delta rule (3.6 - 3.7) and the gated RMSNorm (3.9) of one value head per block: thread
+// (x, y) keeps rows y, y + 8, ... of state column x in registers.
+__global__ void __launch_bounds__(kDnMaxDv * kDnSlices) delta_norm_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ bb, const float* __restrict__ aa, const float* __restrict__ A_log,
+    const float* __restrict__ dt_bias, float* S, const float* __restrict__ z, const float* __restrict__ norm_w,
+    float eps, int hk, int hv, int dk, int dv, float* __restrict__ o) {
+  __shared__ float ks[kDnMaxDk], qs[kDnMaxDk];
+  __shared__ float red[kDnSlices][kDnMaxDv + 1];
+  __shared__ float oh[kDnMaxDv];
+  __shared__ float inv_s;
+  pdl_wait_and_release();
+  const int h = blockIdx.x, g = h / (hv / hk);
+  const int j = threadIdx.x, ty = threadIdx.y, tid = ty * blockDim.x + j;
+  for (int i = tid; i < dk; i += blockDim.x * kDnSlices) {
+    ks[i] = k[int64_t(g) * dk + i];
+    qs[i] = q[int64_t(g) * dk + i];
+  }
+  const float beta = sigmoidf_(bb[h]);
+  const float alpha = expf(-expf(A_log[h]) * detail::softplusf_(aa[h] + dt_bias[h]));
+  __syncthreads();
+  float* Sh = S + int64_t(h) * dk * dv;
+  const bool col = j < dv;
+  float s_reg[kDnRows];
+  float part = 0.0f;
+#pragma unroll
+  for (int rr = 0; rr < kDnRows; ++rr) {
+    const int i = ty + kDnSlices * rr;
+    s_reg[rr] = (col && i < dk) ? Sh[int64_t(i) * dv + j] * alpha : 0.0f;
+    if (i < dk) part = fmaf(s_reg[rr], ks[i], part);
+  }
+  red[ty][j] = part;
+  __syncthreads();
+  float mj = 0.0f;
+#pragma unroll
+  for (int y = 0; y < kDnSlices; ++y) mj += red[y][j];
+  const float delta = col ? beta * (v[int64_t(h) * dv + j] - mj) : 0.0f;
+  __syncthreads();
+  part = 0.0f;
+#pragma unroll
+  for (int rr = 0; rr < kDnRows; ++rr) {
+    const int i = ty + kDnSlices * rr;
+    if (i < dk) {
+      s_reg[rr] = fmaf(ks[i], delta, s_reg[rr]);
+      if (col) Sh[int64_t(i) * dv + j] = s_reg[rr];
+      part = fmaf(s_reg[rr], qs[i], part);
+    }
+  }
+  red[ty][j] = part;
+  __syncthreads();
+  if (ty == 0) {
+    float oj = 0.0f;
+#pragma unroll
+    for (int y = 0; y < kDnSlices; ++y) oj += red[y][j];
+    oh[j] = col ? oj : 0.0f;
+  }
+  __syncthreads();
+  if (tid < 32) {
+    float ss = 0.0f;
+    for (int i = tid; i < dv; i += 32) ss = fmaf(oh[i], oh[i], ss);
+    ss = warp_sum(ss);
+    if (tid == 0) inv_s = rsqrtf(ss / float(dv) + eps);
+  }
+  __syncthreads();
+  if (ty == 0 && col) o[int64_t(h) * dv + j] = oh[j] * inv_s * norm_w[j] * siluf_(z[int64_t(h) * dv + j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router: softmax, then a bitonic sort of (probability, index) in shared memory.
+
+constexpr int kTopkThreads = 1024;
+constexpr int kTopkMaxE = 4096;
+
+__device__ __forceinline__ bool beats(float av, int ai, float bv, int bi) { return av > bv || (av == bv && ai < bi); }
+
+__global__ void __launch_bounds__(kTopkThreads) router_sort_kernel(const float* __restrict__ logits, int E, int N,
+                                                                   int k, bool renormalise, int32_t* ids,
+                                                                   float* weights) {
+  __shared__ float pv[kTopkMaxE];
+  __shared__ int pi[kTopkMaxE];
+  __shared__ float red[32];
+  pdl_wait_and_release();
+  const float* lr = logits + int64_t(blockIdx.x) * E;
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, lr[i]);
+  m = detail::block_max(m, red);
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) {
+    const float e = expf(lr[i] - m);
+    pv[i] = e;
+    s += e;
+  }
+  s = block_sum(s, red);
+  const float inv = 1.0f / s;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) {
+    pv[i] = i < E ? pv[i] * inv : -1.0f;
+    pi[i] = i;
+  }
+  // Descending: the best first.
+  for (int size = 2; size <= N; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      __syncthreads();
+      for (int t = threadIdx.x; t < N / 2; t += blockDim.x) {
+        const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
+        const bool desc = (lo & size) == 0;
+        const float av = pv[lo], bv = pv[hi];
+        const int ai = pi[lo], bi = pi[hi];
+        if (beats(bv, bi, av, ai) == desc) {
+          pv[lo] = bv;
+          pv[hi] = av;
+          pi[lo] = bi;
+          pi[hi] = ai;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum += pv[i];
+    for (int i = 0; i < k; ++i) {
+      ids[int64_t(blockIdx.x) * k + i] = pi[i];
+      weights[int64_t(blockIdx.x) * k + i] = renormalise ? pv[i] / sum : pv[i];
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const float* d_norm_w, float eps,
+                  float* d_x_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(n >= 0 && n <= kMaxSegments);
+  SWIFTLET_CUDA_REQUIRE(!d_norm_w || d_x_out);
+  int first = -1;
+  bool fusable = true;
+  for (int i = 0; i < n; ++i) {
+    if (segs[i].w.rows == 0) continue;
+    if (first < 0) first = i;
+    fusable = fusable && affine_fusable(segs[i].w) && same_shape_kind(segs[i].w, segs[first].w);
+  }
+  if (first < 0) {  // nothing to multiply; the norm may still be wanted
+    SWIFTLET_CUDA_REQUIRE(!d_norm_w);
+    return;
+  }
+  const GpuMatrix& w0 = segs[first].w;
+  const int bits = w0.bits;
+  if (fusable) {
+    const size_t smem = size_t(bits == 4 ? staged_floats<4>(int(w0.cols)) : staged_floats<8>(int(w0.cols))) * 4;
+    fusable = smem <= kMaxSmem;
+  }
+  if (!fusable) {
+    const float* x = d_x;
+    if (d_norm_w) {
+      rms_norm(d_x, d_norm_w, 1, segs[first].w.cols, eps, d_x_out, s);
+      x = d_x_out;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (segs[i].w.rows == 0) continue;
+      if (segs[i].add)
+        matmul_add(segs[i].w, x, segs[i].d_y, s);
+      else
+        matmul(segs[i].w, x, 1, segs[i].d_y, s);
+    }
+    return;
+  }
+  MultiArgs a{};
+  for (int i = 0; i < n; ++i) {
+    if (segs[i].w.rows == 0) continue;
+    const GpuMatrix& m = segs[i].w;
+    a.seg[a.n_seg++] = {static_cast<const uint4*>(m.data), m.scales, m.biases, segs[i].d_y, int(m.rows),
+                        segs[i].add ? 1 : 0, 0};
+  }
+  a.cols = int(w0.cols);
+  a.gs = w0.group_size;
+  a.st = scale_type(w0.scale_dtype);
+  a.x = d_x;
+  a.norm_w = d_norm_w;
+  a.eps = eps;
+  a.x_out = d_x_out;
+  if (bits == 4)
+    launch_multi_rows<4>(a, s);
+  else
+    launch_multi_rows<8>(a, s);
+}
+
+void prepare_fused_kernels() {
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(multi_matvec_kernel<4, 1, 0>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 1, 2>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<4, 1, 4>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 2, 0>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<4, 2, 2>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 2, 4>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<4, 4, 0>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 4, 2>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<4, 4, 4>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 1, 0>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<8, 1, 2>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 1, 4>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<8, 2, 0>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 2, 2>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<8, 2, 4>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 4, 0>),
+      reinterpret_cast<const void*>(multi_matvec_kernel<8, 4, 2>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 4, 4>),
+      reinterpret_cast<const void*>(expert_act_kernel<4, 1, 0>),  reinterpret_cast<const void*>(expert_act_kernel<4, 1, 2>),
+      reinterpret_cast<const void*>(expert_act_kernel<4, 1, 4>),  reinterpret_cast<const void*>(expert_act_kernel<4, 2, 0>),
+      reinterpret_cast<const void*>(expert_act_kernel<4, 2, 2>),  reinterpret_cast<const void*>(expert_act_kernel<8, 1, 0>),
+      reinterpret_cast<const void*>(expert_act_kernel<8, 2, 0>),  reinterpret_cast<const void*>(expert_down_kernel<4, 1>),
+      reinterpret_cast<const void*>(expert_down_kernel<4, 2>),    reinterpret_cast<const void*>(expert_down_kernel<8, 1>),
+      reinterpret_cast<const void*>(expert_down_kernel<8, 2>)};
+  for (const void* k : kernels) occupancy(k, 0);
+  (void)tuning();
+  (void)sm_count();
+}
+
+void set_fused_launch(bool pdl, int blocks_per_sm) {
+  tuning().pdl = pdl && tuning().capable;
+  tuning().blocks_per_sm = blocks_per_sm;
+}
+
+bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh) {
+  if (!(affine_fusable(l.gate) && affine_fusable(l.up) && affine_fusable(l.down))) return false;
+  if (!same_shape_kind(l.gate, l.up) || l.gate.rows != l.up.rows || l.down.cols != l.gate.rows ||
+      l.down.rows != l.gate.cols || l.gate.bits != l.down.bits)
+    return false;
+  if (sh) {
+    if (!(affine_fusable(sh->gate) && affine_fusable(sh->up) && affine_fusable(sh->down))) return false;
+    if (!same_shape_kind(sh->gate, l.gate) || !same_shape_kind(sh->up, l.up) || !same_shape_kind(sh->down, l.down))
+      return false;
+    if (sh->gate.rows != l.gate.rows || sh->up.rows != l.up.rows || sh->down.rows != l.down.rows) return false;
+    if (!sh->d_gate_logit) return false;
+  }
+  const int parts = n + (sh ? 1 : 0);
+  if (parts > kMaxParts) return false;
+  const int bits = l.gate.bits;
+  auto floats = [&](int m) { return bits == 4 ? staged_floats<4>(m) : staged_floats<8>(m); };
+  return size_t(floats(int(l.gate.cols))) * 4 <= kMaxSmem &&
+         size_t(floats(parts * int(l.down.cols))) * 4 <= kMaxSmem;
+}
+
+void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,
+                const SharedExpert* sh, const float* d_x, float* d_act, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, n, sh));
+  ExpertArgs a = expert_args(l, d_table, d_ids, n, sh);
+  if (a.parts == 0) return;
+  a.x = d_x;
+  a.y = d_act;
+  const int bits = l.gate.bits;
+  const size_t smem = size_t(bits == 4 ? staged_floats<4>(a.H) : staged_floats<8>(a.H)) * 4;
+  // One row of gate and one of up per warp (two of each need ~120 registers: fewer warps per SM).
+  const bool two = false;
+  const unsigned grid = grid_for(int64_t(a.parts) * ((a.I + (two ? 1 : 0)) / (two ? 2 : 1)), two ? 4 : 2);
+  // Rows of gate and up per warp: 2 RP; the fixed-chunk loop where the shape allows.
+  if (bits == 4) {
+    const int J = fixed_chunks<4>(a.H, two ? 4 : 2);
+    if (J == 2)
+      launch_ex(two ? expert_act_kernel<4, 2, 2> : expert_act_kernel<4, 1, 2>, grid, kThreads, smem, s, true, a);
+    else if (J == 4 && !two)
+      launch_ex(expert_act_kernel<4, 1, 4>, grid, kThreads, smem, s, true, a);
+    else
+      launch_ex(two ? expert_act_kernel<4, 2, 0> : expert_act_kernel<4, 1, 0>, grid, kThreads, smem, s, true, a);
+  } else {
+    launch_ex(two ? expert_act_kernel<8, 2, 0> : expert_act_kernel<8, 1, 0>, grid, kThreads, smem, s, true, a);
+  }
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void expert_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w, int n,
+                     const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, n, sh));
+  ExpertArgs a = expert_args(l, d_table, d_ids, n, sh);
+  if (a.parts == 0) return;
+  a.x = d_act;
+  a.w = d_w;
+  a.y = d_h;
+  const int bits = l.down.bits;
+  const int n_in = a.parts * a.I;
+  const size_t smem = size_t(bits == 4 ? staged_floats<4>(n_in) : staged_floats<8>(n_in)) * 4;
+  const bool two = false;  // one row per warp: ~40 registers, many warps per SM
+  const unsigned grid = grid_for(two ? (a.H + 1) / 2 : a.H, two ? 2 : 1);
+  if (bits == 4)
+    launch_ex(two ? expert_down_kernel<4, 2> : expert_down_kernel<4, 1>, grid, kThreads, smem, s, true, a);
+  else
+    launch_ex(two ? expert_down_kernel<8, 2> : expert_down_kernel<8, 1>, grid, kThreads, smem, s, true, a);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void deltanet_prep_grouped(const float* d_qkvz, const float* d_ba, const float* d_conv_w, float* d_conv_state, int hk,
+                           int r, int dk, int dv, int K, float eps, float q_scale, float* d_mixed, float* d_u,
+                           float* d_z, float* d_b, float* d_a, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && r >= 1 && r <= kConvThreads);
+  const int64_t kd = int64_t(hk) * dk, C = 2 * kd + int64_t(hk) * r * dv;
+  if (dk > kConvMaxDk) {  // the generic kernels
+    unpack_deltanet_grouped(d_qkvz, d_ba, hk, r, dk, dv, d_mixed, d_z, d_b, d_a, s);
+    conv1d_silu_step(d_mixed, d_conv_w, d_conv_state, C, K, d_u, s);
+    l2_norm_qk(d_u, hk, dk, eps, q_scale, s);
+    return;
+  }
+  launch(deltanet_prep_kernel, unsigned(hk), kConvThreads, 0, s, d_qkvz, d_ba, d_conv_w, d_conv_state, hk, r, dk, dv,
+         K, eps, q_scale, d_u, d_z, d_b, d_a);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
+                          const float* d_A_log, const float* d_dt_bias, float* d_S, const float* d_z,
+                          const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, float* d_o, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0);
+  if (dk > kDnMaxDk || dv > kDnMaxDv) {
+    delta_rule_step(d_q, d_k, d_v, d_b, d_a, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, d_o, s);
+    gated_rms_norm(d_o, d_z, d_norm_w, hv, dv, eps, s);
+    return;
+  }
+  const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
+  launch(delta_norm_kernel, unsigned(hv), block, 0, s, d_q, d_k, d_v, d_b, d_a, d_A_log, d_dt_bias, d_S, d_z, d_norm_w,
+         eps, hk, hv, dk, dv, d_o);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
+                 float* d_weights, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(E >= 1 && E <= kTopkMaxE);
+  SWIFTLET_CUDA_REQUIRE(k >= 1 && k <= 16 && k <= E);
+  if (n_tok == 0) return;
+  int N = 2;
+  while (N < E) N <<= 1;
+  const int threads = N / 2 < kTopkThreads ? (N / 2 + 31) / 32 * 32 : kTopkThreads;
+  launch(router_sort_kernel, unsigned(n_tok), unsigned(threads), 0, s, d_logits, E, N, k, renormalise, d_ids,
+         d_weights);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+}  // namespace swiftlet::cuda
