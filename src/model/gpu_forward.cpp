@@ -303,6 +303,7 @@ void GpuModel::ensure(int layer, const int32_t* ids, int n, cu::GpuStream comput
   }
   if (!missing.empty()) {
     const auto t0 = Clock::now();
+    m.experts->prefetch(layer, missing);  // a streaming source reads them all in parallel
     if (after_group) cu::stream_wait(copy_, after_group);
     const size_t batch = size_t(std::max(1, m.experts->max_batch()));
     for (size_t first = 0; first < missing.size(); first += batch) {
@@ -384,6 +385,13 @@ class GpuForward final : public ForwardPass {
  private:
   void step(int32_t token, int64_t pos);
   void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)
+  // A prompt with the experts streamed into a VRAM cache smaller than the model: layer by layer
+  // over all its tokens, so a layer uploads the union of the experts its tokens route to once
+  // (token by token, a long prompt uploads nearly a whole layer's experts per token). The
+  // per-token kernels are decode's, in the same order for each token: the same results. False
+  // (nothing done) where it does not apply: every expert resident (decode's graph is faster),
+  // the unfused expert kernels, or a cache that cannot hold one layer's experts.
+  bool prefill_layers(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits);
   void gated_attention(int l);
   void gated_delta_net(int l);
   void sparse_moe(int l);
@@ -440,6 +448,16 @@ class GpuForward final : public ForwardPass {
   std::vector<cu::SharedExpert> shared_;
   float* logits_;                // [vocab]
   int32_t* h_ids_ = nullptr;     // pinned [k]
+  // prefill_layers' activations for up to `cap` tokens: h, x [T][H]; router [T][E]; ids, w [T][k]
+  // (and the ids pinned on the host); the shared expert's gate logit [T].
+  struct Batch {
+    float *h = nullptr, *x = nullptr, *router = nullptr, *w = nullptr, *sg = nullptr;
+    int32_t* ids = nullptr;
+    int32_t* h_ids = nullptr;
+    int64_t cap = 0;
+  } batch_;
+  void grow_batch(int64_t T);
+  void free_batch();
   int32_t* d_tok_ = nullptr;     // [1] this step's token
   int64_t* d_pos_ = nullptr;     // [1] this step's position
   // With every expert resident a token needs no host round trip: its whole forward is one CUDA
@@ -511,6 +529,7 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
 
 GpuForward::~GpuForward() {
   cu::gpu_sync(s_);
+  free_batch();
   cu::graph_destroy(graph_);
   for (void* p : bufs_) cu::gpu_free(p);
   for (auto& d : dev_) {
@@ -551,6 +570,13 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
   for (int32_t id : tokens)
     if (id < 0 || id >= c_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
   reserve_kv(pos_ + T);
+  if (prefill_layers(tokens, mode, logits)) {
+    pos_ += T;
+    cu::gpu_sync(s_);
+    st.pos += T;
+    st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+    return;
+  }
   if (mode == LogitsMode::All) logits.resize(size_t(T * c_.vocab_size));
   for (int64_t t = 0; t < T; ++t) {
     step(tokens[size_t(t)], pos_);
@@ -569,6 +595,103 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
 void GpuForward::logits_to(float* host_row) {
   project({{g_->lm_head, logits_}}, h_, g_->final_norm);
   cu::gpu_download(host_row, logits_, size_t(c_.vocab_size) * 4, s_);
+}
+
+void GpuForward::free_batch() {
+  for (void* p : {static_cast<void*>(batch_.h), static_cast<void*>(batch_.x), static_cast<void*>(batch_.router),
+                  static_cast<void*>(batch_.w), static_cast<void*>(batch_.sg), static_cast<void*>(batch_.ids)})
+    if (p) cu::gpu_free(p);
+  if (batch_.h_ids) cu::gpu_free_pinned(batch_.h_ids);
+  batch_ = {};
+}
+
+void GpuForward::grow_batch(int64_t T) {
+  if (T <= batch_.cap) return;
+  cu::gpu_sync(s_);
+  free_batch();
+  const size_t H = size_t(c_.hidden_size), E = size_t(c_.num_experts), k = size_t(c_.num_experts_per_tok);
+  const size_t n = size_t(T);
+  batch_.h = static_cast<float*>(cu::gpu_alloc(n * H * 4));
+  batch_.x = static_cast<float*>(cu::gpu_alloc(n * H * 4));
+  batch_.router = static_cast<float*>(cu::gpu_alloc(n * E * 4));
+  batch_.w = static_cast<float*>(cu::gpu_alloc(n * k * 4));
+  batch_.sg = static_cast<float*>(cu::gpu_alloc(n * 4));
+  batch_.ids = static_cast<int32_t*>(cu::gpu_alloc(n * k * 4));
+  batch_.h_ids = static_cast<int32_t*>(cu::gpu_alloc_pinned(n * k * 4));
+  SWIFTLET_CHECK(batch_.h_ids != nullptr, "cannot allocate {} bytes of page-locked memory", n * k * 4);
+  batch_.cap = T;
+}
+
+bool GpuForward::prefill_layers(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+  const int64_t T = int64_t(tokens.size()), H = c_.hidden_size;
+  const int E = c_.num_experts, k = c_.num_experts_per_tok;
+  if (T < 2 || E == 0 || g_->all_resident() || !experts_fused_ || !shared_fused_ || g_->group_limit() < E)
+    return false;
+  grow_batch(T);
+  // The decode functions work on the member pointers: point them at token t's rows, and back at
+  // the one-token buffers when done (also when an expert read throws).
+  struct Restore {
+    GpuForward& f;
+    float *h, *x, *router, *w;
+    int32_t* ids;
+    ~Restore() {
+      f.h_ = h;
+      f.x_ = x;
+      f.router_ = router;
+      f.w_ = w;
+      f.ids_ = ids;
+    }
+  } restore{*this, h_, x_, router_, w_, ids_};
+  auto token = [&](int64_t t) {
+    h_ = batch_.h + t * H;
+    x_ = batch_.x + t * H;
+    router_ = batch_.router + t * E;
+    ids_ = batch_.ids + t * k;
+    w_ = batch_.w + t * k;
+    cu::set_step(d_tok_, tokens[size_t(t)], d_pos_, pos_ + t, s_);
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    token(t);
+    cu::dequant_row_at(g_->embed, d_tok_, h_, s_);
+  }
+  std::vector<int32_t> used;
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const GpuModel::Layer& lw = g_->layers[size_t(l)];
+    // The token mixer, token after token (its KV cache / DeltaNet state advance in order).
+    for (int64_t t = 0; t < T; ++t) {
+      token(t);
+      if (lw.linear) gated_delta_net(l);
+      else gated_attention(l);
+    }
+    // Every token's router (x = norm(h) kept per token for its experts), then one top-k.
+    for (int64_t t = 0; t < T; ++t) {
+      token(t);
+      project({{lw.router, router_}, {lw.sh_expert_gate, batch_.sg + t}}, h_, lw.post_norm);
+    }
+    cu::router_topk(batch_.router, T, E, k, c_.norm_topk_prob, batch_.ids, batch_.w, s_);
+    cu::gpu_download_async(batch_.h_ids, batch_.ids, size_t(T * k) * sizeof(int32_t), s_);
+    cu::event_record(ids_ready_, s_);
+    cu::event_sync(ids_ready_);  // also: every earlier kernel is done, so no slot is still being read
+    used.assign(batch_.h_ids, batch_.h_ids + T * k);
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    g_->ensure(l, used.data(), int(used.size()), s_, nullptr);
+    const void* const* table = g_->table(l);
+    for (int64_t t = 0; t < T; ++t) {
+      token(t);
+      cu::SharedExpert sh = shared_[size_t(l)];
+      sh.d_gate_logit = batch_.sg + t;
+      cu::expert_act(g_->layout(), table, ids_, k, &sh, x_, act_, s_);
+      cu::expert_down_add(g_->layout(), table, ids_, w_, k, &sh, act_, h_, s_);
+    }
+  }
+  const int64_t first = mode == LogitsMode::All ? 0 : mode == LogitsMode::Last ? T - 1 : T;
+  logits.resize(size_t((T - first) * c_.vocab_size));
+  for (int64_t t = first; t < T; ++t) {
+    token(t);
+    logits_to(logits.data() + (t - first) * c_.vocab_size);
+  }
+  return true;
 }
 
 void GpuForward::step(int32_t token, int64_t pos) {

@@ -137,6 +137,37 @@ TEST_P(GpuFixture, TinyExpertCacheGivesTheLogitsOfAnUnlimitedOne) {
   }
 }
 
+// A cache that holds one layer's experts but not the model's: the prompt runs layer by layer over
+// all its tokens (each layer uploads the union of its tokens' experts once) and gives the logits
+// of an unlimited cache.
+TEST_P(GpuFixture, PromptLayerByLayerThroughALayerSizedCache) {
+  SKIP_WITHOUT_GPU();
+  auto lm = load_model(swiftlet::testing::fixture_dir(GetParam()));
+  const ModelConfig& c = lm->model.config;
+  if (c.num_layers < 2) GTEST_SKIP() << "one layer: a layer's experts are the model's";
+  GpuOptions all;
+  all.preload = false;
+  const Trace big = gpu_trace(lm->model, all);
+  GpuOptions o;
+  o.cache_bytes = 1;
+  GpuStats probe;
+  gpu_trace(lm->model, o, &probe);
+  o.cache_bytes = size_t(c.num_experts) * probe.slot_bytes;
+  GpuStats st;
+  const Trace layered = gpu_trace(lm->model, o, &st);
+  EXPECT_EQ(st.slots, c.num_experts);
+  EXPECT_FALSE(st.all_resident);
+  expect_close(big, layered, 1e-4f, GetParam() + " through a layer-sized cache");
+  // The prompt asks for each layer's union once; token by token it would be k per token. (Only
+  // with the fused expert kernels, which take quantised experts; float checkpoints go token by
+  // token, with the same logits.)
+  if (!c.quant.quantized()) return;
+  const uint64_t per_token = uint64_t(c.num_layers) * c.num_experts_per_tok;
+  const uint64_t prompt = prompt_for(c).size();
+  EXPECT_LE(st.hits + st.misses, uint64_t(c.num_layers) * c.num_experts + per_token * 8);
+  EXPECT_LT(st.hits + st.misses, per_token * (prompt + 8));
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuFixture, ::testing::ValuesIn(fixtures()),
                          [](const auto& info) { return info.param; });
 
