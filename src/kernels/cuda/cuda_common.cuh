@@ -1,8 +1,12 @@
 // Shared by the .cu files: error checking and small device helpers. Not part of the API.
 #pragma once
 
+#include "core/dtype.h"
+
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -58,6 +62,25 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// How an affine matrix's scales and biases are stored, as the kernels are told it.
+enum ScaleType : int { kScaleBF16 = 0, kScaleF16 = 1, kScaleF32 = 2 };
+
+inline int scale_type(DType t) {
+  switch (t) {
+    case DType::BF16: return kScaleBF16;
+    case DType::F16: return kScaleF16;
+    case DType::F32: return kScaleF32;
+    default: invariant_failed("affine scales must be BF16, F16 or F32", __FILE__, __LINE__);
+  }
+}
+
+// Element i of a scale (or bias) array of type st, as float.
+__device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
+  if (st == kScaleBF16) return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(p) + i)) << 16);
+  if (st == kScaleF32) return __ldg(static_cast<const float*>(p) + i);
+  return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
+}
 
 }  // namespace swiftlet::cuda::detail
 

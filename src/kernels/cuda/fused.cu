@@ -33,22 +33,9 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxParts = 17;                 // routed experts (top-k <= 16) + the shared expert
 constexpr size_t kMaxSmem = 48 * 1024;        // dynamic shared memory without an opt-in
-enum ScaleType : int { kScaleBF16 = 0, kScaleF16 = 1, kScaleF32 = 2 };
-
-int scale_type(DType t) {
-  switch (t) {
-    case DType::BF16: return kScaleBF16;
-    case DType::F16: return kScaleF16;
-    case DType::F32: return kScaleF32;
-    default: detail::invariant_failed("affine scales must be BF16, F16 or F32", __FILE__, __LINE__);
-  }
-}
-
-__device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
-  if (st == kScaleBF16) return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(p) + i)) << 16);
-  if (st == kScaleF32) return __ldg(static_cast<const float*>(p) + i);
-  return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
-}
+using detail::kScaleF32;
+using detail::load_scale;
+using detail::scale_type;
 
 // Programmatic Dependent Launch (sm_90): a kernel launched with the PDL attribute may start while
 // its predecessor finishes; it prefetches what does not depend on the predecessor (its weights)
@@ -150,6 +137,20 @@ __device__ __forceinline__ void stage(float* xs, int n, F value) {
   __syncthreads();
 }
 
+// The kPer staged values of chunk ch (see stage), from shared memory into registers.
+template <int kPer>
+__device__ __forceinline__ void load_chunk(const float* xs, int ch, float (&xr)[kPer]) {
+  const float4* xv = reinterpret_cast<const float4*>(xs + padded(ch * kPer));
+#pragma unroll
+  for (int j = 0; j < kPer / 4; ++j) {
+    const float4 v = xv[j];
+    xr[4 * j] = v.x;
+    xr[4 * j + 1] = v.y;
+    xr[4 * j + 2] = v.z;
+    xr[4 * j + 3] = v.w;
+  }
+}
+
 // acc[i] += W_i x for R rows (each by its chunk pointer, scales, biases and first group index),
 // lane l taking chunks l, l + 32, ... Rows past the end (!valid) are skipped.
 template <int BITS, int R>
@@ -172,15 +173,7 @@ __device__ __forceinline__ void rows_dot(const uint4* const (&data)[R], const vo
       bi[i] = load_scale(biases[i], g0[i] + gc, st);
     }
     float xr[kPer];
-    const float4* xv = reinterpret_cast<const float4*>(xs + padded(ch * kPer));
-#pragma unroll
-    for (int j = 0; j < kPer / 4; ++j) {
-      const float4 v = xv[j];
-      xr[4 * j] = v.x;
-      xr[4 * j + 1] = v.y;
-      xr[4 * j + 2] = v.z;
-      xr[4 * j + 3] = v.w;
-    }
+    load_chunk(xs, ch, xr);
     const float xsum = sums[ch];
 #pragma unroll
     for (int i = 0; i < R; ++i)
@@ -217,15 +210,7 @@ __device__ __forceinline__ void rows_dot_fixed(const uint4* const (&data)[R], co
   for (int j = 0; j < J; ++j) {
     const int ch = lane + 32 * j;
     float xr[kPer];
-    const float4* xv = reinterpret_cast<const float4*>(xs + padded(ch * kPer));
-#pragma unroll
-    for (int q = 0; q < kPer / 4; ++q) {
-      const float4 v = xv[q];
-      xr[4 * q] = v.x;
-      xr[4 * q + 1] = v.y;
-      xr[4 * q + 2] = v.z;
-      xr[4 * q + 3] = v.w;
-    }
+    load_chunk(xs, ch, xr);
     const float xsum = sums[ch];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = fmaf(sc[i][j], dot_chunk<BITS>(pk[i][j], xr), fmaf(bi[i][j], xsum, acc[i]));
@@ -617,15 +602,7 @@ __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_cons
         bi[i] = load_scale(at<void>(base, m.biases), r * groups + gc, a.st_out);
       }
       float xr[kPer];
-      const float4* xv = reinterpret_cast<const float4*>(xs + padded(t * kPer));
-#pragma unroll
-      for (int j = 0; j < kPer / 4; ++j) {
-        const float4 v = xv[j];
-        xr[4 * j] = v.x;
-        xr[4 * j + 1] = v.y;
-        xr[4 * j + 2] = v.z;
-        xr[4 * j + 3] = v.w;
-      }
+      load_chunk(xs, t, xr);
       const float xsum = sums[t], c = coefs[p];
 #pragma unroll
       for (int i = 0; i < R; ++i)

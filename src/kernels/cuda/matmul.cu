@@ -21,16 +21,8 @@ constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int kMaxTokens = 8;
 
-enum ScaleType : int { kScaleBF16 = 0, kScaleF16 = 1, kScaleF32 = 2 };
-
-__device__ __forceinline__ float bf16_bits_to_float(uint32_t h) { return __uint_as_float(h << 16); }
-
-__device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
-  if (st == kScaleF32) return __ldg(static_cast<const float*>(p) + i);
-  const uint16_t h = __ldg(static_cast<const unsigned short*>(p) + i);
-  if (st == kScaleBF16) return bf16_bits_to_float(h);
-  return __half2float(__ushort_as_half(h));
-}
+using detail::load_scale;
+using detail::scale_type;
 
 // q as float without an int->float conversion: 2^23 + q has q in its mantissa (q < 2^23).
 __device__ __forceinline__ float small_uint_to_float(uint32_t q) {
@@ -156,7 +148,7 @@ __device__ __forceinline__ float elem_to_float(T v);
 template <>
 __device__ __forceinline__ float elem_to_float<float>(float v) { return v; }
 template <>
-__device__ __forceinline__ float elem_to_float<uint16_t>(uint16_t v) { return bf16_bits_to_float(v); }
+__device__ __forceinline__ float elem_to_float<uint16_t>(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
 template <>
 __device__ __forceinline__ float elem_to_float<__half>(__half v) { return __half2float(v); }
 
@@ -210,14 +202,6 @@ __global__ void __launch_bounds__(kThreads) dense_matvec_kernel(const T* __restr
   }
 }
 
-int scale_type(DType t) {
-  switch (t) {
-    case DType::BF16: return kScaleBF16;
-    case DType::F16: return kScaleF16;
-    case DType::F32: return kScaleF32;
-    default: detail::invariant_failed("affine scales must be BF16, F16 or F32", __FILE__, __LINE__);
-  }
-}
 
 template <typename T, int NT>
 void launch_dense(const GpuMatrix& w, const float* x, float* y, bool add, cudaStream_t s) {
