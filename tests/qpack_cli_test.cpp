@@ -113,6 +113,12 @@ TEST_F(QpackCli, CacheFlagsAndBench) {
   for (const char* want : {"disk bound", "peakRSS", "def ", "0.05M", "all", "serial", "worst case",
                            "every configuration generated the same 4 tokens: yes"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  // --gpu reaches each configuration's process: it runs on the GPU (its own table) or says why not.
+  r = sh("swiftlet", "bench " + q + " --gpu --gpu-cache-gb 1 --cache default --io-modes uring --predict off "
+                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(r.out.find("GPU runs") != std::string::npos || r.out.find("falling back to the CPU") != std::string::npos)
+      << r.out;
 }
 
 TEST_F(QpackCli, MlxFixtureRepackedGivesTransformersLogits) {
