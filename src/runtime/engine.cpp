@@ -46,6 +46,7 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts) {
   const bool gpu = want_gpu && gpu_usable(&no_gpu);
   if (want_gpu && !gpu) std::fprintf(stderr, "swiftlet: --gpu: %s; falling back to the CPU\n", no_gpu.c_str());
   LoadOptions load = opts.load;
+  load.gpu = load.gpu || gpu;
   if (gpu && !load.cache_alloc) {
     load.cache_alloc = gpu_host_alloc;
     load.cache_free = gpu_host_free;

@@ -142,6 +142,16 @@ TEST(ExpertStreaming, RamBudgetSizesTheCacheOrIsRefusedWithTheNumbers) {
   EXPECT_NE(e.find("raise the budget to at least"), std::string::npos) << e;
   // The loader refuses it too, before reading anything.
   EXPECT_NE(testing::error_of([&] { load_model(path, o); }).find("cannot be met"), std::string::npos);
+  // With the CUDA runtime in the process (--gpu) the same budget leaves less for the cache.
+  const uint64_t all = uint64_t(qc.config.num_layers) * uint64_t(qc.config.num_experts) * stride;
+  const uint64_t budget = fixed + (192ull << 20) + all / 2;  // every expert on the CPU, half with --gpu
+  o.ram_budget = budget;
+  const MemoryPlan cpu = plan_memory(path, o);
+  o.gpu = true;
+  const MemoryPlan gpu = plan_memory(path, o);
+  EXPECT_GT(gpu.runtime, cpu.runtime);
+  EXPECT_LT(gpu.cache, cpu.cache);
+  EXPECT_LE(gpu.resident + gpu.state + gpu.buffers + gpu.runtime + gpu.cache, budget);
 }
 
 TEST(ExpertStreaming, ParseBytes) {

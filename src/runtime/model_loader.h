@@ -51,6 +51,9 @@ struct LoadOptions {
   // container from a cold page cache, loading took 0.71 s (read: 0.70 s, map: 1.48 s) with the
   // same peak RSS, and the page cache stays the only copy.
   Residency resident = Residency::Populate;
+  // The process also runs the CUDA runtime (--gpu): its host memory (driver, context, page-locked
+  // staging) counts in the plan.
+  bool gpu = false;
   // Where cache slots come from (e.g. pinned memory for GPU uploads); default the heap.
   ExpertCache::Alloc cache_alloc;
   ExpertCache::Free cache_free;
