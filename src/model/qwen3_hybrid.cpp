@@ -7,6 +7,7 @@
 #include "model/delta_net.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -126,6 +127,24 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
   const auto t0 = ProfileClock::now();
   k_.matmul(m_.weights.lm_head, x_.data(), rows, logits.data());
   profile_.lm_head += seconds_between(t0, ProfileClock::now());
+}
+
+// Every activation buffer run() grows with the number of tokens (const or not).
+template <typename Self>
+auto Forward::buffers_of(Self& f) {
+  return std::array{&f.h_, &f.x_, &f.out_, &f.proj_, &f.proj2_, &f.proj3_, &f.mixed_, &f.z_, &f.ba_,
+                    &f.core_, &f.gate_, &f.q_, &f.scores_, &f.cos_, &f.sin_, &f.u_, &f.tmp_, &f.router_,
+                    &f.xe_, &f.he_, &f.ue_, &f.ye_, &f.shared_h_, &f.shared_u_, &f.shared_g_};
+}
+
+void Forward::release_buffers() {
+  for (std::vector<float>* v : buffers_of(*this)) std::vector<float>().swap(*v);
+}
+
+size_t Forward::buffer_bytes() const {
+  size_t n = 0;
+  for (const std::vector<float>* v : buffers_of(*this)) n += v->capacity() * sizeof(float);
+  return n;
 }
 
 void Forward::rope_tables(int64_t pos0, int64_t T) {

@@ -91,6 +91,11 @@ class Forward {
   const Profile& profile() const { return profile_; }
   void reset_profile() { profile_ = {}; }
 
+  // Frees the activation buffers (the next call grows them again): a session that prefilled a
+  // long prompt does not keep prompt-sized buffers while it decodes or waits. Bytes they hold:
+  void release_buffers();
+  size_t buffer_bytes() const;
+
  private:
   // The token mixers over T tokens at positions pos0.. : input rows x ([T][H]), output rows out.
   void gated_attention(int layer, LayerState& st, int64_t pos0, int64_t T, const float* x, float* out);
@@ -99,6 +104,8 @@ class Forward {
   void sparse_moe(int layer, int64_t pos0, int64_t T);
   void rope_tables(int64_t pos0, int64_t T);
   void predict_next_layer(int layer, std::span<const int32_t> actual);
+  template <typename Self>
+  static auto buffers_of(Self& f);
 
   const Model& m_;
   const ModelConfig& c_;

@@ -76,6 +76,28 @@ TEST(Session, DivergingPromptRewindsToASnapshot) {
   EXPECT_EQ(rc.tokens, rb.tokens);
 }
 
+// A prompt's activation buffers are let go once it is in: a session does not keep prompt-sized
+// buffers while it decodes or waits (a server keeps several), and the answer is the same.
+TEST(Session, ReleasesPromptBuffersAfterThePrompt) {
+  EngineOptions eo;
+  eo.model = swiftlet::testing::tiny_qpack_with_tokenizer();
+  Engine engine(eo);
+  std::vector<int32_t> prompt;
+  for (int32_t i = 0; i < 300; ++i) prompt.push_back((i * 37) % 1000);
+  auto s = engine.new_session();
+  s->prepare(prompt);
+  EXPECT_EQ(s->forward().buffer_bytes(), 0u);
+  GenerateRequest r;
+  r.prompt = prompt;
+  r.sampling.greedy = true;
+  r.max_new_tokens = 6;
+  const GenerateResult kept = s->generate(r);  // the prompt is reused; decode regrows one token's buffers
+  EXPECT_GT(s->forward().buffer_bytes(), 0u);
+  EXPECT_LT(s->forward().buffer_bytes(), 64u * prompt.size());
+  const GenerateResult fresh = engine.new_session()->generate(r);
+  EXPECT_EQ(kept.tokens, fresh.tokens);
+}
+
 TEST(Session, StopsOnLengthStopTokenAndCancel) {
   EngineOptions eo;
   eo.model = swiftlet::testing::tiny_qpack_with_tokenizer();

@@ -73,6 +73,10 @@ void Session::feed(std::span<const int32_t> tokens, const std::atomic<bool>* can
     run_forward(tokens.subspan(i, n), last ? LogitsMode::Last : LogitsMode::None);
   }
   logits_pos_ = state_.pos;
+  // A long prompt grew the activation buffers to its size: do not keep that while decoding or
+  // waiting for the next turn (a server keeps several sessions; the memory plan counts one
+  // prompt's buffers).
+  if (tokens.size() > 1) forward_.release_buffers();
 }
 
 void Session::remember_snapshot() {
