@@ -133,6 +133,10 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
 struct ExpertLayout {
   GpuMatrix gate, up, down;
 };
+// Uploads one expert into the slot at d_slot: gate, then up, then down, each as upload_matrix_to
+// lays it out (the slot needs the three matrix_device_bytes). Returns their offsets in the slot.
+ExpertLayout upload_expert_to(const QMatrix& gate, const QMatrix& up, const QMatrix& down, void* d_slot,
+                              GpuStream s = nullptr);
 // g[i] = gate_i x, u[i] = up_i x for i < n   (g, u: [n][moe_intermediate])
 void expert_gate_up(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_x,
                     float* d_g, float* d_u, GpuStream s = nullptr);

@@ -434,17 +434,7 @@ TEST(CudaKernels, GroupedExpertsMatchReference) {
     for (int e = 0; e < E; ++e) {
       uint8_t* base = arena + size_t((e * 5) % E) * slot;  // slots in another order than ids
       table[size_t(e)] = base;
-      const cuda::GpuMatrix g = cuda::upload_matrix_to(gate[size_t(e)].m, base);
-      const cuda::GpuMatrix u = cuda::upload_matrix_to(up[size_t(e)].m, base + gb);
-      const cuda::GpuMatrix d = cuda::upload_matrix_to(down[size_t(e)].m, base + gb + ub);
-      auto rel = [&](cuda::GpuMatrix m) {
-        auto off = [&](const void* p) { return reinterpret_cast<const void*>(static_cast<const uint8_t*>(p) - base); };
-        m.data = off(m.data);
-        m.scales = off(m.scales);
-        m.biases = off(m.biases);
-        return m;
-      };
-      lay = {rel(g), rel(u), rel(d)};
+      lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, base);
     }
     const std::vector<int32_t> ids = {4, 1, 5, 0};
     const int n = int(ids.size());
@@ -657,17 +647,7 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
       for (int e = 0; e < E; ++e) {
         uint8_t* base = arena + size_t((e * 5) % E) * slot;
         table[size_t(e)] = base;
-        const cuda::GpuMatrix g = cuda::upload_matrix_to(gate[size_t(e)].m, base);
-        const cuda::GpuMatrix u = cuda::upload_matrix_to(up[size_t(e)].m, base + gb);
-        const cuda::GpuMatrix d = cuda::upload_matrix_to(down[size_t(e)].m, base + gb + ub);
-        auto rel = [&](cuda::GpuMatrix m) {
-          auto off = [&](const void* p) { return reinterpret_cast<const void*>(static_cast<const uint8_t*>(p) - base); };
-          m.data = off(m.data);
-          m.scales = off(m.scales);
-          m.biases = off(m.biases);
-          return m;
-        };
-        lay = {rel(g), rel(u), rel(d)};
+        lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, base);
       }
       void *og = nullptr, *ou = nullptr, *od = nullptr;
       const float gate_logit = 0.7f;

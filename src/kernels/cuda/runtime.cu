@@ -173,6 +173,17 @@ GpuMatrix upload_matrix_to(const QMatrix& w, void* d_dst, GpuStream s) {
   return g;
 }
 
+ExpertLayout upload_expert_to(const QMatrix& gate, const QMatrix& up, const QMatrix& down, void* d_slot,
+                              GpuStream s) {
+  const size_t gb = matrix_device_bytes(gate), ub = matrix_device_bytes(up);
+  auto* base = static_cast<uint8_t*>(d_slot);
+  upload_matrix_to(gate, base, s);
+  upload_matrix_to(up, base + gb, s);
+  upload_matrix_to(down, base + gb + ub, s);
+  auto offset = [](size_t b) { return reinterpret_cast<const void*>(b); };
+  return {matrix_layout(gate, offset(0)), matrix_layout(up, offset(gb)), matrix_layout(down, offset(gb + ub))};
+}
+
 size_t matrix_device_bytes(const QMatrix& w) {
   return align_up(matrix_data_bytes(w)) + 2 * align_up(matrix_scale_bytes(w));
 }
