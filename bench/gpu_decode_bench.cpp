@@ -206,18 +206,18 @@ int main(int argc, char** argv) {
       std::vector<int32_t> prompt;
       for (int i = 0; i < 8; ++i) prompt.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
       f->run(st, prompt, LogitsMode::Last, logits);
-      auto next = [&] { return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()); };
-      for (int i = 0; i < 8; ++i) {  // warm-up
-        const int32_t t = next();
-        f->run(st, std::span(&t, 1), LogitsMode::Last, logits);
-      }
+      // n greedy steps on fp from the logits at hand; the seconds they took.
+      auto decode = [&](ForwardPass& fp, SessionState& s, int n) {
+        const auto t0 = Clock::now();
+        for (int i = 0; i < n; ++i) {
+          const int32_t t = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          fp.run(s, std::span(&t, 1), LogitsMode::Last, logits);
+        }
+        return seconds_since(t0);
+      };
+      decode(*f, st, 8);  // warm-up
       const GpuStats before = gpu_stats(*g);
-      const auto td = Clock::now();
-      for (int i = 0; i < tokens; ++i) {
-        const int32_t t = next();
-        f->run(st, std::span(&t, 1), LogitsMode::Last, logits);
-      }
-      const double dt = seconds_since(td);
+      const double dt = decode(*f, st, tokens);
       const GpuStats after = gpu_stats(*g);
       size_t free_b = 0, total_b = 0;
       cu::device_memory(&free_b, &total_b);
@@ -248,12 +248,7 @@ int main(int argc, char** argv) {
         unsetenv("SWIFTLET_GPU_GRAPHS");
         SessionState st2 = SessionState::create(c);
         f2->run(st2, prompt, LogitsMode::Last, logits);
-        const auto t2 = Clock::now();
-        for (int i = 0; i < tokens; ++i) {
-          const int32_t t = next();
-          f2->run(st2, std::span(&t, 1), LogitsMode::Last, logits);
-        }
-        std::printf("         without CUDA graphs: %.2f tok/s\n", tokens / seconds_since(t2));
+        std::printf("         without CUDA graphs: %.2f tok/s\n", tokens / decode(*f2, st2, tokens));
         f2.reset();
         // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
         // fresh forward pass (its own graph); the default comes last again.
@@ -268,12 +263,7 @@ int main(int argc, char** argv) {
           auto f3 = make_gpu_forward(g);
           SessionState st3 = SessionState::create(c);
           f3->run(st3, prompt, LogitsMode::Last, logits);
-          const auto t3 = Clock::now();
-          for (int i = 0; i < tokens; ++i) {
-            const int32_t t = next();
-            f3->run(st3, std::span(&t, 1), LogitsMode::Last, logits);
-          }
-          std::printf("         %-18s %.2f tok/s\n", v.name, tokens / seconds_since(t3));
+          std::printf("         %-18s %.2f tok/s\n", v.name, tokens / decode(*f3, st3, tokens));
         }
         op_breakdown(c, 1e3 * dt / tokens);
       }
