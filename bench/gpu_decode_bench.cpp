@@ -4,8 +4,11 @@
 // (bytes one token must read / HBM bandwidth) and how close decode gets to it, the VRAM cache's hit
 // rate and upload rate, GPU memory used and the peak host RSS.
 //
+// Then a prompt of --prompt-tokens tokens (default 512) through a fresh session: the batched
+// prefill's tok/s (second run; the first allocates), against decode's.
+//
 // Usage: swiftlet_bench_gpu_decode MODEL.qpack [--tokens N] [--gpu-cache-gb 4,8,all]
-// [--host-cache-gb G|all] With random weights (the synthetic containers) routing is near uniform:
+// [--host-cache-gb G|all] [--prompt-tokens N] With random weights (the synthetic containers) routing is near uniform:
 // the hit rate of a partial cache is a worst case; real models route with much more locality.
 #include "core/sys_stats.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string model = argv[1], caches = "4,8,all", host_cache;
-  int tokens = 64;
+  int tokens = 64, prompt_tokens = 512;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--tokens")
@@ -155,6 +158,8 @@ int main(int argc, char** argv) {
       caches = v;
     else if (k == "--host-cache-gb")
       host_cache = v;
+    else if (k == "--prompt-tokens")
+      prompt_tokens = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -266,6 +271,25 @@ int main(int argc, char** argv) {
           std::printf("         %-18s %.2f tok/s\n", v.name, tokens / decode(*f3, st3, tokens));
         }
         op_breakdown(c, 1e3 * dt / tokens);
+      }
+      if (prompt_tokens > 1) {
+        std::vector<int32_t> longp;
+        for (int i = 0; i < prompt_tokens; ++i) longp.push_back(int32_t((i * 7919 + 101) % c.vocab_size));
+        auto f4 = make_gpu_forward(g);
+        double best = 0;
+        for (int rep = 0; rep < 2; ++rep) {
+          SessionState st4 = SessionState::create(c);
+          const GpuStats b4 = gpu_stats(*g);
+          const auto tp = Clock::now();
+          f4->run(st4, longp, LogitsMode::Last, logits);
+          const double sp = seconds_since(tp);
+          const GpuStats a4 = gpu_stats(*g);
+          best = prompt_tokens / sp;
+          std::printf("         prefill %d tokens (run %d): %.1f tok/s = %.1fx decode, %.2f GB uploaded\n",
+                      prompt_tokens, rep + 1, best, best / tok_s,
+                      double(a4.bytes_uploaded - b4.bytes_uploaded) / 1e9);
+        }
+        std::printf("         peak RSS %.2f GB\n", double(peak_rss_bytes()) / 1e9);
       }
       std::fflush(stdout);
       f.reset();

@@ -19,6 +19,10 @@ class ForwardPass {
   // Rewinds state to a snapshot taken earlier on it (SessionState::restore).
   virtual void restore(SessionState& state, const StateSnapshot& snap) { state.restore(snap); }
   virtual void reset(SessionState& state) { state.reset(); }
+  // As Forward's: bytes held in buffers sized by a prompt (the GPU pass: its batched prefill's
+  // device activations), and letting them go once the prompt is in.
+  virtual size_t buffer_bytes() const { return 0; }
+  virtual void release_buffers() {}
 };
 
 }  // namespace swiftlet

@@ -1,7 +1,8 @@
 // The CUDA forward pass (issue 8). Layout of this file, in forward order as qwen3_hybrid.cpp:
 // GpuModel (dense weights in VRAM + the VRAM expert cache), then GpuForward: embed, per layer
-// gated_attention / gated_delta_net, sparse_moe, then the final norm and lm_head. Tokens run one at
-// a time (decode; prefill is a loop of decode steps).
+// gated_attention / gated_delta_net, sparse_moe, then the final norm and lm_head. Decode runs one
+// token at a time (with every expert resident, as one CUDA graph); a prompt runs batched, layer by
+// layer over chunks of its tokens (prefill_*).
 //
 // Expert cache: an arena of equal slots, one expert blob each; a device table [layer][expert] holds
 // each resident expert's slot address, so the grouped expert kernels read the router's top-k ids on
@@ -35,6 +36,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+// Tokens per prefill chunk (as the CPU path's kPrefillChunk): a streamed expert is uploaded once
+// per layer per chunk, and the chunk's activations take ~340 KB a token on the 80B.
+constexpr int64_t kPrefillChunk = 1024;
 
 // Offsets, in a slot, of one matrix uploaded by upload_matrix_to at the slot's start + `at`.
 cu::GpuMatrix layout_at(const QMatrix& w, size_t at) { return cu::matrix_layout(w, reinterpret_cast<const void*>(at)); }
@@ -381,17 +385,28 @@ class GpuForward final : public ForwardPass {
   StateSnapshot snapshot(const SessionState& st) override;
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
+  size_t buffer_bytes() const override { return batch_.bytes; }
+  void release_buffers() override {
+    cu::gpu_sync(s_);
+    free_batch();
+  }
 
  private:
   void step(int32_t token, int64_t pos);
   void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)
-  // A prompt with the experts streamed into a VRAM cache smaller than the model: layer by layer
-  // over all its tokens, so a layer uploads the union of the experts its tokens route to once
-  // (token by token, a long prompt uploads nearly a whole layer's experts per token). The
-  // per-token kernels are decode's, in the same order for each token: the same results. False
-  // (nothing done) where it does not apply: every expert resident (decode's graph is faster),
-  // the unfused expert kernels, or a cache that cannot hold one layer's experts.
-  bool prefill_layers(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits);
+  // A prompt of T >= 2 tokens, in chunks of up to kPrefillChunk tokens, each chunk layer by layer
+  // with every product batched over its tokens: dense projections as 8-token tiles of one launch,
+  // the routed experts grouped per expert (a layer's experts are streamed once per 8 of the tokens
+  // routed to them), the DeltaNet conv / delta rule and attention over the chunk's tokens in
+  // order. With a VRAM cache smaller than the model, each layer uploads the union of the chunk's
+  // experts once. False (nothing done) where it does not apply: the unfused expert kernels (float
+  // experts), no shared expert, or a cache that cannot hold one layer's experts.
+  bool prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits);
+  void prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0);
+  void prefill_delta_net(int l, int64_t T);
+  void prefill_attention(int l, int64_t T, int64_t pos0);
+  void prefill_moe(int l, int64_t T);
+  void logits_of(const float* d_h_row, float* host_row);
   void gated_attention(int l);
   void gated_delta_net(int l);
   void sparse_moe(int l);
@@ -448,13 +463,18 @@ class GpuForward final : public ForwardPass {
   std::vector<cu::SharedExpert> shared_;
   float* logits_;                // [vocab]
   int32_t* h_ids_ = nullptr;     // pinned [k]
-  // prefill_layers' activations for up to `cap` tokens: h, x [T][H]; router [T][E]; ids, w [T][k]
-  // (and the ids pinned on the host); the shared expert's gate logit [T].
+  // prefill's activations for up to `cap` tokens, rows per token (shapes as the one-token buffers
+  // above); the experts' rows are per (token, choice) pair. Host side (pinned): the chosen ids and
+  // the per-expert work list (group experts [E], group starts [E + 1], pairs [cap k]), uploaded
+  // to d_groups in one copy.
   struct Batch {
-    float *h = nullptr, *x = nullptr, *router = nullptr, *w = nullptr, *sg = nullptr;
-    int32_t* ids = nullptr;
-    int32_t* h_ids = nullptr;
+    void* arena = nullptr;
+    float *h, *x, *p1, *p2, *p3, *mixed, *u, *z, *b, *a, *q, *gate, *core, *router, *w, *sg;
+    float *eg, *eu, *ey, *shg, *shu, *shy;
+    int32_t *tok, *ids, *d_groups;
+    int32_t *h_ids = nullptr, *h_groups = nullptr;
     int64_t cap = 0;
+    size_t bytes = 0;  // device bytes of the arena
   } batch_;
   void grow_batch(int64_t T);
   void free_batch();
@@ -570,7 +590,7 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
   for (int32_t id : tokens)
     if (id < 0 || id >= c_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
   reserve_kv(pos_ + T);
-  if (prefill_layers(tokens, mode, logits)) {
+  if (prefill(tokens, mode, logits)) {
     pos_ += T;
     cu::gpu_sync(s_);
     st.pos += T;
@@ -592,15 +612,15 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
   st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
 }
 
-void GpuForward::logits_to(float* host_row) {
-  project({{g_->lm_head, logits_}}, h_, g_->final_norm);
+void GpuForward::logits_to(float* host_row) { logits_of(h_, host_row); }
+
+void GpuForward::logits_of(const float* d_h_row, float* host_row) {
+  project({{g_->lm_head, logits_}}, d_h_row, g_->final_norm);
   cu::gpu_download(host_row, logits_, size_t(c_.vocab_size) * 4, s_);
 }
 
 void GpuForward::free_batch() {
-  for (void* p : {static_cast<void*>(batch_.h), static_cast<void*>(batch_.x), static_cast<void*>(batch_.router),
-                  static_cast<void*>(batch_.w), static_cast<void*>(batch_.sg), static_cast<void*>(batch_.ids)})
-    if (p) cu::gpu_free(p);
+  if (batch_.arena) cu::gpu_free(batch_.arena);
   if (batch_.h_ids) cu::gpu_free_pinned(batch_.h_ids);
   batch_ = {};
 }
@@ -609,89 +629,184 @@ void GpuForward::grow_batch(int64_t T) {
   if (T <= batch_.cap) return;
   cu::gpu_sync(s_);
   free_batch();
-  const size_t H = size_t(c_.hidden_size), E = size_t(c_.num_experts), k = size_t(c_.num_experts_per_tok);
-  const size_t n = size_t(T);
-  batch_.h = static_cast<float*>(cu::gpu_alloc(n * H * 4));
-  batch_.x = static_cast<float*>(cu::gpu_alloc(n * H * 4));
-  batch_.router = static_cast<float*>(cu::gpu_alloc(n * E * 4));
-  batch_.w = static_cast<float*>(cu::gpu_alloc(n * k * 4));
-  batch_.sg = static_cast<float*>(cu::gpu_alloc(n * 4));
-  batch_.ids = static_cast<int32_t*>(cu::gpu_alloc(n * k * 4));
-  batch_.h_ids = static_cast<int32_t*>(cu::gpu_alloc_pinned(n * k * 4));
-  SWIFTLET_CHECK(batch_.h_ids != nullptr, "cannot allocate {} bytes of page-locked memory", n * k * 4);
+  const ModelConfig& c = c_;
+  const size_t n = size_t(T), H = size_t(c.hidden_size), E = size_t(c.num_experts);
+  const size_t k = size_t(c.num_experts_per_tok), I = size_t(c.moe_intermediate_size);
+  const size_t SI = size_t(c.shared_expert_intermediate_size), C = size_t(c.conv_dim());
+  const size_t vd = size_t(c.linear_value_dim()), hv = size_t(c.linear_num_value_heads), kvd = size_t(c.kv_dim());
+  const size_t ao = size_t(c.attn_out_dim());
+  const size_t p1 = size_t(std::max({c.q_proj_rows(), 2 * c.linear_key_dim() + 2 * c.linear_value_dim(), c.conv_dim()}));
+  // Carve one allocation: (pointer, floats per token) in order, each part 256-byte aligned.
+  std::vector<std::pair<float**, size_t>> parts = {
+      {&batch_.h, H},   {&batch_.x, H},      {&batch_.p1, p1},   {&batch_.p2, std::max(kvd, 2 * hv)},
+      {&batch_.p3, kvd}, {&batch_.mixed, C}, {&batch_.u, C},     {&batch_.z, vd},
+      {&batch_.b, hv},  {&batch_.a, hv},     {&batch_.q, ao},    {&batch_.gate, ao},
+      {&batch_.core, std::max(ao, vd)},      {&batch_.router, E}, {&batch_.w, k},
+      {&batch_.sg, 1},  {&batch_.eg, k * I}, {&batch_.eu, k * I}, {&batch_.ey, k * H},
+      {&batch_.shg, SI}, {&batch_.shu, SI},  {&batch_.shy, H}};
+  float *tok = nullptr, *ids = nullptr, *groups = nullptr;
+  parts.push_back({&tok, 1});
+  parts.push_back({&ids, k});
+  const size_t group_ints = E + (E + 1) + n * k;
+  size_t bytes = 0;
+  for (auto& [ptr, per] : parts) bytes += align256(std::max<size_t>(per * n, 1) * 4);
+  bytes += align256(group_ints * 4);
+  auto* base = static_cast<uint8_t*>(cu::gpu_alloc(bytes));
+  batch_.arena = base;
+  batch_.bytes = bytes;
+  size_t at = 0;
+  for (auto& [ptr, per] : parts) {
+    *ptr = reinterpret_cast<float*>(base + at);
+    at += align256(std::max<size_t>(per * n, 1) * 4);
+  }
+  groups = reinterpret_cast<float*>(base + at);
+  batch_.tok = reinterpret_cast<int32_t*>(tok);
+  batch_.ids = reinterpret_cast<int32_t*>(ids);
+  batch_.d_groups = reinterpret_cast<int32_t*>(groups);
+  batch_.h_ids = static_cast<int32_t*>(cu::gpu_alloc_pinned((n * k + group_ints + n) * sizeof(int32_t)));
+  SWIFTLET_CHECK(batch_.h_ids != nullptr, "cannot allocate {} bytes of page-locked memory",
+                 (n * k + group_ints + n) * sizeof(int32_t));
+  batch_.h_groups = batch_.h_ids + n * k;
   batch_.cap = T;
 }
 
-bool GpuForward::prefill_layers(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
-  const int64_t T = int64_t(tokens.size()), H = c_.hidden_size;
-  const int E = c_.num_experts, k = c_.num_experts_per_tok;
-  if (T < 2 || E == 0 || g_->all_resident() || !experts_fused_ || !shared_fused_ || g_->group_limit() < E)
+bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+  const int64_t T = int64_t(tokens.size());
+  const int E = c_.num_experts;
+  if (T < 2 || E == 0 || !experts_fused_ || !shared_fused_ || !(g_->all_resident() || g_->group_limit() >= E))
     return false;
-  grow_batch(T);
-  // The decode functions work on the member pointers: point them at token t's rows, and back at
-  // the one-token buffers when done (also when an expert read throws).
-  struct Restore {
-    GpuForward& f;
-    float *h, *x, *router, *w;
-    int32_t* ids;
-    ~Restore() {
-      f.h_ = h;
-      f.x_ = x;
-      f.router_ = router;
-      f.w_ = w;
-      f.ids_ = ids;
-    }
-  } restore{*this, h_, x_, router_, w_, ids_};
-  auto token = [&](int64_t t) {
-    h_ = batch_.h + t * H;
-    x_ = batch_.x + t * H;
-    router_ = batch_.router + t * E;
-    ids_ = batch_.ids + t * k;
-    w_ = batch_.w + t * k;
-    cu::set_step(d_tok_, tokens[size_t(t)], d_pos_, pos_ + t, s_);
-  };
-  for (int64_t t = 0; t < T; ++t) {
-    token(t);
-    cu::dequant_row_at(g_->embed, d_tok_, h_, s_);
-  }
-  std::vector<int32_t> used;
-  for (int l = 0; l < c_.num_layers; ++l) {
-    const GpuModel::Layer& lw = g_->layers[size_t(l)];
-    // The token mixer, token after token (its KV cache / DeltaNet state advance in order).
-    for (int64_t t = 0; t < T; ++t) {
-      token(t);
-      if (lw.linear) gated_delta_net(l);
-      else gated_attention(l);
-    }
-    // Every token's router (x = norm(h) kept per token for its experts), then one top-k.
-    for (int64_t t = 0; t < T; ++t) {
-      token(t);
-      project({{lw.router, router_}, {lw.sh_expert_gate, batch_.sg + t}}, h_, lw.post_norm);
-    }
-    cu::router_topk(batch_.router, T, E, k, c_.norm_topk_prob, batch_.ids, batch_.w, s_);
-    cu::gpu_download_async(batch_.h_ids, batch_.ids, size_t(T * k) * sizeof(int32_t), s_);
-    cu::event_record(ids_ready_, s_);
-    cu::event_sync(ids_ready_);  // also: every earlier kernel is done, so no slot is still being read
-    used.assign(batch_.h_ids, batch_.h_ids + T * k);
-    std::sort(used.begin(), used.end());
-    used.erase(std::unique(used.begin(), used.end()), used.end());
-    g_->ensure(l, used.data(), int(used.size()), s_, nullptr);
-    const void* const* table = g_->table(l);
-    for (int64_t t = 0; t < T; ++t) {
-      token(t);
-      cu::SharedExpert sh = shared_[size_t(l)];
-      sh.d_gate_logit = batch_.sg + t;
-      cu::expert_act(g_->layout(), table, ids_, k, &sh, x_, act_, s_);
-      cu::expert_down_add(g_->layout(), table, ids_, w_, k, &sh, act_, h_, s_);
-    }
-  }
+  const int64_t V = c_.vocab_size;
   const int64_t first = mode == LogitsMode::All ? 0 : mode == LogitsMode::Last ? T - 1 : T;
-  logits.resize(size_t((T - first) * c_.vocab_size));
-  for (int64_t t = first; t < T; ++t) {
-    token(t);
-    logits_to(logits.data() + (t - first) * c_.vocab_size);
+  logits.resize(size_t((T - first) * V));
+  grow_batch(std::min<int64_t>(T, kPrefillChunk));
+  int32_t* h_tok = batch_.h_groups + (E + (E + 1) + batch_.cap * c_.num_experts_per_tok);
+  for (int64_t t0 = 0; t0 < T; t0 += batch_.cap) {
+    const int64_t n = std::min(batch_.cap, T - t0);
+    cu::gpu_sync(s_);  // h_tok may still be in an earlier chunk's upload
+    std::copy_n(tokens.begin() + t0, n, h_tok);
+    cu::gpu_upload(batch_.tok, h_tok, size_t(n) * sizeof(int32_t), s_);
+    prefill_chunk(batch_.tok, n, pos_ + t0);
+    for (int64_t t = std::max(first, t0); t < t0 + n; ++t)
+      logits_of(batch_.h + (t - t0) * c_.hidden_size, logits.data() + (t - first) * V);
   }
   return true;
+}
+
+void GpuForward::prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0) {
+  cu::dequant_rows(g_->embed, d_tokens, T, batch_.h, s_);
+  for (int l = 0; l < c_.num_layers; ++l) {
+    if (g_->layers[size_t(l)].linear)
+      prefill_delta_net(l, T);
+    else
+      prefill_attention(l, T, pos0);
+    prefill_moe(l, T);
+  }
+}
+
+void GpuForward::prefill_delta_net(int l, int64_t T) {
+  const GpuModel::Layer& lw = g_->layers[size_t(l)];
+  const GpuModel::Gdn& w = lw.gdn;
+  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
+  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim, K = c_.linear_conv_kernel_dim;
+  const int64_t H = c_.hidden_size, C = c_.conv_dim(), kd = c_.linear_key_dim();
+  LayerDev& d = dev_[size_t(l)];
+  const float q_scale = 1.0f / std::sqrt(float(dk));
+  Batch& B = batch_;
+  cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
+  if (c_.family == Family::Qwen3Next) {
+    // matmul writes rows of its matrix's width: token t's qkvz at p1 + t qkvz.rows, and so on.
+    cu::matmul(w.qkvz, B.x, T, B.p1, s_);
+    cu::matmul(w.ba, B.x, T, B.p2, s_);
+    cu::deltanet_prep_grouped_rows(B.p1, w.qkvz.rows, B.p2, w.ba.rows, w.conv, d.conv, hk, hv / hk, dk, dv, K, 1e-6f,
+                                   q_scale, T, B.mixed, B.u, B.z, B.b, B.a, s_);
+  } else {
+    cu::matmul(w.qkv, B.x, T, B.mixed, s_);
+    cu::matmul(w.z, B.x, T, B.z, s_);
+    cu::matmul(w.b, B.x, T, B.b, s_);
+    cu::matmul(w.a, B.x, T, B.a, s_);
+    cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
+    cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
+  }
+  // The delta rule over the tokens in order, the state held on chip; then the gated norm.
+  cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
+                           c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, s_);
+  cu::matmul_add_rows(w.out, B.core, T, B.h, s_);  // h += out_proj(core)
+}
+
+void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
+  const GpuModel::Layer& lw = g_->layers[size_t(l)];
+  const GpuModel::Attn& w = lw.attn;
+  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+  const int64_t H = c_.hidden_size;
+  LayerDev& d = dev_[size_t(l)];
+  Batch& B = batch_;
+  cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
+  cu::matmul(w.q, B.x, T, B.p1, s_);
+  cu::matmul(w.k, B.x, T, B.p2, s_);
+  cu::matmul(w.v, B.x, T, B.p3, s_);
+  cu::attn_prep_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
+                     c_.attn_output_gate, c_.rotary_dim(), pos0, T, c_.rope_theta, c_.rms_norm_eps, B.q, B.gate, d.k,
+                     d.v, s_);
+  cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
+                        c_.attn_output_gate ? B.gate : nullptr, B.core, s_);
+  cu::matmul_add_rows(w.o, B.core, T, B.h, s_);  // h += o_proj(attention)
+}
+
+void GpuForward::prefill_moe(int l, int64_t T) {
+  const GpuModel::Layer& lw = g_->layers[size_t(l)];
+  const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
+  const int E = c_.num_experts, k = c_.num_experts_per_tok;
+  Batch& B = batch_;
+  cu::rms_norm(B.h, lw.post_norm, T, H, c_.rms_norm_eps, B.x, s_);
+  cu::matmul(lw.router, B.x, T, B.router, s_);
+  cu::matmul(lw.sh_expert_gate, B.x, T, B.sg, s_);
+  cu::router_topk(B.router, T, E, k, c_.norm_topk_prob, B.ids, B.w, s_);
+  cu::gpu_download_async(B.h_ids, B.ids, size_t(T * k) * sizeof(int32_t), s_);
+  cu::event_record(ids_ready_, s_);
+  // The shared expert while the ids travel.
+  cu::matmul(lw.sh_gate, B.x, T, B.shg, s_);
+  cu::matmul(lw.sh_up, B.x, T, B.shu, s_);
+  cu::silu_mul(B.shg, B.shu, T * SI, B.shg, s_);
+  cu::matmul(lw.sh_down, B.shg, T, B.shy, s_);
+  cu::event_sync(ids_ready_);
+
+  // The work list: the pairs p = t k + j grouped by expert, in p order within a group.
+  int32_t* gexp = B.h_groups;
+  int32_t* gstart = gexp + E;
+  int32_t* pairs = gstart + (E + 1);
+  std::vector<int32_t> count(size_t(E), 0);
+  for (int64_t p = 0; p < T * k; ++p) ++count[size_t(B.h_ids[p])];
+  std::vector<int32_t> at(size_t(E), 0);
+  int groups = 0, n_pairs = 0;
+  for (int e = 0; e < E; ++e) {
+    if (count[size_t(e)] == 0) continue;
+    gexp[groups] = e;
+    gstart[groups] = n_pairs;
+    at[size_t(e)] = n_pairs;
+    n_pairs += count[size_t(e)];
+    ++groups;
+  }
+  gstart[groups] = n_pairs;
+  for (int64_t p = 0; p < T * k; ++p) pairs[at[size_t(B.h_ids[p])]++] = int32_t(p);
+  // One upload: the layout on the device matches (experts, starts, pairs at the same offsets).
+  cu::gpu_upload(B.d_groups, B.h_groups, (size_t(E) + size_t(E + 1) + size_t(n_pairs)) * sizeof(int32_t), s_);
+  if (g_->all_resident())
+    g_->count_resident_hits(int(T * k));
+  else
+    g_->ensure(l, gexp, groups, s_, nullptr);
+  cu::ExpertBatch eb;
+  eb.d_expert = B.d_groups;
+  eb.d_start = B.d_groups + E;
+  eb.d_pairs = B.d_groups + E + (E + 1);
+  eb.groups = groups;
+  eb.pairs = n_pairs;
+  eb.k = k;
+  const cu::ExpertLayout& lay = g_->layout();
+  const void* const* table = g_->table(l);
+  cu::expert_gate_up_pairs(lay, table, eb, B.x, B.eg, B.eu, s_);
+  cu::silu_mul(B.eg, B.eu, T * k * I, B.eg, s_);
+  cu::expert_down_pairs(lay, table, eb, B.eg, B.ey, s_);
+  cu::moe_finish_rows(B.h, B.shy, B.sg, B.ey, B.w, T, k, H, s_);
 }
 
 void GpuForward::step(int32_t token, int64_t pos) {

@@ -54,7 +54,8 @@ std::vector<int32_t> prompt_for(const ModelConfig& c) {
   return {0, 7 % V, V - 1, 123 % V, 7 % V, V / 2, 7 % V, 31 % V, V / 3, 5 % V};
 }
 
-// Runs prompt (All logits), then 8 greedy steps, on a forward pass; returns every logits row.
+// Runs a prompt (prompt_for's unless given; All logits unless told), then `steps` greedy steps, on
+// a forward pass; returns every logits row.
 struct Trace {
   std::vector<float> prefill;
   std::vector<std::vector<float>> steps;
@@ -62,13 +63,14 @@ struct Trace {
 };
 
 template <typename RunFn>
-Trace trace(const ModelConfig& c, RunFn run) {
+Trace trace(const ModelConfig& c, RunFn run, std::vector<int32_t> prompt = {}, LogitsMode mode = LogitsMode::All,
+            int steps = 8) {
   Trace t;
   SessionState st = SessionState::create(c);
-  const auto prompt = prompt_for(c);
-  run(st, std::span<const int32_t>(prompt), LogitsMode::All, t.prefill);
+  if (prompt.empty()) prompt = prompt_for(c);
+  run(st, std::span<const int32_t>(prompt), mode, t.prefill);
   std::vector<float> last(t.prefill.end() - c.vocab_size, t.prefill.end());
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < steps; ++i) {
     const int32_t next = argmax(last);
     t.greedy.push_back(next);
     run(st, std::span(&next, 1), LogitsMode::Last, last);
@@ -201,6 +203,30 @@ TEST(GpuForward, QpackBlobsMatchTheCpuReference) {
   const Trace one = gpu_trace(lm->model, o, &st);
   EXPECT_EQ(st.slots, 1);
   expect_close(cpu, one, 1e-3f, "tiny qpack, one slot");
+}
+
+// A prompt longer than one prefill chunk (1024 tokens): the chunks run batched one after the other
+// and give the CPU reference's last logits and greedy continuation.
+TEST(GpuForward, LongPromptInChunksMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  auto lm = load_model(tiny_qpack());
+  const ModelConfig& c = lm->model.config;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 1100; ++i) prompt.push_back(int32_t((i * 7919 + 3) % c.vocab_size));
+  Forward cpu(lm->model, Backend::Reference);
+  auto cpu_run = [&](SessionState& st, std::span<const int32_t> t, LogitsMode m, std::vector<float>& o) {
+    cpu.run(st, t, m, o);
+  };
+  const Trace want = trace(c, cpu_run, prompt, LogitsMode::Last, 4);
+  std::string why;
+  auto g = make_gpu_model(lm->model, {}, &why);
+  ASSERT_TRUE(g) << why;
+  auto f = make_gpu_forward(g);
+  auto gpu_run = [&](SessionState& st, std::span<const int32_t> t, LogitsMode m, std::vector<float>& o) {
+    f->run(st, t, m, o);
+  };
+  const Trace got = trace(c, gpu_run, prompt, LogitsMode::Last, 4);
+  expect_close(want, got, 1e-3f, "1100-token prompt");
 }
 
 // Session on the GPU: a diverging prompt rewinds to a snapshot of the device state and answers as a

@@ -86,14 +86,16 @@ TEST(Session, ReleasesPromptBuffersAfterThePrompt) {
   for (int32_t i = 0; i < 300; ++i) prompt.push_back((i * 37) % 1000);
   auto s = engine.new_session();
   s->prepare(prompt);
-  EXPECT_EQ(s->forward().buffer_bytes(), 0u);
+  EXPECT_EQ(s->buffer_bytes(), 0u);
   GenerateRequest r;
   r.prompt = prompt;
   r.sampling.greedy = true;
   r.max_new_tokens = 6;
   const GenerateResult kept = s->generate(r);  // the prompt is reused; decode regrows one token's buffers
-  EXPECT_GT(s->forward().buffer_bytes(), 0u);
-  EXPECT_LT(s->forward().buffer_bytes(), 64u * prompt.size());
+  if (!s->on_gpu()) {  // the GPU pass's one-token buffers are not prompt-sized: it holds none
+    EXPECT_GT(s->buffer_bytes(), 0u);
+  }
+  EXPECT_LT(s->buffer_bytes(), 64u * prompt.size());
   const GenerateResult fresh = engine.new_session()->generate(r);
   EXPECT_EQ(kept.tokens, fresh.tokens);
 }

@@ -76,7 +76,12 @@ void Session::feed(std::span<const int32_t> tokens, const std::atomic<bool>* can
   // A long prompt grew the activation buffers to its size: do not keep that while decoding or
   // waiting for the next turn (a server keeps several sessions; the memory plan counts one
   // prompt's buffers).
-  if (tokens.size() > 1) forward_.release_buffers();
+  if (tokens.size() > 1) {
+    if (gpu_forward_)
+      gpu_forward_->release_buffers();
+    else
+      forward_.release_buffers();
+  }
 }
 
 void Session::remember_snapshot() {

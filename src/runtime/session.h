@@ -86,6 +86,9 @@ class Session {
   const SessionState& state() const { return state_; }
   const Model& model() const { return model_; }
   const Forward& forward() const { return forward_; }
+  bool on_gpu() const { return gpu_forward_ != nullptr; }
+  // Bytes of prompt-sized activation buffers held by the pass that runs (CPU or GPU memory).
+  size_t buffer_bytes() const { return gpu_forward_ ? gpu_forward_->buffer_bytes() : forward_.buffer_bytes(); }
 
  private:
   void feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel);

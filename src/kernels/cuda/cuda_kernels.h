@@ -103,11 +103,13 @@ void graph_destroy(GpuGraph g);
 
 // --- products ---------------------------------------------------------------------------------
 // Y[t, rows] = W X[t, cols] for t < n (row-major, device). A warp per row streams the row once
-// for up to 8 tokens (decode and small batches); larger n runs in blocks of 8 tokens.
+// for up to 8 tokens; larger n runs as tiles of 8 tokens in the same launch.
 void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
 
 // y += W x for one token (the residual add of an output projection).
 void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s = nullptr);
+// Y[t] += W X[t] for t < n (a prompt's output projections added into its residual rows).
+void matmul_add_rows(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
 
 // --- fused decode products (fused.cu) ---------------------------------------------------------
 // One launch for several matrices that read the same input: q/k/v, qkvz + ba, router + the
@@ -143,6 +145,32 @@ void expert_gate_up(const ExpertLayout& l, const void* const* d_table, const int
 // y[i] = down_i act[i]   (act: [n][moe_intermediate], y: [n][hidden])
 void expert_down(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_act,
                  float* d_y, GpuStream s = nullptr);
+// A prompt's routed experts as work for the products below: the T x k (token, choice) pairs,
+// numbered p = t * k + j, grouped by the expert they chose. Group g is expert d_expert[g] with the
+// pairs d_pairs[d_start[g] .. d_start[g + 1]) (device arrays; d_start has groups + 1 entries).
+// Each expert's weights are streamed once per 8 of its pairs.
+struct ExpertBatch {
+  const int32_t* d_expert = nullptr;
+  const int32_t* d_start = nullptr;
+  const int32_t* d_pairs = nullptr;
+  int groups = 0;
+  int64_t pairs = 0;  // d_start[groups]
+  int k = 0;          // choices per token: pair p reads input row p / k
+};
+// g[p] = gate_e x[p / k], u[p] = up_e x[p / k] for every pair p of every group (expert e's slot base
+// is d_table[e]; offsets as ExpertLayout). x: [T][hidden]; g, u: [T k][moe_intermediate].
+void expert_gate_up_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& b, const float* d_x,
+                          float* d_g, float* d_u, GpuStream s = nullptr);
+// y[p] = down_e act[p] for every pair. act: [T k][moe_intermediate]; y: [T k][hidden].
+void expert_down_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& b, const float* d_act,
+                       float* d_y, GpuStream s = nullptr);
+// For each of T tokens: h[t] += sigmoid(gate[t]) shared[t] + sum_j w[t][j] y[t k + j] (a prompt's
+// MoE output: the gated shared expert and the routed experts' weighted sum, summed in j order).
+void moe_finish_rows(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w,
+                     int64_t T, int k, int64_t H, GpuStream s = nullptr);
+// out[t] = W[rows[t]] as fp32 for t < n (a prompt's embedding lookup; rows on the device).
+void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d_out, GpuStream s = nullptr);
+
 // Launch settings of the fused kernels, for benchmarks: Programmatic Dependent Launch (sm_90+ only;
 // on by default there: a kernel starts during its predecessor's tail and prefetches its weights
 // into the L2 before waiting for the predecessor's results), and blocks per SM of the products
@@ -262,5 +290,57 @@ void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, 
 // o[h] <- w * rmsnorm(o[h]) * SiLU(z[h]) per head of dv (3.9; plain weight w [dv]).
 void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
                     GpuStream s = nullptr);
+
+
+// --- prompts: T tokens per launch (prefill.cu) ------------------------------------------------
+// A GPU prefill runs all T tokens of a prompt chunk through a layer at once. Each op below equals T
+// calls of its one-token form in token order (state included), in one launch each. Buffers are
+// row-major [T][...]; an input that is columns of a wider row takes that row's stride in floats
+// (at least its own width). Ops with a block per token (gridDim.y = T) take T <= 65535.
+
+// T tokens of conv1d_silu_step: x row t at d_x + t * x_stride, u row t at d_u + t * u_stride; the
+// state [K-1][C] advances exactly as T calls would. A thread per channel steps through the tokens.
+void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w, float* d_state, int64_t C, int K,
+                      int64_t T, float* d_u, int64_t u_stride, GpuStream s = nullptr);
+// l2_norm_qk on each of T rows: 2 hk heads of n at d_x + t * row_stride (q heads then k heads; q
+// also scaled by q_scale), one launch.
+void l2_norm_qk_rows(float* d_x, int64_t T, int64_t row_stride, int hk, int64_t n, float eps, float q_scale,
+                     GpuStream s = nullptr);
+// unpack_deltanet_grouped for T tokens: qkvz rows at qkvz_stride, ba rows at ba_stride, into
+// mixed [T][conv_dim], z [T][value_dim], b and a [T][hv] (hv = hk r).
+void unpack_deltanet_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
+                                  int hk, int r, int dk, int dv, int64_t T, float* d_mixed, float* d_z, float* d_b,
+                                  float* d_a, GpuStream s = nullptr);
+// deltanet_prep_grouped for T tokens in order: unpack_deltanet_grouped_rows into d_mixed ([T]
+// [conv_dim] scratch), conv1d_silu_scan into u [T][conv_dim], l2_norm_qk_rows on u's q/k heads.
+// z [T][value_dim], b and a [T][hv] as unpack_deltanet_grouped_rows. Three launches.
+void deltanet_prep_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
+                                const float* d_conv_w, float* d_conv_state, int hk, int r, int dk, int dv, int K,
+                                float eps, float q_scale, int64_t T, float* d_mixed, float* d_u, float* d_z,
+                                float* d_b, float* d_a, GpuStream s = nullptr);
+// T tokens of delta_rule_step in order, one launch: q, k, v of token t at d_q / d_k / d_v +
+// t * qkv_stride (e.g. the columns of u rows), b and a at d_b / d_a + t * ba_stride; o: [T][hv * dv].
+// The state stays in registers across the tokens and is written back to S once. dk <= 256.
+void delta_rule_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
+                     const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
+                     int hk, int hv, int dk, int dv, int64_t T, float* d_o, GpuStream s = nullptr);
+// delta_rule_scan then gated_rms_norm over the T hv heads (z: [T][hv * dv], norm weight w [dv]).
+void delta_rule_norm_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
+                          const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
+                          const float* d_z, const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, int64_t T,
+                          float* d_o, GpuStream s = nullptr);
+// attn_prep for T tokens at positions pos0 .. pos0 + T - 1, one launch (blocks: heads x tokens):
+// P, Kp, Vp rows at their strides; q and gate (gated: required) [T][nh * hd]; writes KV cache rows
+// pos0 + t.
+void attn_prep_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
+                    int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
+                    bool gated, int rot_dim, int64_t pos0, int64_t T, float theta, float eps, float* d_q,
+                    float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s = nullptr);
+// Causal attention for T query tokens at positions pos0 + t (q, gate or null, out: [T][n_heads *
+// head_dim]): query t as attention_decode against cache positions 0 .. pos0 + t, so the caches must
+// hold those rows (attn_prep_rows first). One launch (blocks: heads x tokens); head_dim <= 256.
+void attention_prefill(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t pos0, int64_t T,
+                       int n_heads, int n_kv_heads, int head_dim, float scale, const float* d_gate, float* d_out,
+                       GpuStream s = nullptr);
 
 }  // namespace swiftlet::cuda

@@ -2,6 +2,7 @@
 // model/qwen3_hybrid.cpp restated here) on random shapes with ragged edges. Skips where no
 // usable GPU is present (CI), saying why.
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_test_support.h"
 
 #include "core/dtype.h"
 #include "kernels/cpu/ops_ref.h"
@@ -20,47 +21,9 @@
 namespace swiftlet {
 namespace {
 
-#define REQUIRE_GPU()                                                 \
-  do {                                                                \
-    std::string why_;                                                 \
-    if (!cuda::cuda_available(&why_)) GTEST_SKIP() << "no usable CUDA GPU: " << why_; \
-  } while (0)
-
-// A device copy of a host vector; frees itself.
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(const std::vector<T>& h) : p(static_cast<T*>(cuda::gpu_alloc(h.size() * sizeof(T)))), n(h.size()) {
-    cuda::gpu_upload(p, h.data(), n * sizeof(T));
-  }
-  explicit DevBuf(size_t count) : p(static_cast<T*>(cuda::gpu_alloc(count * sizeof(T)))), n(count) {
-    cuda::gpu_memset(p, 0, n * sizeof(T));
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() { cuda::gpu_free(p); }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    cuda::gpu_download(h.data(), p, n * sizeof(T));
-    return h;
-  }
-};
-
-std::vector<float> randn(std::mt19937& rng, size_t n, float sd = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-// got ~ want within atol + rtol |want| everywhere; reports the first miss.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rtol, float atol,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], atol + rtol * std::fabs(want[i])) << what << " at " << i;
-}
+using cuda_test::DevBuf;
+using cuda_test::expect_close;
+using cuda_test::randn;
 
 struct HostMatrix {
   QMatrix m;
@@ -134,7 +97,7 @@ TEST(CudaKernels, MatmulMatchesReference) {
       HostMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, c.gs, c.sdt);
       void* owner = nullptr;
       const cuda::GpuMatrix g = cuda::upload_matrix(w.m, &owner);
-      for (int64_t n : {1, 3, 8, 11}) {
+      for (int64_t n : {1, 3, 8, 11, 29}) {
         const std::vector<float> x = randn(rng, size_t(n * cols));
         std::vector<float> want(size_t(n * rows));
         ref::matmul(w.m, x.data(), n, want.data());
@@ -144,6 +107,12 @@ TEST(CudaKernels, MatmulMatchesReference) {
                                  std::to_string(c.gs) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
                                  " n=" + std::to_string(n);
         expect_close(dy.get(), want, 1e-4f, 1e-3f, what);
+        // Y += W X over the same rows (a prompt's output projection into its residual rows).
+        const std::vector<float> y0 = randn(rng, size_t(n * rows));
+        for (size_t i = 0; i < want.size(); ++i) want[i] += y0[i];
+        DevBuf<float> dacc(y0);
+        cuda::matmul_add_rows(g, dx.p, n, dacc.p);
+        expect_close(dacc.get(), want, 1e-4f, 1e-3f, what + " (add)");
       }
       cuda::gpu_free(owner);
     }
@@ -461,6 +430,95 @@ TEST(CudaKernels, GroupedExpertsMatchReference) {
   }
 }
 
+// A prompt's routed experts grouped per expert (ExpertBatch) and its MoE output with the gated
+// shared expert, against the reference per (token, choice) pair. Expert 0 is every token's first
+// choice, so its group spans several tiles of pairs; expert 3 is never chosen (no group).
+TEST(CudaKernels, ExpertPairsMatchReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(29);
+  for (int bits : {4, 8}) {
+    for (int64_t T : {1, 13, 40}) {
+      const int64_t H = 256, I = 192;
+      const int E = 6, k = 3;
+      std::vector<HostMatrix> gate, up, down;
+      for (int e = 0; e < E; ++e) {
+        gate.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+        up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+        down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, 64, DType::BF16));
+      }
+      const size_t slot = cuda::matrix_device_bytes(gate[0].m) + cuda::matrix_device_bytes(up[0].m) +
+                          cuda::matrix_device_bytes(down[0].m);
+      auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * E));
+      std::vector<const void*> table(E);
+      cuda::ExpertLayout lay;
+      for (int e = 0; e < E; ++e) {
+        uint8_t* base = arena + size_t((e * 5) % E) * slot;
+        table[size_t(e)] = base;
+        lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, base);
+      }
+      // Choices: 0, then two distinct of {1, 2, 4, 5}.
+      const int others[] = {1, 2, 4, 5};
+      std::vector<int32_t> ids;
+      for (int64_t t = 0; t < T; ++t) {
+        ids.push_back(0);
+        ids.push_back(others[t % 4]);
+        ids.push_back(others[(t + 1 + t / 4) % 4]);
+      }
+      // The work list, grouped by expert, pairs in order.
+      std::vector<int32_t> gexp, gstart, pairs;
+      for (int e = 0; e < E; ++e) {
+        const size_t before = pairs.size();
+        for (int64_t p = 0; p < T * k; ++p)
+          if (ids[size_t(p)] == e) pairs.push_back(int32_t(p));
+        if (pairs.size() == before) continue;
+        gexp.push_back(e);
+        gstart.push_back(int32_t(before));
+      }
+      gstart.push_back(int32_t(pairs.size()));
+      const std::vector<float> x = randn(rng, size_t(T * H)), w = randn(rng, size_t(T * k), 0.3f);
+      const std::vector<float> shared = randn(rng, size_t(T * H)), sg = randn(rng, size_t(T));
+      const std::vector<float> h0 = randn(rng, size_t(T * H));
+      std::vector<float> want = h0, g(static_cast<size_t>(I)), u(g.size()), y(static_cast<size_t>(H));
+      float big = 0.0f;  // the largest term: terms of ~1e4 (8-bit codes) cancel, rounding scales with them
+      for (int64_t t = 0; t < T; ++t) {
+        const float sig = 1.0f / (1.0f + std::exp(-sg[size_t(t)]));
+        for (int64_t d = 0; d < H; ++d) want[size_t(t * H + d)] += sig * shared[size_t(t * H + d)];
+        for (int j = 0; j < k; ++j) {
+          const int e = ids[size_t(t * k + j)];
+          ref::matmul(gate[size_t(e)].m, x.data() + t * H, 1, g.data());
+          ref::matmul(up[size_t(e)].m, x.data() + t * H, 1, u.data());
+          for (int64_t i = 0; i < I; ++i) g[size_t(i)] = ref::silu(g[size_t(i)]) * u[size_t(i)];
+          ref::matmul(down[size_t(e)].m, g.data(), 1, y.data());
+          for (int64_t d = 0; d < H; ++d) {
+            want[size_t(t * H + d)] += w[size_t(t * k + j)] * y[size_t(d)];
+            big = std::max(big, std::fabs(w[size_t(t * k + j)] * y[size_t(d)]));
+          }
+        }
+      }
+      auto* d_table = static_cast<const void**>(cuda::gpu_alloc(E * sizeof(void*)));
+      cuda::gpu_upload(d_table, table.data(), E * sizeof(void*));
+      DevBuf<int32_t> d_gexp(gexp), d_gstart(gstart), d_pairs(pairs);
+      cuda::ExpertBatch eb;
+      eb.d_expert = d_gexp.p;
+      eb.d_start = d_gstart.p;
+      eb.d_pairs = d_pairs.p;
+      eb.groups = int(gexp.size());
+      eb.pairs = int64_t(pairs.size());
+      eb.k = k;
+      DevBuf<float> dx(x), dw(w), dsh(shared), dsg(sg), dh(h0);
+      DevBuf<float> dg(size_t(T * k * I)), du(size_t(T * k * I)), dy(size_t(T * k * H));
+      cuda::expert_gate_up_pairs(lay, d_table, eb, dx.p, dg.p, du.p);
+      cuda::silu_mul(dg.p, du.p, T * k * I, dg.p);
+      cuda::expert_down_pairs(lay, d_table, eb, dg.p, dy.p);
+      cuda::moe_finish_rows(dh.p, dsh.p, dsg.p, dy.p, dw.p, T, k, H);
+      expect_close(dh.get(), want, 1e-4f, 1e-4f + 1e-5f * big,
+                   "expert pairs, bits " + std::to_string(bits) + " T=" + std::to_string(T));
+      cuda::gpu_free(d_table);
+      cuda::gpu_free(arena);
+    }
+  }
+}
+
 TEST(CudaKernels, DequantRowMatchesReference) {
   REQUIRE_GPU();
   std::mt19937 rng(29);
@@ -479,6 +537,14 @@ TEST(CudaKernels, DequantRowMatchesReference) {
       expect_close(a.get(), want, 1e-6f, 1e-6f, "dequant_row format " + std::to_string(int(f)));
       expect_close(b.get(), want, 1e-6f, 1e-6f, "dequant_row_at format " + std::to_string(int(f)));
     }
+    // A prompt's lookup: rows by a device list, repeats included.
+    const std::vector<int32_t> rows = {36, 0, 17, 0};
+    std::vector<float> want(rows.size() * 320);
+    for (size_t i = 0; i < rows.size(); ++i) ref::dequant_row(w.m, rows[i], want.data() + i * 320);
+    DevBuf<int32_t> d_rows(rows);
+    DevBuf<float> out(want.size());
+    cuda::dequant_rows(g, d_rows.p, int64_t(rows.size()), out.p);
+    expect_close(out.get(), want, 1e-6f, 1e-6f, "dequant_rows format " + std::to_string(int(f)));
     cuda::gpu_free(owner);
   }
 }

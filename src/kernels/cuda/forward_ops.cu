@@ -4,6 +4,7 @@
 // (3.10). Each mirrors a loop of model/qwen3_hybrid.cpp; fp32 throughout.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/mixer_device.cuh"
 
 #include <cuda_fp16.h>
 
@@ -15,7 +16,7 @@ using detail::blocks_for;
 namespace {
 
 constexpr int kPrepThreads = 256;
-constexpr int kMaxHeadDim = 1024;
+constexpr int kMaxHeadDim = detail::kPrepMaxHeadDim;
 
 // Blocks [0, nh): query heads; [nh, nh + nkv): key/value heads.
 __global__ void __launch_bounds__(kPrepThreads)
@@ -25,39 +26,8 @@ __global__ void __launch_bounds__(kPrepThreads)
                      float* __restrict__ q, float* __restrict__ gate, float* __restrict__ kcache,
                      float* __restrict__ vcache) {
   if (d_pos) pos = *d_pos;
-  float* kdst = kcache + pos * int64_t(nkv) * hd;
-  float* vdst = vcache + pos * int64_t(nkv) * hd;
-  __shared__ float red[32];
-  __shared__ float y[kMaxHeadDim];
-  const int b = blockIdx.x;
-  const bool is_q = b < nh;
-  const int j = is_q ? b : b - nh;
-  const float* src = is_q ? P + int64_t(j) * hd * (gated ? 2 : 1) : Kp + int64_t(j) * hd;
-  const float* w = is_q ? qn : kn;
-  float* dst = is_q ? q + int64_t(j) * hd : kdst + int64_t(j) * hd;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss = fmaf(src[i], src[i], ss);
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(hd) + eps);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) y[i] = src[i] * inv * w[i];
-  __syncthreads();
-  const int half = rot / 2;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-    float v = y[i];
-    if (i < rot) {
-      // As the CPU (and transformers): inverse frequency and angle in fp32 (model-spec.md 3.2).
-      const int f = i < half ? i : i - half;
-      const float invf = 1.0f / powf(theta, float(2 * f) / float(rot));
-      const float angle = float(pos) * invf;
-      const float c = cosf(angle), s = sinf(angle);
-      v = i < half ? y[i] * c - y[i + half] * s : y[i] * c + y[i - half] * s;
-    }
-    dst[i] = v;
-  }
-  if (is_q && gated)
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) gate[int64_t(j) * hd + i] = src[hd + i];
-  if (!is_q)
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) vdst[int64_t(j) * hd + i] = Vp[int64_t(j) * hd + i];
+  detail::attn_prep_head(P, Kp, Vp, qn, kn, nh, nkv, hd, gated, rot, pos, theta, eps, q, gate, kcache, vcache,
+                         int(blockIdx.x));
 }
 
 // One thread per element of the qkvz row (and of the ba row): in_proj_qkvz is per key head g [q_g
@@ -65,28 +35,7 @@ __global__ void __launch_bounds__(kPrepThreads)
 __global__ void unpack_grouped_kernel(const float* __restrict__ P, const float* __restrict__ R, int hk, int r, int dk,
                                       int dv, float* __restrict__ mixed, float* __restrict__ z, float* __restrict__ b,
                                       float* __restrict__ a) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t group = 2 * int64_t(dk) + 2 * int64_t(r) * dv;
-  const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv;
-  if (idx < hk * group) {
-    const int64_t g = idx / group, o = idx % group;
-    const float v = P[idx];
-    if (o < dk)
-      mixed[g * dk + o] = v;
-    else if (o < 2 * dk)
-      mixed[kd + g * dk + (o - dk)] = v;
-    else if (o < 2 * dk + rdv)
-      mixed[2 * kd + g * rdv + (o - 2 * dk)] = v;
-    else
-      z[g * rdv + (o - 2 * dk - rdv)] = v;
-  }
-  if (idx < int64_t(hk) * 2 * r) {
-    const int64_t g = idx / (2 * r), o = idx % (2 * r);
-    if (o < r)
-      b[g * r + o] = R[idx];
-    else
-      a[g * r + (o - r)] = R[idx];
-  }
+  detail::unpack_grouped_at(int64_t(blockIdx.x) * blockDim.x + threadIdx.x, P, R, hk, r, dk, dv, mixed, z, b, a);
 }
 
 __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restrict__ y, const float* __restrict__ w,
@@ -101,7 +50,8 @@ __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restr
 // One row of a weight matrix as fp32 (the embedding lookup), one thread per column.
 __global__ void dequant_row_kernel(GpuMatrix w, int64_t row, const int32_t* __restrict__ d_row,
                                    float* __restrict__ out) {
-  if (d_row) row = *d_row;
+  if (d_row) row = d_row[blockIdx.y];
+  out += int64_t(blockIdx.y) * w.cols;
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= w.cols) return;
   float v;
@@ -155,13 +105,7 @@ __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restri
 
 // Rows [0, hk) scaled by q_scale, rows [hk, 2 hk) by 1: the DeltaNet's q and k in one launch.
 __global__ void l2_norm_qk_kernel(float* x, int hk, int64_t n, float eps, float q_scale) {
-  __shared__ float red[32];
-  float* xr = x + int64_t(blockIdx.x) * n;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss + eps) * (int(blockIdx.x) < hk ? q_scale : 1.0f);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
+  detail::l2_norm_qk_block(x, hk, n, eps, q_scale, int(blockIdx.x));
 }
 
 // h[d] += sigmoid(g) shared[d] + sum_i w[i] y[i][d]   (the whole MoE output, 3.10)
@@ -173,6 +117,18 @@ __global__ void moe_finish_kernel(float* __restrict__ h, const float* __restrict
   float acc = detail::sigmoidf_(*gate) * shared[d];
   for (int i = 0; i < n; ++i) acc = fmaf(w[i], y[int64_t(i) * H + d], acc);
   h[d] += acc;
+}
+
+// moe_finish_kernel for token blockIdx.y of a prompt.
+__global__ void moe_finish_rows_kernel(float* __restrict__ h, const float* __restrict__ shared,
+                                       const float* __restrict__ gate, const float* __restrict__ y,
+                                       const float* __restrict__ w, int k, int64_t H) {
+  const int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = blockIdx.y;
+  if (d >= H) return;
+  float acc = detail::sigmoidf_(gate[t]) * shared[t * H + d];
+  for (int j = 0; j < k; ++j) acc = fmaf(w[t * k + j], y[(t * k + j) * H + d], acc);
+  h[t * H + d] += acc;
 }
 
 __global__ void set_step_kernel(int32_t* a, int32_t av, int64_t* b, int64_t bv) {
@@ -190,6 +146,21 @@ void dequant_row(const GpuMatrix& w, int64_t row, float* d_out, GpuStream s) {
 
 void dequant_row_at(const GpuMatrix& w, const int32_t* d_row, float* d_out, GpuStream s) {
   dequant_row_kernel<<<blocks_for(w.cols, 256), 256, 0, s>>>(w, 0, d_row, d_out);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(n <= 65535);
+  if (n == 0) return;
+  dequant_row_kernel<<<dim3(blocks_for(w.cols, 256), unsigned(n)), 256, 0, s>>>(w, 0, d_rows, d_out);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void moe_finish_rows(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w,
+                     int64_t T, int k, int64_t H, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(T <= 65535);
+  if (T == 0) return;
+  moe_finish_rows_kernel<<<dim3(blocks_for(H, 256), unsigned(T)), 256, 0, s>>>(d_h, d_shared, d_gate, d_y, d_w, k, H);
   SWIFTLET_CUDA_LAUNCHED();
 }
 

@@ -5,7 +5,8 @@
 // (coalesced: the warp reads 512 contiguous bytes per step), dequantises in registers and dots
 // it with up to 8 activation rows at once (staged in shared memory for the quantised formats),
 // so the weights are read once per 8 tokens. Larger
-// batches loop over blocks of 8 tokens (a tensor-core GEMM for prefill is future work).
+// batches run as tiles of 8 tokens in one launch (a tensor-core GEMM for prefill is future work);
+// a prompt's routed experts run per expert over the tokens routed to it (pairs_affine_kernel).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -38,14 +39,36 @@ __device__ __forceinline__ int padded(int i) { return i + (i >> 5) * 4; }
 template <int NT>
 __host__ __device__ constexpr int affine_smem_bytes() { return NT * (affine_tile<NT>() / 32) * 36 * 4; }
 
-// Y[t][r] = sum_c W[r][c] X[t][c] for t < NT. Row r is handled by one warp; the block first
+// Where the token rows of one product live: x(t) is token t's input row, y(t) its output row.
+// Contiguous rows (a dense projection over a tile of tokens):
+struct DenseRows {
+  const float* x;
+  float* y;
+  int64_t x_stride, y_stride;
+  __device__ const float* xrow(int t) const { return x + t * x_stride; }
+  __device__ float* yrow(int t) const { return y + t * y_stride; }
+};
+// Rows gathered through pair indices p (a prompt's routed experts: p = token * k + slot): input
+// row p / x_div, output row p.
+struct PairRows {
+  const float* x;
+  float* y;
+  int64_t x_stride, y_stride;
+  int x_div;
+  const int32_t* pairs;
+  __device__ const float* xrow(int t) const { return x + int64_t(pairs[t] / x_div) * x_stride; }
+  __device__ float* yrow(int t) const { return y + int64_t(pairs[t]) * y_stride; }
+};
+
+// Y[t][r] = sum_c W[r][c] X[t][c] for t < nt <= NT. Row r is handled by one warp; the block first
 // stages a tile of X's columns in shared memory (reading X straight from global memory with
-// each lane at a 128-byte stride made L1 wavefronts, not HBM, the limit).
-template <int BITS, int NT>
+// each lane at a 128-byte stride made L1 wavefronts, not HBM, the limit). Tokens past nt are
+// staged as zeros and not written.
+template <int BITS, int NT, typename Rows>
 __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ w, const void* __restrict__ scales,
                                                    const void* __restrict__ biases, int st, int64_t rows,
-                                                   int64_t cols, int gs, const float* __restrict__ x,
-                                                   float* __restrict__ y, bool add = false) {
+                                                   int64_t cols, int gs, const Rows& io, int nt,
+                                                   bool add = false) {
   constexpr int kPerWord = 32 / BITS;
   constexpr int kPerChunk = 4 * kPerWord;  // elements in one 16-byte load
   constexpr uint32_t kMask = (1u << BITS) - 1u;
@@ -67,8 +90,10 @@ __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ 
     const int tile = int(cols - base < kTile ? cols - base : kTile);
     __syncthreads();  // the previous tile is consumed
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-      for (int i = threadIdx.x; i < tile; i += kThreads) xs[t * kTokStride + padded(i)] = __ldg(x + t * cols + base + i);
+    for (int t = 0; t < NT; ++t) {
+      const float* xt = t < nt ? io.xrow(t) + base : nullptr;
+      for (int i = threadIdx.x; i < tile; i += kThreads) xs[t * kTokStride + padded(i)] = xt ? __ldg(xt + i) : 0.0f;
+    }
     __syncthreads();
     if (!active) continue;
     const int chunks = tile / kPerChunk;
@@ -107,18 +132,25 @@ __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ 
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float v = warp_sum(acc[t]);
-    if (lane == 0) y[t * rows + r] = add ? y[t * rows + r] + v : v;
+    if (lane == 0 && t < nt) {
+      float* yp = io.yrow(t) + r;
+      *yp = add ? *yp + v : v;
+    }
   }
 }
 
+// One launch for a whole batch: blockIdx.y picks the tile of NT tokens (the last may be short).
 template <int BITS, int NT>
 __global__ void __launch_bounds__(kThreads) affine_matvec_kernel(const uint32_t* __restrict__ w,
                                                                  const void* __restrict__ scales,
                                                                  const void* __restrict__ biases, int st,
                                                                  int64_t rows, int64_t cols, int gs,
                                                                  const float* __restrict__ x,
-                                                                 float* __restrict__ y, bool add) {
-  affine_matvec_body<BITS, NT>(w, scales, biases, st, rows, cols, gs, x, y, add);
+                                                                 float* __restrict__ y, int64_t n, bool add) {
+  const int64_t t0 = int64_t(blockIdx.y) * NT;
+  const int nt = int(n - t0 < NT ? n - t0 : NT);
+  const DenseRows io{x + t0 * cols, y + t0 * rows, cols, rows};
+  affine_matvec_body<BITS, NT>(w, scales, biases, st, rows, cols, gs, io, nt, add);
 }
 
 // The routed experts of one token in one launch: blockIdx.y picks the i-th chosen expert, whose
@@ -139,8 +171,33 @@ __global__ void __launch_bounds__(kThreads) grouped_affine_kernel(const void* co
   const char* base = static_cast<const char*>(table[ids[i]]);
   const AffineOffsets& o = blockIdx.z == 0 ? a : b;
   float* y = (blockIdx.z == 0 ? ya : yb) + int64_t(i) * rows;
+  const DenseRows io{x + int64_t(i) * x_stride, y, 0, 0};
   affine_matvec_body<BITS, 1>(reinterpret_cast<const uint32_t*>(base + o.data), base + o.scales, base + o.biases, st,
-                              rows, cols, gs, x + int64_t(i) * x_stride, y);
+                              rows, cols, gs, io, 1);
+}
+
+// A prompt's routed experts in one launch: blockIdx.y picks a group (one expert and the pairs
+// routed to it, ExpertBatch), blockIdx.z matrix a or b; the block streams its rows once per tile
+// of NT pairs. Input row of pair p: x + (p / x_div) x_stride; output row: y + p rows.
+template <int BITS, int NT>
+__global__ void __launch_bounds__(kThreads) pairs_affine_kernel(const void* const* __restrict__ table,
+                                                                const int32_t* __restrict__ group_expert,
+                                                                const int32_t* __restrict__ group_start,
+                                                                const int32_t* __restrict__ pairs, AffineOffsets a,
+                                                                AffineOffsets b, int st, int64_t rows, int64_t cols,
+                                                                int gs, const float* __restrict__ x, int64_t x_stride,
+                                                                int x_div, float* __restrict__ ya,
+                                                                float* __restrict__ yb) {
+  const int g = blockIdx.y;
+  const char* base = static_cast<const char*>(table[group_expert[g]]);
+  const AffineOffsets& o = blockIdx.z == 0 ? a : b;
+  float* y = blockIdx.z == 0 ? ya : yb;
+  const int end = group_start[g + 1];
+  for (int p0 = group_start[g]; p0 < end; p0 += NT) {  // block-uniform
+    const PairRows io{x, y, x_stride, rows, x_div, pairs + p0};
+    affine_matvec_body<BITS, NT>(reinterpret_cast<const uint32_t*>(base + o.data), base + o.scales, base + o.biases,
+                                 st, rows, cols, gs, io, end - p0 < NT ? end - p0 : NT);
+  }
 }
 
 template <typename T>
@@ -157,10 +214,14 @@ __device__ __forceinline__ float elem_to_float<__half>(__half v) { return __half
 template <typename T, bool VEC, int NT>
 __global__ void __launch_bounds__(kThreads) dense_matvec_kernel(const T* __restrict__ w, int64_t rows, int64_t cols,
                                                                 const float* __restrict__ x,
-                                                                float* __restrict__ y, bool add) {
+                                                                float* __restrict__ y, int64_t n, bool add) {
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
+  const int64_t t0 = int64_t(blockIdx.y) * NT;  // this block's tile of NT tokens (the last may be short)
+  const int nt = int(n - t0 < NT ? n - t0 : NT);
+  x += t0 * cols;
+  y += t0 * rows;
   const T* row = w + r * cols;
   float acc[NT];
 #pragma unroll
@@ -181,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) dense_matvec_kernel(const T* __restr
       const int64_t c0 = ch * kPer;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const float* xt = x + t * cols + c0;
+        const float* xt = x + (t < nt ? t : 0) * cols + c0;  // past nt: token 0 again, not written
         float a = 0.0f;
 #pragma unroll
         for (int j = 0; j < kPer; ++j) a = fmaf(wv[j], __ldg(xt + j), a);
@@ -192,79 +253,85 @@ __global__ void __launch_bounds__(kThreads) dense_matvec_kernel(const T* __restr
     for (int64_t c = lane; c < cols; c += 32) {
       const float wv = elem_to_float<T>(row[c]);
 #pragma unroll
-      for (int t = 0; t < NT; ++t) acc[t] = fmaf(wv, __ldg(x + t * cols + c), acc[t]);
+      for (int t = 0; t < NT; ++t) acc[t] = fmaf(wv, __ldg(x + (t < nt ? t : 0) * cols + c), acc[t]);
     }
   }
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float v = warp_sum(acc[t]);
-    if (lane == 0) y[t * rows + r] = add ? y[t * rows + r] + v : v;
+    if (lane == 0 && t < nt) y[t * rows + r] = add ? y[t * rows + r] + v : v;
   }
 }
 
 
+// Launches cover n tokens in tiles of NT (grid.y); n <= 65535 NT.
 template <typename T, int NT>
-void launch_dense(const GpuMatrix& w, const float* x, float* y, bool add, cudaStream_t s) {
-  const unsigned grid = detail::blocks_for(w.rows, kRowsPerBlock);
+void launch_dense(const GpuMatrix& w, const float* x, float* y, int64_t n, bool add, cudaStream_t s) {
+  const dim3 grid(detail::blocks_for(w.rows, kRowsPerBlock), detail::blocks_for(n, NT));
   const T* d = static_cast<const T*>(w.data);
   if ((w.cols * int64_t(sizeof(T))) % 16 == 0)
-    dense_matvec_kernel<T, true, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y, add);
+    dense_matvec_kernel<T, true, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y, n, add);
   else
-    dense_matvec_kernel<T, false, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y, add);
+    dense_matvec_kernel<T, false, NT><<<grid, kThreads, 0, s>>>(d, w.rows, w.cols, x, y, n, add);
 }
 
 template <int NT>
-void launch_matvec(const GpuMatrix& w, const float* x, float* y, bool add, cudaStream_t s) {
-  const unsigned grid = detail::blocks_for(w.rows, kRowsPerBlock);
+void launch_matvec(const GpuMatrix& w, const float* x, float* y, int64_t n, bool add, cudaStream_t s) {
+  const dim3 grid(detail::blocks_for(w.rows, kRowsPerBlock), detail::blocks_for(n, NT));
   switch (w.format) {
-    case WeightFormat::F32: launch_dense<float, NT>(w, x, y, add, s); break;
-    case WeightFormat::BF16: launch_dense<uint16_t, NT>(w, x, y, add, s); break;
-    case WeightFormat::F16: launch_dense<__half, NT>(w, x, y, add, s); break;
+    case WeightFormat::F32: launch_dense<float, NT>(w, x, y, n, add, s); break;
+    case WeightFormat::BF16: launch_dense<uint16_t, NT>(w, x, y, n, add, s); break;
+    case WeightFormat::F16: launch_dense<__half, NT>(w, x, y, n, add, s); break;
     case WeightFormat::Affine: {
       const int st = scale_type(w.scale_dtype);
       const auto* d = static_cast<const uint32_t*>(w.data);
       if (w.bits == 4)
-        affine_matvec_kernel<4, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(d, w.scales, w.biases, st, w.rows, w.cols,
-                                                              w.group_size, x, y, add);
+        affine_matvec_kernel<4, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(
+            d, w.scales, w.biases, st, w.rows, w.cols, w.group_size, x, y, n, add);
       else
-        affine_matvec_kernel<8, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(d, w.scales, w.biases, st, w.rows, w.cols,
-                                                              w.group_size, x, y, add);
+        affine_matvec_kernel<8, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(
+            d, w.scales, w.biases, st, w.rows, w.cols, w.group_size, x, y, n, add);
       break;
     }
   }
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-using LaunchFn = void (*)(const GpuMatrix&, const float*, float*, bool, cudaStream_t);
+using LaunchFn = void (*)(const GpuMatrix&, const float*, float*, int64_t, bool, cudaStream_t);
 constexpr LaunchFn kLaunch[kMaxTokens + 1] = {nullptr,          launch_matvec<1>, launch_matvec<2>,
                                               launch_matvec<3>, launch_matvec<4>, launch_matvec<5>,
                                               launch_matvec<6>, launch_matvec<7>, launch_matvec<8>};
 
+void check_matrix(const GpuMatrix& w) {
+  if (w.format != WeightFormat::Affine) return;
+  SWIFTLET_CUDA_REQUIRE(w.bits == 4 || w.bits == 8);
+  SWIFTLET_CUDA_REQUIRE(w.group_size > 0 && w.group_size % (128 / w.bits) == 0);
+  SWIFTLET_CUDA_REQUIRE(w.cols % w.group_size == 0);
+}
+
+void run_matmul(const GpuMatrix& w, const float* x, int64_t n, float* y, bool add, cudaStream_t s) {
+  check_matrix(w);
+  if (w.rows == 0 || n == 0) return;
+  constexpr int64_t kMaxPerLaunch = int64_t(65535) * kMaxTokens;
+  for (int64_t t0 = 0; t0 < n; t0 += kMaxPerLaunch) {
+    const int64_t m = n - t0 < kMaxPerLaunch ? n - t0 : kMaxPerLaunch;
+    kLaunch[m < kMaxTokens ? m : kMaxTokens](w, x + t0 * w.cols, y + t0 * w.rows, m, add, s);
+  }
+}
+
 }  // namespace
 
 void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s) {
-  if (w.format == WeightFormat::Affine) {
-    SWIFTLET_CUDA_REQUIRE(w.bits == 4 || w.bits == 8);
-    SWIFTLET_CUDA_REQUIRE(w.group_size > 0 && w.group_size % (128 / w.bits) == 0);
-    SWIFTLET_CUDA_REQUIRE(w.cols % w.group_size == 0);
-  }
-  if (w.rows == 0 || n == 0) return;
-  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokens) {
-    const int nt = int(n - t0 < kMaxTokens ? n - t0 : kMaxTokens);
-    kLaunch[nt](w, d_x + t0 * w.cols, d_y + t0 * w.rows, false, s);
-  }
+  run_matmul(w, d_x, n, d_y, false, s);
 }
 
 void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s) {
-  if (w.format == WeightFormat::Affine) {
-    SWIFTLET_CUDA_REQUIRE(w.bits == 4 || w.bits == 8);
-    SWIFTLET_CUDA_REQUIRE(w.group_size > 0 && w.group_size % (128 / w.bits) == 0);
-    SWIFTLET_CUDA_REQUIRE(w.cols % w.group_size == 0);
-  }
-  if (w.rows == 0) return;
-  kLaunch[1](w, d_x, d_y, true, s);
+  run_matmul(w, d_x, 1, d_y, true, s);
 }
 
+void matmul_add_rows(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s) {
+  run_matmul(w, d_x, n, d_y, true, s);
+}
 
 namespace {
 AffineOffsets offsets_of(const GpuMatrix& m) {
@@ -310,6 +377,53 @@ void expert_down(const ExpertLayout& l, const void* const* d_table, const int32_
     grouped_affine_kernel<8><<<grid, kThreads, affine_smem_bytes<1>(), s>>>(
         d_table, d_ids, o, o, st, l.down.rows, l.down.cols, l.down.group_size, d_act, l.down.cols, d_y, nullptr);
   SWIFTLET_CUDA_LAUNCHED();
+}
+
+namespace {
+template <int NT>
+void launch_pairs(const GpuMatrix& m, AffineOffsets a, AffineOffsets b, bool two, const void* const* d_table,
+                  const ExpertBatch& eb, const float* d_x, int64_t x_stride, int x_div, float* d_ya, float* d_yb,
+                  cudaStream_t s) {
+  const dim3 grid(detail::blocks_for(m.rows, kRowsPerBlock), unsigned(eb.groups), two ? 2 : 1);
+  const int st = scale_type(m.scale_dtype);
+  if (m.bits == 4)
+    pairs_affine_kernel<4, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(
+        d_table, eb.d_expert, eb.d_start, eb.d_pairs, a, b, st, m.rows, m.cols, m.group_size, d_x, x_stride, x_div,
+        d_ya, d_yb);
+  else
+    pairs_affine_kernel<8, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(
+        d_table, eb.d_expert, eb.d_start, eb.d_pairs, a, b, st, m.rows, m.cols, m.group_size, d_x, x_stride, x_div,
+        d_ya, d_yb);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+// Tiles of 8 pairs where the groups are that large on average, else of 4 (less padding).
+void run_pairs(const GpuMatrix& m, AffineOffsets a, AffineOffsets b, bool two, const void* const* d_table,
+               const ExpertBatch& eb, const float* d_x, int64_t x_stride, int x_div, float* d_ya, float* d_yb,
+               cudaStream_t s) {
+  SWIFTLET_CUDA_REQUIRE(eb.groups <= 65535);
+  if (eb.groups == 0) return;
+  if (eb.pairs >= 8 * int64_t(eb.groups))
+    launch_pairs<8>(m, a, b, two, d_table, eb, d_x, x_stride, x_div, d_ya, d_yb, s);
+  else
+    launch_pairs<4>(m, a, b, two, d_table, eb, d_x, x_stride, x_div, d_ya, d_yb, s);
+}
+}  // namespace
+
+void expert_gate_up_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& eb, const float* d_x,
+                          float* d_g, float* d_u, GpuStream s) {
+  check_expert_matrix(l.gate);
+  check_expert_matrix(l.up);
+  SWIFTLET_CUDA_REQUIRE(l.gate.rows == l.up.rows && l.gate.cols == l.up.cols && l.gate.bits == l.up.bits &&
+                        l.gate.group_size == l.up.group_size && l.gate.scale_dtype == l.up.scale_dtype);
+  SWIFTLET_CUDA_REQUIRE(eb.k > 0);
+  run_pairs(l.gate, offsets_of(l.gate), offsets_of(l.up), true, d_table, eb, d_x, l.gate.cols, eb.k, d_g, d_u, s);
+}
+
+void expert_down_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& eb, const float* d_act,
+                       float* d_y, GpuStream s) {
+  check_expert_matrix(l.down);
+  const AffineOffsets o = offsets_of(l.down);
+  run_pairs(l.down, o, o, false, d_table, eb, d_act, l.down.cols, 1, d_y, nullptr, s);
 }
 
 }  // namespace swiftlet::cuda

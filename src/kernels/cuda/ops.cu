@@ -3,6 +3,7 @@
 // kernels/cpu/ops_ref.cpp or model/qwen3_hybrid.cpp; fp32 throughout.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/mixer_device.cuh"
 
 namespace swiftlet::cuda {
 
@@ -93,71 +94,17 @@ __global__ void rope_neox_kernel(float* x, int n_heads, int64_t head_stride, int
 
 // --- attention decode -------------------------------------------------------------------------
 
-constexpr int kAttnWarps = 8;
+constexpr int kAttnWarps = detail::kAttnWarps;
 
-// One block per query head. Warp w takes positions w, w + 8, ...; lane l holds dims l + 32 i
-// (i < DPL; dims past hd are zero). Each warp keeps an online softmax (running max, sum,
-// weighted V); the block merges them. With d_pos non-null, n_pos = *d_pos + 1 (CUDA graphs).
+// One block per query head (detail::attention_head). With d_pos non-null, n_pos = *d_pos + 1
+// (CUDA graphs).
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_decode_kernel(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc, int64_t n_pos,
     const int64_t* __restrict__ d_pos, int hd, int n_heads, int n_kv, float scale, const float* __restrict__ gate,
     float* __restrict__ out) {
-  constexpr int kMaxHd = DPL * 32;
   if (d_pos) n_pos = *d_pos + 1;
-  __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
-  __shared__ float sm_acc[kAttnWarps][kMaxHd];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int j = blockIdx.x;
-  const int kh = j / (n_heads / n_kv);
-  const int64_t kvd = int64_t(n_kv) * hd;
-
-  float qr[DPL], acc[DPL];
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) {
-    const int d = lane + 32 * i;
-    qr[i] = d < hd ? q[int64_t(j) * hd + d] : 0.0f;
-    acc[i] = 0.0f;
-  }
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t p = warp; p < n_pos; p += kAttnWarps) {
-    const float* kp = kc + p * kvd + int64_t(kh) * hd;
-    float d = 0.0f;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i)
-      if (lane + 32 * i < hd) d = fmaf(qr[i], kp[lane + 32 * i], d);
-    const float sc = warp_sum(d) * scale;
-    const float mn = fmaxf(m, sc);
-    const float corr = expf(m - mn);  // 0 on the first position (m = -inf)
-    const float e = expf(sc - mn);
-    const float* vp = vc + p * kvd + int64_t(kh) * hd;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i)
-      acc[i] = fmaf(e, lane + 32 * i < hd ? vp[lane + 32 * i] : 0.0f, acc[i] * corr);
-    l = l * corr + e;
-    m = mn;
-  }
-  if (lane == 0) {
-    sm_m[warp] = m;
-    sm_l[warp] = l;
-  }
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) sm_acc[warp][lane + 32 * i] = acc[i];
-  __syncthreads();
-
-  float M = -INFINITY;
-  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, sm_m[w]);
-  float L = 0.0f;
-  for (int w = 0; w < kAttnWarps; ++w) L += sm_m[w] == -INFINITY ? 0.0f : sm_l[w] * expf(sm_m[w] - M);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float o = 0.0f;
-    for (int w = 0; w < kAttnWarps; ++w)
-      if (sm_m[w] != -INFINITY) o = fmaf(sm_acc[w][d], expf(sm_m[w] - M), o);
-    o /= L;
-    const int64_t oi = int64_t(j) * hd + d;
-    if (gate) o *= sigmoidf_(gate[oi]);
-    out[oi] = o;
-  }
+  detail::attention_head<DPL>(q, kc, vc, n_pos, hd, n_heads, n_kv, scale, gate, out, int(blockIdx.x));
 }
 
 // --- Gated DeltaNet ---------------------------------------------------------------------------
@@ -174,68 +121,6 @@ __global__ void conv1d_silu_step_kernel(const float* __restrict__ x, const float
   // Each thread owns its channel's column of the state, so the shift needs no barrier.
   for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
   if (K > 1) state[int64_t(K - 2) * C + c] = xc;
-}
-
-constexpr int kDeltaCols = 32;   // value columns per block (threadIdx.x)
-constexpr int kDeltaSlices = 8;  // key rows split over threadIdx.y
-constexpr int kDeltaMaxDk = 256;
-constexpr int kDeltaRows = kDeltaMaxDk / kDeltaSlices;  // rows per thread, held in registers
-
-// Block (32 x 8) owns 32 value columns j of one head's state S[dk][dv]; thread (x, y) keeps rows
-// y, y + 8, ... of column j in registers between the read (m = S^T k) and the update.
-__global__ void __launch_bounds__(kDeltaCols * kDeltaSlices) delta_rule_step_kernel(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ b, const float* __restrict__ a, const float* __restrict__ A_log,
-    const float* __restrict__ dt_bias, float* S, int hk, int hv, int dk, int dv, float* __restrict__ o) {
-  __shared__ float ks[kDeltaMaxDk], qs[kDeltaMaxDk];
-  __shared__ float red[kDeltaSlices][kDeltaCols + 1];
-  const int h = blockIdx.y, g = h / (hv / hk);
-  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kDeltaCols + tx;
-  const int j = blockIdx.x * kDeltaCols + tx;
-  for (int i = tid; i < dk; i += kDeltaCols * kDeltaSlices) {
-    ks[i] = k[int64_t(g) * dk + i];
-    qs[i] = q[int64_t(g) * dk + i];
-  }
-  const float beta = sigmoidf_(b[h]);
-  const float alpha = expf(-expf(A_log[h]) * softplusf_(a[h] + dt_bias[h]));
-  __syncthreads();
-
-  float* Sh = S + int64_t(h) * dk * dv;
-  const bool col = j < dv;
-  float s_reg[kDeltaRows];
-  float part = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kDeltaRows; ++r) {
-    const int i = ty + kDeltaSlices * r;
-    s_reg[r] = (col && i < dk) ? Sh[int64_t(i) * dv + j] * alpha : 0.0f;
-    if (i < dk) part = fmaf(s_reg[r], ks[i], part);
-  }
-  red[ty][tx] = part;
-  __syncthreads();
-  float mj = 0.0f;
-#pragma unroll
-  for (int y = 0; y < kDeltaSlices; ++y) mj += red[y][tx];
-  const float delta = col ? beta * (v[int64_t(h) * dv + j] - mj) : 0.0f;
-  __syncthreads();  // red is reused below
-
-  part = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kDeltaRows; ++r) {
-    const int i = ty + kDeltaSlices * r;
-    if (i < dk) {
-      s_reg[r] = fmaf(ks[i], delta, s_reg[r]);
-      if (col) Sh[int64_t(i) * dv + j] = s_reg[r];
-      part = fmaf(s_reg[r], qs[i], part);
-    }
-  }
-  red[ty][tx] = part;
-  __syncthreads();
-  if (ty == 0 && col) {
-    float oj = 0.0f;
-#pragma unroll
-    for (int y = 0; y < kDeltaSlices; ++y) oj += red[y][tx];
-    o[int64_t(h) * dv + j] = oj;
-  }
 }
 
 }  // namespace
@@ -299,20 +184,10 @@ void attention_decode_at(const float* d_q, const float* d_k_cache, const float* 
   SWIFTLET_CUDA_REQUIRE(n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
   SWIFTLET_CUDA_REQUIRE(head_dim >= 1 && head_dim <= 256);
   const dim3 grid{unsigned(n_heads)}, block{kAttnWarps * 32};
-  auto args = [&](auto kernel) {
-    kernel<<<grid, block, 0, s>>>(d_q, d_k_cache, d_v_cache, n_pos, d_pos, head_dim, n_heads, n_kv_heads, scale,
-                                  d_gate, d_out);
-  };
-  switch ((head_dim + 31) / 32) {
-    case 1: args(attention_decode_kernel<1>); break;
-    case 2: args(attention_decode_kernel<2>); break;
-    case 3: args(attention_decode_kernel<3>); break;
-    case 4: args(attention_decode_kernel<4>); break;
-    case 5: args(attention_decode_kernel<5>); break;
-    case 6: args(attention_decode_kernel<6>); break;
-    case 7: args(attention_decode_kernel<7>); break;
-    case 8: args(attention_decode_kernel<8>); break;
-  }
+  detail::with_dims_per_lane(head_dim, [&](auto dpl) {
+    attention_decode_kernel<decltype(dpl)::value><<<grid, block, 0, s>>>(
+        d_q, d_k_cache, d_v_cache, n_pos, d_pos, head_dim, n_heads, n_kv_heads, scale, d_gate, d_out);
+  });
   SWIFTLET_CUDA_LAUNCHED();
 }
 
@@ -327,12 +202,8 @@ void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, i
 void delta_rule_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
                      const float* d_A_log, const float* d_dt_bias, float* d_S, int hk, int hv, int dk, int dv,
                      float* d_o, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0);
-  SWIFTLET_CUDA_REQUIRE(dk >= 1 && dk <= kDeltaMaxDk);
-  const dim3 grid(blocks_for(dv, kDeltaCols), unsigned(hv)), block(kDeltaCols, kDeltaSlices);
-  delta_rule_step_kernel<<<grid, block, 0, s>>>(d_q, d_k, d_v, d_b, d_a, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv,
-                                                d_o);
-  SWIFTLET_CUDA_LAUNCHED();
+  // One token of the scan (prefill.cu): the same kernel, the state read and written once.
+  delta_rule_scan(d_q, d_k, d_v, 0, d_b, d_a, 0, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, 1, d_o, s);
 }
 
 }  // namespace swiftlet::cuda

@@ -1,0 +1,206 @@
+// The T-token token-mixer kernels (prefill.cu) against their one-token forms run T times in order
+// on a copy of the same state: outputs and final states must agree. Random ragged shapes (T = 1, 7,
+// 33; widths off multiples of 32; inputs that are columns of wider rows). Skips where no usable GPU
+// is present (CI), saying why.
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/cuda_test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace swiftlet {
+namespace {
+
+using Dev = cuda_test::DevBuf<float>;
+using cuda_test::randn;
+
+// batched ~ steps within atol + rtol |steps|; reports the first miss.
+void expect_match(const Dev& batched, const Dev& steps, const std::string& what, float rtol = 1e-4f,
+                  float atol = 1e-5f) {
+  cuda_test::expect_close(batched.get(), steps.get(), rtol, atol, what);
+}
+
+std::string tag(const char* name, std::initializer_list<int64_t> v) {
+  std::string s = name;
+  for (int64_t x : v) {
+    s += ' ';
+    s += std::to_string(x);
+  }
+  return s;
+}
+
+const int64_t kTs[] = {1, 7, 33};
+
+TEST(CudaPrefill, ConvScanMatchesSteps) {
+  REQUIRE_GPU();
+  std::mt19937 rng(101);
+  for (auto [C, K] : {std::pair<int64_t, int>{37, 4}, {300, 4}, {1000, 2}, {96, 3}}) {
+    for (int64_t T : kTs) {
+      const int64_t xs = C + 5, us = C + 3;  // inputs and outputs as columns of wider rows
+      const std::vector<float> x = randn(rng, size_t(T * xs)), w = randn(rng, size_t(C * K), 0.5f),
+                               state0 = randn(rng, size_t((K - 1) * C));
+      Dev dx(x), dw(w), st_b(state0), st_s(state0), u_b(size_t(T * us)), u_s(size_t(T * us));
+      cuda::conv1d_silu_scan(dx.p, xs, dw.p, st_b.p, C, K, T, u_b.p, us);
+      for (int64_t t = 0; t < T; ++t) cuda::conv1d_silu_step(dx.p + t * xs, dw.p, st_s.p, C, K, u_s.p + t * us);
+      const std::string what = tag("conv C K T", {C, K, T});
+      expect_match(u_b, u_s, what + " u");
+      expect_match(st_b, st_s, what + " state", 0.0f, 0.0f);
+    }
+  }
+}
+
+TEST(CudaPrefill, L2NormQkRows) {
+  REQUIRE_GPU();
+  std::mt19937 rng(102);
+  for (auto [hk, n] : {std::pair<int, int64_t>{2, 128}, {1, 64}, {3, 40}}) {
+    for (int64_t T : kTs) {
+      const int64_t stride = 2 * hk * n + 17;  // q/k heads followed by other columns (v)
+      const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(n));
+      const std::vector<float> x = randn(rng, size_t(T * stride));
+      Dev xb(x), xs(x);
+      cuda::l2_norm_qk_rows(xb.p, T, stride, hk, n, eps, q_scale);
+      for (int64_t t = 0; t < T; ++t) cuda::l2_norm_qk(xs.p + t * stride, hk, n, eps, q_scale);
+      expect_match(xb, xs, tag("l2_norm_qk hk n T", {hk, n, T}));
+    }
+  }
+}
+
+struct Gdn {
+  int hk, r, dk, dv, K;
+};
+
+TEST(CudaPrefill, DeltaNetPrepRowsMatchesSteps) {
+  REQUIRE_GPU();
+  std::mt19937 rng(103);
+  for (const Gdn& g : {Gdn{2, 2, 128, 128, 4}, Gdn{3, 2, 64, 40, 4}, Gdn{1, 2, 64, 24, 2}, Gdn{1, 1, 300, 16, 4}}) {
+    for (int64_t T : kTs) {
+      const int64_t kd = int64_t(g.hk) * g.dk, vd = int64_t(g.hk) * g.r * g.dv, C = 2 * kd + vd;
+      const int hv = g.hk * g.r;
+      const int64_t ps = 2 * kd + 2 * vd + 3, rs = 2 * hv + 1;  // rows of wider projections
+      const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(g.dk));
+      const std::vector<float> P = randn(rng, size_t(T * ps)), R = randn(rng, size_t(T * rs)),
+                               w = randn(rng, size_t(C * g.K), 0.5f), state0 = randn(rng, size_t((g.K - 1) * C));
+      Dev dP(P), dR(R), dw(w);
+      Dev st_b(state0), mixed_b(size_t(T * C)), u_b(size_t(T * C)), z_b(size_t(T * vd)), b_b(size_t(T * hv)),
+          a_b(size_t(T * hv));
+      Dev st_s(state0), mixed_s(static_cast<size_t>(C)), u_s(size_t(T * C)), z_s(size_t(T * vd)), b_s(size_t(T * hv)),
+          a_s(size_t(T * hv));
+      cuda::deltanet_prep_grouped_rows(dP.p, ps, dR.p, rs, dw.p, st_b.p, g.hk, g.r, g.dk, g.dv, g.K, eps, q_scale, T,
+                                       mixed_b.p, u_b.p, z_b.p, b_b.p, a_b.p);
+      for (int64_t t = 0; t < T; ++t)
+        cuda::deltanet_prep_grouped(dP.p + t * ps, dR.p + t * rs, dw.p, st_s.p, g.hk, g.r, g.dk, g.dv, g.K, eps,
+                                    q_scale, mixed_s.p, u_s.p + t * C, z_s.p + t * vd, b_s.p + t * hv,
+                                    a_s.p + t * hv);
+      const std::string what = tag("deltanet prep hk r dk dv K T", {g.hk, g.r, g.dk, g.dv, g.K, T});
+      expect_match(u_b, u_s, what + " u");
+      expect_match(z_b, z_s, what + " z", 0.0f, 0.0f);
+      expect_match(b_b, b_s, what + " b", 0.0f, 0.0f);
+      expect_match(a_b, a_s, what + " a", 0.0f, 0.0f);
+      expect_match(st_b, st_s, what + " conv state", 0.0f, 0.0f);
+    }
+  }
+}
+
+struct Delta {
+  int hk, hv, dk, dv;
+};
+
+TEST(CudaPrefill, DeltaRuleScanMatchesSteps) {
+  REQUIRE_GPU();
+  std::mt19937 rng(104);
+  for (const Delta& d : {Delta{2, 4, 128, 128}, Delta{1, 2, 64, 80}, Delta{3, 6, 64, 40}, Delta{2, 4, 256, 24}}) {
+    for (int64_t T : kTs) {
+      const int64_t kd = int64_t(d.hk) * d.dk, vd = int64_t(d.hv) * d.dv, C = 2 * kd + vd;
+      const int64_t qs = C + 3, bs = 2 * d.hv;  // q|k|v columns of u rows; b|a columns of ba rows
+      const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(d.dk));
+      // q and k L2-normalised (q scaled) as the DeltaNet feeds them, so the state stays bounded.
+      std::vector<float> u = randn(rng, size_t(T * qs));
+      for (int64_t t = 0; t < T; ++t)
+        for (int i = 0; i < 2 * d.hk; ++i) {
+          float* x = u.data() + t * qs + int64_t(i) * d.dk;
+          float ss = 0.0f;
+          for (int c = 0; c < d.dk; ++c) ss += x[c] * x[c];
+          const float inv = 1.0f / std::sqrt(ss + eps) * (i < d.hk ? q_scale : 1.0f);
+          for (int c = 0; c < d.dk; ++c) x[c] *= inv;
+        }
+      const std::vector<float> ba = randn(rng, size_t(T * bs)), z = randn(rng, size_t(T * vd)),
+                               A_log = randn(rng, size_t(d.hv), 0.5f), dt_bias = randn(rng, size_t(d.hv), 0.5f),
+                               norm_w = randn(rng, size_t(d.dv), 0.3f),
+                               S0 = randn(rng, size_t(d.hv) * d.dk * d.dv, 0.1f);
+      Dev du(u), dba(ba), dz(z), dA(A_log), ddt(dt_bias), dnw(norm_w);
+      const float *q = du.p, *k = du.p + kd, *v = du.p + 2 * kd, *b = dba.p, *a = dba.p + d.hv;
+      const std::string what = tag("delta rule hk hv dk dv T", {d.hk, d.hv, d.dk, d.dv, T});
+      {
+        Dev S_b(S0), S_s(S0), o_b(size_t(T * vd)), o_s(size_t(T * vd));
+        cuda::delta_rule_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_b.p, d.hk, d.hv, d.dk, d.dv, T, o_b.p);
+        for (int64_t t = 0; t < T; ++t)
+          cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
+                                d.hv, d.dk, d.dv, o_s.p + t * vd);
+        expect_match(o_b, o_s, what + " o");
+        expect_match(S_b, S_s, what + " state");
+      }
+      {  // with the gated RMSNorm, against the fused one-token step
+        Dev S_b(S0), S_s(S0), o_b(size_t(T * vd)), o_s(size_t(T * vd));
+        cuda::delta_rule_norm_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_b.p, dz.p, dnw.p, eps, d.hk, d.hv, d.dk, d.dv,
+                                   T, o_b.p);
+        for (int64_t t = 0; t < T; ++t)
+          cuda::delta_rule_norm_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p,
+                                     dz.p + t * vd, dnw.p, eps, d.hk, d.hv, d.dk, d.dv, o_s.p + t * vd);
+        expect_match(o_b, o_s, what + " normed o");
+        expect_match(S_b, S_s, what + " normed state");
+      }
+    }
+  }
+}
+
+TEST(CudaPrefill, AttnPrepRowsAndAttentionPrefillMatchDecode) {
+  REQUIRE_GPU();
+  std::mt19937 rng(105);
+  for (auto [nh, nkv, hd, rot] : {std::tuple<int, int, int, int>{8, 2, 256, 64}, {4, 2, 64, 64}, {6, 3, 48, 16}}) {
+    for (bool gated : {true, false}) {
+      for (int64_t pos0 : {0, 5, 40}) {
+        for (int64_t T : kTs) {
+          const int64_t qd = int64_t(nh) * hd, kvd = int64_t(nkv) * hd, pw = qd * (gated ? 2 : 1);
+          const int64_t rs = pw + 2 * kvd + 3;  // one row [P | K | V | pad] per token
+          const int64_t n_rows = pos0 + T + 2;  // cache rows; the last two stay untouched
+          const float theta = 10000.0f, eps = 1e-6f, scale = 1.0f / std::sqrt(float(hd));
+          const std::vector<float> X = randn(rng, size_t(T * rs)), qn = randn(rng, size_t(hd), 0.2f),
+                                   kn = randn(rng, size_t(hd), 0.2f);
+          // Earlier positions already filled (a prompt continued after earlier tokens).
+          std::vector<float> kc0 = randn(rng, size_t(n_rows * kvd)), vc0 = randn(rng, size_t(n_rows * kvd));
+          Dev dX(X), dqn(qn), dkn(kn);
+          Dev kc_b(kc0), vc_b(vc0), q_b(size_t(T * qd)), g_b(size_t(T * qd)), o_b(size_t(T * qd));
+          Dev kc_s(kc0), vc_s(vc0), q_s(size_t(T * qd)), g_s(size_t(T * qd)), o_s(size_t(T * qd));
+          const float *P = dX.p, *Kp = dX.p + pw, *Vp = dX.p + pw + kvd;
+          cuda::attn_prep_rows(P, rs, Kp, rs, Vp, rs, dqn.p, dkn.p, nh, nkv, hd, gated, rot, pos0, T, theta, eps, q_b.p,
+                               g_b.p, kc_b.p, vc_b.p);
+          cuda::attention_prefill(q_b.p, kc_b.p, vc_b.p, pos0, T, nh, nkv, hd, scale, gated ? g_b.p : nullptr, o_b.p);
+          for (int64_t t = 0; t < T; ++t) {
+            cuda::attn_prep(P + t * rs, Kp + t * rs, Vp + t * rs, dqn.p, dkn.p, nh, nkv, hd, gated, rot, pos0 + t,
+                            nullptr, theta, eps, q_s.p + t * qd, g_s.p + t * qd, kc_s.p, vc_s.p);
+            cuda::attention_decode(q_s.p + t * qd, kc_s.p, vc_s.p, pos0 + t + 1, nh, nkv, hd, scale,
+                                   gated ? g_s.p + t * qd : nullptr, o_s.p + t * qd);
+          }
+          const std::string what =
+              tag("attention nh nkv hd rot gated pos0 T", {nh, nkv, hd, rot, gated ? 1 : 0, pos0, T});
+          expect_match(q_b, q_s, what + " q");
+          expect_match(g_b, g_s, what + " gate", 0.0f, 0.0f);
+          expect_match(kc_b, kc_s, what + " k cache");
+          expect_match(vc_b, vc_s, what + " v cache", 0.0f, 0.0f);
+          expect_match(o_b, o_s, what + " out");
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace swiftlet
