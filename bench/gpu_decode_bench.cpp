@@ -255,6 +255,14 @@ int main(int argc, char** argv) {
         f2->run(st2, prompt, LogitsMode::Last, logits);
         std::printf("         without CUDA graphs: %.2f tok/s\n", tokens / decode(*f2, st2, tokens));
         f2.reset();
+        // The top-k as a kernel of its own (router_topk) instead of inside expert_act.
+        setenv("SWIFTLET_GPU_ROUTE_IN_ACT", "0", 1);
+        auto f5 = make_gpu_forward(g);
+        unsetenv("SWIFTLET_GPU_ROUTE_IN_ACT");
+        SessionState st5 = SessionState::create(c);
+        f5->run(st5, prompt, LogitsMode::Last, logits);
+        std::printf("         top-k as its own kernel: %.2f tok/s\n", tokens / decode(*f5, st5, tokens));
+        f5.reset();
         // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
         // fresh forward pass (its own graph); the default comes last again.
         struct Variant {
@@ -271,6 +279,15 @@ int main(int argc, char** argv) {
           std::printf("         %-18s %.2f tok/s\n", v.name, tokens / decode(*f3, st3, tokens));
         }
         op_breakdown(c, 1e3 * dt / tokens);
+        // Where a step's time goes, part by part (timing events between the parts, no graph).
+        setenv("SWIFTLET_GPU_PROFILE", "1", 1);
+        auto fp = make_gpu_forward(g);
+        unsetenv("SWIFTLET_GPU_PROFILE");
+        SessionState stp = SessionState::create(c);
+        fp->run(stp, prompt, LogitsMode::Last, logits);
+        const double dtp = decode(*fp, stp, tokens);
+        std::printf("\ndecode step by part (events between parts, kernel by kernel: %.2f tok/s):\n%s", tokens / dtp,
+                    gpu_decode_profile(*fp).c_str());
       }
       if (prompt_tokens > 1) {
         std::vector<int32_t> longp;

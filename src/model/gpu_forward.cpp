@@ -385,6 +385,7 @@ class GpuForward final : public ForwardPass {
   StateSnapshot snapshot(const SessionState& st) override;
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
+  std::string profile_report() const;
   size_t buffer_bytes() const override { return batch_.bytes; }
   void release_buffers() override {
     cu::gpu_sync(s_);
@@ -460,6 +461,9 @@ class GpuForward final : public ForwardPass {
   // The fused expert kernels (expert_act / expert_down_add) take this model's experts, and the
   // shared expert (shared_[l]) rides along as one more expert.
   bool experts_fused_ = false, shared_fused_ = false;
+  // Decode with every expert resident takes the top-k inside expert_act (expert_act_routed), one
+  // launch fewer per layer; SWIFTLET_GPU_ROUTE_IN_ACT=0 keeps router_topk (for comparison).
+  bool route_in_act_ = false;
   std::vector<cu::SharedExpert> shared_;
   float* logits_;                // [vocab]
   int32_t* h_ids_ = nullptr;     // pinned [k]
@@ -485,6 +489,26 @@ class GpuForward final : public ForwardPass {
   cu::GpuGraph graph_ = nullptr;
   int64_t graph_kv_cap_ = -1;
   bool use_graphs_ = true;
+
+  // SWIFTLET_GPU_PROFILE=1: a timing event after each part of a decode step (mark), summed per
+  // part name over the steps.
+  bool profile_ = false;
+  std::vector<cu::GpuEvent> marks_;
+  std::vector<const char*> mark_names_;
+  size_t n_marks_ = 0;
+  std::vector<std::pair<std::string, double>> profile_us_;  // forward order
+  int64_t profile_steps_ = 0;
+  bool in_step_ = false;  // marks count only inside a decode step
+  void mark(const char* part) {
+    if (!profile_ || !in_step_) return;
+    if (n_marks_ == marks_.size()) {
+      marks_.push_back(cu::event_create_timed());
+      mark_names_.push_back(nullptr);
+    }
+    mark_names_[n_marks_] = part;
+    cu::event_record(marks_[n_marks_++], s_);
+  }
+  void profile_step_end();
 };
 
 GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c) {
@@ -525,6 +549,11 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
   d_pos_ = reinterpret_cast<int64_t*>(buf(2));
   const char* env = std::getenv("SWIFTLET_GPU_GRAPHS");  // 0: launch kernel by kernel (for comparison)
   use_graphs_ = !(env && std::string(env) == "0");
+  const char* rt = std::getenv("SWIFTLET_GPU_ROUTE_IN_ACT");
+  route_in_act_ = cu::expert_act_routes(c.num_experts, k) && !(rt && std::string(rt) == "0");
+  const char* prof = std::getenv("SWIFTLET_GPU_PROFILE");
+  profile_ = prof && std::string(prof) == "1";
+  if (profile_) use_graphs_ = false;
   if (c.num_experts > 0 && g_->grouped()) {
     experts_fused_ = cu::experts_fusable(g_->layout(), k, nullptr);
     shared_fused_ = experts_fused_;
@@ -557,6 +586,7 @@ GpuForward::~GpuForward() {
     cu::gpu_free(d.v);
   }
   cu::gpu_free_pinned(h_ids_);
+  for (cu::GpuEvent e : marks_) cu::event_destroy(e);
   cu::event_destroy(ids_ready_);
   cu::event_destroy(group_done_);
   cu::stream_destroy(s_);
@@ -607,6 +637,7 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
     logits.resize(size_t(c_.vocab_size));
     logits_to(logits.data());
   }
+  profile_step_end();
   cu::gpu_sync(s_);
   st.pos += T;
   st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
@@ -616,6 +647,7 @@ void GpuForward::logits_to(float* host_row) { logits_of(h_, host_row); }
 
 void GpuForward::logits_of(const float* d_h_row, float* host_row) {
   project({{g_->lm_head, logits_}}, d_h_row, g_->final_norm);
+  mark("final norm + lm_head");
   cu::gpu_download(host_row, logits_, size_t(c_.vocab_size) * 4, s_);
 }
 
@@ -809,7 +841,39 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   cu::moe_finish_rows(B.h, B.shy, B.sg, B.ey, B.w, T, k, H, s_);
 }
 
+void GpuForward::profile_step_end() {
+  const bool was = in_step_;
+  in_step_ = false;
+  if (!profile_ || !was || n_marks_ < 2) return;
+  cu::event_sync(marks_[n_marks_ - 1]);
+  for (size_t i = 1; i < n_marks_; ++i) {
+    const double us = 1e3 * cu::event_elapsed_ms(marks_[i - 1], marks_[i]);
+    auto it = std::find_if(profile_us_.begin(), profile_us_.end(), [&](auto& p) { return p.first == mark_names_[i]; });
+    if (it == profile_us_.end())
+      profile_us_.emplace_back(mark_names_[i], us);
+    else
+      it->second += us;
+  }
+  ++profile_steps_;
+  n_marks_ = 0;
+}
+
+std::string GpuForward::profile_report() const {
+  if (profile_steps_ == 0) return "";
+  double total = 0;
+  for (auto& [name, us] : profile_us_) total += us;
+  std::string out;
+  for (auto& [name, us] : profile_us_)
+    out += fmt::format("  {:<34} {:9.1f} us/token {:5.1f}%\n", name, us / double(profile_steps_), 100.0 * us / total);
+  out += fmt::format("  {:<34} {:9.1f} us/token over {} steps\n", "total", total / double(profile_steps_),
+                     profile_steps_);
+  return out;
+}
+
 void GpuForward::step(int32_t token, int64_t pos) {
+  n_marks_ = 0;
+  in_step_ = true;
+  mark("start");
   cu::set_step(d_tok_, token, d_pos_, pos, s_);
   if (!(g_->all_resident() && use_graphs_)) {
     layers();
@@ -830,6 +894,7 @@ void GpuForward::step(int32_t token, int64_t pos) {
 // output back into h_ (the last product of the block accumulates into it).
 void GpuForward::layers() {
   cu::dequant_row_at(g_->embed, d_tok_, h_, s_);
+  mark("embedding");
   for (int l = 0; l < c_.num_layers; ++l) {
     if (g_->layers[size_t(l)].linear)
       gated_delta_net(l);
@@ -844,11 +909,15 @@ void GpuForward::gated_attention(int l) {
   const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
   LayerDev& d = dev_[size_t(l)];
   project({{w.q, p1_}, {w.k, p2_}, {w.v, p3_}}, h_, g_->layers[size_t(l)].in_norm);
+  mark("attn: norm + q, k, v");
   cu::attn_prep(p1_, p2_, p3_, w.q_norm, w.k_norm, nh, nkv, hd, c_.attn_output_gate, c_.rotary_dim(), 0, d_pos_,
                 c_.rope_theta, c_.rms_norm_eps, q_, gate_, d.k, d.v, s_);
+  mark("attn: q/k norm, rope, kv write");
   cu::attention_decode_at(q_, d.k, d.v, 0, d_pos_, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
                           c_.attn_output_gate ? gate_ : nullptr, core_, s_);
+  mark("attn: attention");
   project({{w.o, h_, true}}, core_, nullptr);  // h += o_proj(attention)
+  mark("attn: h += o_proj");
 }
 
 void GpuForward::gated_delta_net(int l) {
@@ -863,6 +932,7 @@ void GpuForward::gated_delta_net(int l) {
   const float q_scale = 1.0f / std::sqrt(float(dk));
   if (c_.family == Family::Qwen3Next) {
     project({{w.qkvz, p1_}, {w.ba, p2_}}, h_, in_norm);
+    mark("gdn: norm + qkvz, ba");
     cu::deltanet_prep_grouped(p1_, p2_, w.conv, d.conv, hk, hv / hk, dk, dv, c_.linear_conv_kernel_dim, 1e-6f,
                               q_scale, mixed_, u_, z_, b, a, s_);
   } else {
@@ -870,9 +940,12 @@ void GpuForward::gated_delta_net(int l) {
     cu::conv1d_silu_step(mixed_, w.conv, d.conv, C, c_.linear_conv_kernel_dim, u_, s_);
     cu::l2_norm_qk(u_, hk, dk, 1e-6f, q_scale, s_);  // q then k: contiguous in u_
   }
+  mark("gdn: unpack, conv, l2");
   cu::delta_rule_norm_step(u_, u_ + kd, u_ + 2 * kd, b, a, w.A_log, w.dt_bias, d.ssm, z_, w.norm, c_.rms_norm_eps,
                            hk, hv, dk, dv, core_, s_);
+  mark("gdn: delta rule + gated norm");
   project({{w.out, h_, true}}, core_, nullptr);  // h += out_proj(core)
+  mark("gdn: h += out_proj");
 }
 
 void GpuForward::sparse_moe(int l) {
@@ -882,17 +955,26 @@ void GpuForward::sparse_moe(int l) {
   // x = norm(h); router logits and the shared expert's gate logit in one launch. Router: softmax,
   // top-k, renormalise (3.10); the ids go to the host while the shared expert runs.
   project({{w.router, router_}, {w.sh_expert_gate, sg_}}, h_, w.post_norm);
-  cu::router_topk(router_, 1, E, k, c_.norm_topk_prob, ids_, w_, s_);
+  mark("moe: norm + router, shared gate");
   const bool on_device = g_->all_resident();
+  const cu::ExpertLayout& lay = g_->layout();
+  const void* const* table = g_->table(l);
+  const cu::SharedExpert* sh = shared_fused_ ? &shared_[size_t(l)] : nullptr;
+  if (on_device && experts_fused_ && sh && route_in_act_) {  // the top-k inside the experts' first kernel
+    cu::expert_act_routed(lay, table, router_, E, k, c_.norm_topk_prob, sh, x_, ids_, w_, act_, s_);
+    mark("moe: top-k + experts gate, up, SiLU");
+    cu::expert_down_add(lay, table, ids_, w_, k, sh, act_, h_, s_, /*ids_early=*/false);
+    mark("moe: h += experts down");
+    return;
+  }
+  cu::router_topk(router_, 1, E, k, c_.norm_topk_prob, ids_, w_, s_);
+  mark("moe: top-k");
   if (!on_device) {
     cu::gpu_download_async(h_ids_, ids_, size_t(k) * sizeof(int32_t), s_);
     cu::event_record(ids_ready_, s_);
   }
-  const cu::ExpertLayout& lay = g_->layout();
-  const void* const* table = g_->table(l);
   // The shared expert with its sigmoid gate: h += sigmoid(g x) * down(SiLU(gate x) * up x); fused
-  // into the routed experts' kernels where it can be.
-  const cu::SharedExpert* sh = shared_fused_ ? &shared_[size_t(l)] : nullptr;
+  // into the routed experts' kernels where it can be (sh).
   if (!sh) {
     project({{w.sh_gate, sh_}, {w.sh_up, su_}}, x_, nullptr);
     cu::silu_mul(sh_, su_, SI, sh_, s_);
@@ -902,7 +984,9 @@ void GpuForward::sparse_moe(int l) {
   if (on_device) {  // everything in one go: hits are counted per step (this may be a graph capture)
     if (experts_fused_) {
       cu::expert_act(lay, table, ids_, k, sh, x_, act_, s_);
+      mark("moe: experts gate, up, SiLU");
       cu::expert_down_add(lay, table, ids_, w_, k, sh, act_, h_, s_);
+      mark("moe: h += experts down");
       return;
     }
     cu::expert_gate_up(lay, table, ids_, k, x_, eg_, eu_, s_);
@@ -1012,6 +1096,11 @@ std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g) {
 
 GpuStats gpu_stats(const GpuModel& g) { return g.stats(); }
 
+std::string gpu_decode_profile(const ForwardPass& f) {
+  const auto* g = dynamic_cast<const GpuForward*>(&f);
+  return g ? g->profile_report() : "";
+}
+
 std::string gpu_summary(const GpuModel& g) {
   const GpuStats s = g.stats();
   return fmt::format(
@@ -1045,6 +1134,7 @@ std::shared_ptr<GpuModel> make_gpu_model(const Model&, const GpuOptions&, std::s
 }
 std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel>) { return nullptr; }
 GpuStats gpu_stats(const GpuModel&) { return {}; }
+std::string gpu_decode_profile(const ForwardPass&) { return ""; }
 std::string gpu_summary(const GpuModel&) { return ""; }
 
 }  // namespace swiftlet

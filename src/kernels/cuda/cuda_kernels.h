@@ -50,6 +50,8 @@ void event_destroy(GpuEvent e);
 void event_record(GpuEvent e, GpuStream s);
 void stream_wait(GpuStream s, GpuEvent e);  // later work on s waits for e
 void event_sync(GpuEvent e);
+GpuEvent event_create_timed();  // timing enabled (profiling)
+float event_elapsed_ms(GpuEvent start, GpuEvent end);  // both recorded and complete
 // cudaHostRegister / unregister (makes host memory DMA-able; false when the driver refuses).
 bool host_register(void* p, size_t bytes);
 void host_unregister(void* p);
@@ -194,10 +196,24 @@ bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh);
 // sh, act[n] for the shared expert; one launch. act: [n (+1)][moe_intermediate]
 void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,
                 const SharedExpert* sh, const float* d_x, float* d_act, GpuStream s = nullptr);
+// expert_act with the routing folded in (decode with every expert resident): each block takes the
+// top k of the router's E logits itself, in one warp while the others stage x (as router_topk:
+// softmax, ties to the lower index, renormalised when asked; the weights may differ in the last
+// bits, the softmax sum running in another order), and block 0 writes them to d_ids / d_w for
+// expert_down_add, so the top-k needs no launch of its own. Needs expert_act_routes(E, k)
+// (E <= 512, k <= 16).
+bool expert_act_routes(int E, int k);
+void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                       bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
+                       float* d_act, GpuStream s = nullptr);
 // h[d] += sum_i w[i] (down_i act[i])[d] (+ sigmoid(*sh->d_gate_logit) (down_sh act[n])[d]), one launch:
-// a warp owns output rows and sums over the experts itself (deterministic, no atomics).
+// a warp owns output rows and sums over the experts itself (deterministic, no atomics). ids_early:
+// the ids were complete one kernel before the previous one (router_topk, then expert_act), so the
+// kernel prefetches its rows into the L2 before waiting for expert_act; false after
+// expert_act_routed, which writes them.
 void expert_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
-                     int n, const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s = nullptr);
+                     int n, const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s = nullptr,
+                     bool ids_early = true);
 // h[d] += sigmoid(*gate) shared[d] + sum_i w[i] y[i][d]: the shared expert (gated) and the
 // routed experts' weighted sum added to the residual stream in one launch (3.10 steps 4-6).
 void moe_finish(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w, int n,

@@ -758,6 +758,22 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
           expect_close(dh.get(), want, 1e-4f, 2e-3f + 1e-6f * big,
                        "fused experts bits " + std::to_string(bits) + " H " + std::to_string(H) + " n " +
                            std::to_string(n) + (with_shared ? " +shared" : ""));
+          if (n == 0) continue;
+          // The routing folded into expert_act: the ids and weights router_topk gives for random
+          // logits, and the same h as router_topk + expert_act + expert_down_add.
+          const std::vector<float> logits = randn(rng, size_t(E), 2.0f);
+          DevBuf<float> dl(logits), tw(static_cast<size_t>(n)), rw(static_cast<size_t>(n)), th(h0), rh(h0), ta(dact.n), ra(dact.n);
+          DevBuf<int32_t> tids(static_cast<size_t>(n)), rids(static_cast<size_t>(n));
+          cuda::router_topk(dl.p, 1, E, n, true, tids.p, tw.p);
+          cuda::expert_act(lay, d_table, tids.p, n, sh, dx.p, ta.p);
+          cuda::expert_down_add(lay, d_table, tids.p, tw.p, n, sh, ta.p, th.p);
+          ASSERT_TRUE(cuda::expert_act_routes(E, n));
+          cuda::expert_act_routed(lay, d_table, dl.p, E, n, true, sh, dx.p, rids.p, rw.p, ra.p);
+          cuda::expert_down_add(lay, d_table, rids.p, rw.p, n, sh, ra.p, rh.p, nullptr, /*ids_early=*/false);
+          EXPECT_EQ(rids.get(), tids.get()) << "routed ids, n " << n;
+          expect_close(rw.get(), tw.get(), 1e-6f, 1e-7f, "routed weights");  // the softmax sums in another order
+          expect_close(ra.get(), ta.get(), 0.0f, 0.0f, "routed act");
+          expect_close(rh.get(), th.get(), 1e-5f, 1e-5f + 1e-6f * big, "routed h");
         }
       }
       cuda::gpu_free(d_table);

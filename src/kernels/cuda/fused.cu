@@ -32,6 +32,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxParts = 17;                 // routed experts (top-k <= 16) + the shared expert
+constexpr int kActMaxE = 512;                 // experts expert_act_routed takes (16 logits per lane of a warp)
 constexpr size_t kMaxSmem = 48 * 1024;        // dynamic shared memory without an opt-in
 using detail::kScaleF32;
 using detail::load_scale;
@@ -456,6 +457,135 @@ void launch_multi_rows(const MultiArgs& a, cudaStream_t s) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Router: softmax, then a bitonic sort of (probability, index) in shared memory.
+
+constexpr int kTopkThreads = 1024;
+constexpr int kTopkMaxE = 4096;
+constexpr int kMaxTopk = 16;
+
+__device__ __forceinline__ bool beats(float av, int ai, float bv, int bi) { return av > bv || (av == bv && ai < bi); }
+
+// One token's top k of E logits lr, by the whole block (any size): softmax over all E, a bitonic
+// sort of N (E rounded up to a power of two) (probability, index) pairs in pv/pi (shared, N
+// long), ties to the lower index; thread 0 writes ids[i], weights[i] (renormalised over the k
+// when asked). Ends with the block synchronised only where the caller syncs.
+__device__ __forceinline__ void block_topk(const float* __restrict__ lr, int E, int N, int k, bool renormalise,
+                                           float* pv, int* pi, float* red, int32_t* ids, float* weights) {
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, lr[i]);
+  m = detail::block_max(m, red);
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < E; i += blockDim.x) {
+    const float e = expf(lr[i] - m);
+    pv[i] = e;
+    s += e;
+  }
+  s = block_sum(s, red);
+  const float inv = 1.0f / s;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) {
+    pv[i] = i < E ? pv[i] * inv : -1.0f;
+    pi[i] = i;
+  }
+  // Descending: the best first.
+  for (int size = 2; size <= N; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      __syncthreads();
+      for (int t = threadIdx.x; t < N / 2; t += blockDim.x) {
+        const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
+        const bool desc = (lo & size) == 0;
+        const float av = pv[lo], bv = pv[hi];
+        const int ai = pi[lo], bi = pi[hi];
+        if (beats(bv, bi, av, ai) == desc) {
+          pv[lo] = bv;
+          pv[hi] = av;
+          pi[lo] = bi;
+          pi[hi] = ai;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum += pv[i];
+    for (int i = 0; i < k; ++i) {
+      ids[i] = pi[i];
+      weights[i] = renormalise ? pv[i] / sum : pv[i];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kTopkThreads) router_sort_kernel(const float* __restrict__ logits, int E, int N,
+                                                                   int k, bool renormalise, int32_t* ids,
+                                                                   float* weights) {
+  __shared__ float pv[kTopkMaxE];
+  __shared__ int pi[kTopkMaxE];
+  __shared__ float red[32];
+  pdl_wait_and_release();
+  block_topk(logits + int64_t(blockIdx.x) * E, E, N, k, renormalise, pv, pi, red, ids + int64_t(blockIdx.x) * k,
+             weights + int64_t(blockIdx.x) * k);
+}
+
+// The same top k by one warp, with no block barrier (expert_act_routed runs it in warp 0 while the
+// other warps stage x): lane l holds logits l, l + 32, ... (PER of them, E <= 32 PER). The same
+// softmax and order (ties to the lower index) as block_topk; the softmax sum runs in another
+// order, so the weights may differ from router_topk's in the last bits. Lane 0 writes ids/weights.
+template <int PER>
+__device__ __forceinline__ void warp_topk(const float* __restrict__ lr, int E, int k, bool renormalise, int32_t* ids,
+                                          float* weights) {
+  const int lane = threadIdx.x & 31;
+  float p[PER];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int i = lane + 32 * j;
+    p[j] = i < E ? lr[i] : -INFINITY;
+    m = fmaxf(m, p[j]);
+  }
+  m = detail::warp_max(m);
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const float e = lane + 32 * j < E ? expf(p[j] - m) : 0.0f;
+    p[j] = e;
+    s += e;
+  }
+  const float inv = 1.0f / warp_sum(s);
+#pragma unroll
+  for (int j = 0; j < PER; ++j) p[j] = lane + 32 * j < E ? p[j] * inv : -1.0f;
+  float sum = 0.0f;
+  for (int r = 0; r < k; ++r) {
+    float bv = -2.0f;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+      if (beats(p[j], lane + 32 * j, bv, bi)) {
+        bv = p[j];
+        bi = lane + 32 * j;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (beats(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+      if (lane + 32 * j == bi) p[j] = -2.0f;  // taken
+    sum += bv;
+    if (lane == 0) {
+      ids[r] = bi;
+      weights[r] = bv;
+    }
+  }
+  if (lane == 0 && renormalise)
+    for (int r = 0; r < k; ++r) weights[r] /= sum;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Routed (and shared) experts.
 
 struct Part {  // a matrix of an expert: byte offsets from the slot base, or addresses (base 0)
@@ -474,6 +604,16 @@ struct ExpertArgs {
   const float* w;  // [n] routing weights
   const float* sh_gate_logit;
   float* y;  // act [parts][I] for gate/up; h [H] for down
+  // expert_act_routed: the router's logits [E]; every block takes the top n itself, block 0 writes
+  // them to ids / w for expert_down_add. Null: the ids come from memory.
+  const float* logits;
+  int E;  // experts
+  bool renormalise;
+  int32_t* ids_out;
+  float* w_out;
+  // expert_down: the ids were written two kernels back (router_topk), so they can be read for the
+  // L2 prefetch before the wait; not so after expert_act_routed.
+  bool ids_early;
 };
 
 // Part p's slot base as an integer (0 for the shared expert, whose offsets are addresses).
@@ -495,7 +635,26 @@ __global__ void __launch_bounds__(kThreads) expert_act_kernel(const __grid_const
   float* xs = reinterpret_cast<float*>(smem4);
   const int H = a.H;
   pdl_wait_and_release();  // the ids come from the predecessor: nothing to prefetch before
-  stage<BITS>(xs, H, [&](int i) { return a.x[i]; });
+  __shared__ size_t bases[kMaxParts];
+  __shared__ int32_t ids[kMaxTopk];
+  __shared__ float wts[kMaxTopk];
+  // Routing here (expert_act_routed): warp 0 takes the top n of the logits, then stages its share
+  // of x; the other warps stage x meanwhile.
+  if (a.logits && threadIdx.x < 32) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);
+  stage<BITS>(xs, H, [&](int i) { return a.x[i]; });  // ends with a barrier: ids are visible
+  if (threadIdx.x < unsigned(a.parts)) {
+    const int p = threadIdx.x;
+    if (!a.logits) {
+      bases[p] = part_base(a, p);
+    } else {
+      bases[p] = p < a.n ? reinterpret_cast<size_t>(a.table[ids[p]]) : size_t(0);
+      if (blockIdx.x == 0 && p < a.n) {
+        a.ids_out[p] = ids[p];
+        a.w_out[p] = wts[p];
+      }
+    }
+  }
+  __syncthreads();
   const float* sums = xs + H + (H + 31) / 32 * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n_chunks = H / kPer, groups = H / a.gs_in;
@@ -505,7 +664,7 @@ __global__ void __launch_bounds__(kThreads) expert_act_kernel(const __grid_const
   for (int j = 0; j < (J > 0 ? J : 1); ++j) gc[j] = ((lane + 32 * j) * kPer) / a.gs_in;
   for (int rg = int(blockIdx.x) * kWarps + warp; rg < total; rg += int(gridDim.x) * kWarps) {
     const int p = rg / per_part, r0 = (rg - p * per_part) * RP;
-    const size_t base = part_base(a, p);
+    const size_t base = bases[p];
     const Part& gm = p < a.n ? a.gate : a.sh_gate;
     const Part& um = p < a.n ? a.up : a.sh_up;
     const uint4* data[R];
@@ -549,7 +708,7 @@ __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_cons
   __shared__ size_t bases[kMaxParts];
   __shared__ float coefs[kMaxParts];
   const int n_in = a.parts * a.I;
-  {  // the ids are two kernels back (complete): this warp's rows of every part into the L2
+  if (a.ids_early) {  // the ids are two kernels back (complete): this warp's rows of every part into the L2
     const int lane = threadIdx.x & 31;
     const int64_t row_bytes = int64_t(a.I) * BITS / 8, scale_bytes = int64_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4 : 2);
     for (int rg = int(blockIdx.x) * kWarps + (threadIdx.x >> 5); rg < (a.H + R - 1) / R; rg += int(gridDim.x) * kWarps) {
@@ -642,6 +801,7 @@ ExpertArgs expert_args(const ExpertLayout& l, const void* const* table, const in
   a.st_in = scale_type(l.gate.scale_dtype);
   a.gs_out = l.down.group_size;
   a.st_out = scale_type(l.down.scale_dtype);
+  a.ids_early = true;
   return a;
 }
 
@@ -771,66 +931,6 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices) delta_norm_kernel(
   if (ty == 0 && col) o[int64_t(h) * dv + j] = oh[j] * inv_s * norm_w[j] * siluf_(z[int64_t(h) * dv + j]);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Router: softmax, then a bitonic sort of (probability, index) in shared memory.
-
-constexpr int kTopkThreads = 1024;
-constexpr int kTopkMaxE = 4096;
-
-__device__ __forceinline__ bool beats(float av, int ai, float bv, int bi) { return av > bv || (av == bv && ai < bi); }
-
-__global__ void __launch_bounds__(kTopkThreads) router_sort_kernel(const float* __restrict__ logits, int E, int N,
-                                                                   int k, bool renormalise, int32_t* ids,
-                                                                   float* weights) {
-  __shared__ float pv[kTopkMaxE];
-  __shared__ int pi[kTopkMaxE];
-  __shared__ float red[32];
-  pdl_wait_and_release();
-  const float* lr = logits + int64_t(blockIdx.x) * E;
-  float m = -INFINITY;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, lr[i]);
-  m = detail::block_max(m, red);
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) {
-    const float e = expf(lr[i] - m);
-    pv[i] = e;
-    s += e;
-  }
-  s = block_sum(s, red);
-  const float inv = 1.0f / s;
-  for (int i = threadIdx.x; i < N; i += blockDim.x) {
-    pv[i] = i < E ? pv[i] * inv : -1.0f;
-    pi[i] = i;
-  }
-  // Descending: the best first.
-  for (int size = 2; size <= N; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      __syncthreads();
-      for (int t = threadIdx.x; t < N / 2; t += blockDim.x) {
-        const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
-        const bool desc = (lo & size) == 0;
-        const float av = pv[lo], bv = pv[hi];
-        const int ai = pi[lo], bi = pi[hi];
-        if (beats(bv, bi, av, ai) == desc) {
-          pv[lo] = bv;
-          pv[hi] = av;
-          pi[lo] = bi;
-          pi[hi] = ai;
-        }
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += pv[i];
-    for (int i = 0; i < k; ++i) {
-      ids[int64_t(blockIdx.x) * k + i] = pi[i];
-      weights[int64_t(blockIdx.x) * k + i] = renormalise ? pv[i] / sum : pv[i];
-    }
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -938,14 +1038,8 @@ bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh) {
          size_t(floats(parts * int(l.down.cols))) * 4 <= kMaxSmem;
 }
 
-void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,
-                const SharedExpert* sh, const float* d_x, float* d_act, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, n, sh));
-  ExpertArgs a = expert_args(l, d_table, d_ids, n, sh);
-  if (a.parts == 0) return;
-  a.x = d_x;
-  a.y = d_act;
-  const int bits = l.gate.bits;
+namespace {
+void launch_act(ExpertArgs& a, int bits, cudaStream_t s) {
   const size_t smem = size_t(bits == 4 ? staged_floats<4>(a.H) : staged_floats<8>(a.H)) * 4;
   // One row of gate and one of up per warp (two of each need ~120 registers: fewer warps per SM).
   const bool two = false;
@@ -964,11 +1058,40 @@ void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t
   }
   SWIFTLET_CUDA_LAUNCHED();
 }
+}  // namespace
 
-void expert_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w, int n,
-                     const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s) {
+void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,
+                const SharedExpert* sh, const float* d_x, float* d_act, GpuStream s) {
   SWIFTLET_CUDA_REQUIRE(experts_fusable(l, n, sh));
   ExpertArgs a = expert_args(l, d_table, d_ids, n, sh);
+  if (a.parts == 0) return;
+  a.x = d_x;
+  a.y = d_act;
+  launch_act(a, l.gate.bits, s);
+}
+
+bool expert_act_routes(int E, int k) { return E >= 1 && E <= kActMaxE && k >= 1 && k <= kMaxTopk && k <= E; }
+
+void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                       bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
+                       float* d_act, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, k, sh) && expert_act_routes(E, k));
+  ExpertArgs a = expert_args(l, d_table, nullptr, k, sh);
+  a.x = d_x;
+  a.y = d_act;
+  a.logits = d_logits;
+  a.E = E;
+  a.renormalise = renormalise;
+  a.ids_out = d_ids;
+  a.w_out = d_w;
+  launch_act(a, l.gate.bits, s);
+}
+
+void expert_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w, int n,
+                     const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s, bool ids_early) {
+  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, n, sh));
+  ExpertArgs a = expert_args(l, d_table, d_ids, n, sh);
+  a.ids_early = ids_early;
   if (a.parts == 0) return;
   a.x = d_act;
   a.w = d_w;

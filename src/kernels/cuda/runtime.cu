@@ -99,6 +99,16 @@ void event_destroy(GpuEvent e) {
 void event_record(GpuEvent e, GpuStream s) { SWIFTLET_CUDA_CHECK(cudaEventRecord(e, s)); }
 void stream_wait(GpuStream s, GpuEvent e) { SWIFTLET_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0)); }
 void event_sync(GpuEvent e) { SWIFTLET_CUDA_CHECK(cudaEventSynchronize(e)); }
+GpuEvent event_create_timed() {
+  cudaEvent_t e;
+  SWIFTLET_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+float event_elapsed_ms(GpuEvent start, GpuEvent end) {
+  float ms = 0.0f;
+  SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+  return ms;
+}
 bool host_register(void* p, size_t bytes) {
   if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
   (void)cudaGetLastError();  // clear the sticky-free error so later checks do not see it
