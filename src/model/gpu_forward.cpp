@@ -36,9 +36,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
-// Tokens per prefill chunk (as the CPU path's kPrefillChunk): a streamed expert is uploaded once
-// per layer per chunk, and the chunk's activations take ~340 KB a token on the 80B.
-constexpr int64_t kPrefillChunk = 1024;
+// The smallest prefill chunk worth batching (GpuOptions::prefill_chunk is the largest).
+constexpr int64_t kMinPrefillChunk = 16;
 
 // Offsets, in a slot, of one matrix uploaded by upload_matrix_to at the slot's start + `at`.
 cu::GpuMatrix layout_at(const QMatrix& w, size_t at) { return cu::matrix_layout(w, reinterpret_cast<const void*>(at)); }
@@ -480,7 +479,9 @@ class GpuForward final : public ForwardPass {
     int64_t cap = 0;
     size_t bytes = 0;  // device bytes of the arena
   } batch_;
-  void grow_batch(int64_t T);
+  // Buffers for a chunk of up to T tokens, or fewer when VRAM is short (halving down to
+  // kMinPrefillChunk); false when not even that fits.
+  bool grow_batch(int64_t T);
   void free_batch();
   int32_t* d_tok_ = nullptr;     // [1] this step's token
   int64_t* d_pos_ = nullptr;     // [1] this step's position
@@ -657,8 +658,8 @@ void GpuForward::free_batch() {
   batch_ = {};
 }
 
-void GpuForward::grow_batch(int64_t T) {
-  if (T <= batch_.cap) return;
+bool GpuForward::grow_batch(int64_t T) {
+  if (T <= batch_.cap) return true;
   cu::gpu_sync(s_);
   free_batch();
   const ModelConfig& c = c_;
@@ -683,7 +684,11 @@ void GpuForward::grow_batch(int64_t T) {
   size_t bytes = 0;
   for (auto& [ptr, per] : parts) bytes += align256(std::max<size_t>(per * n, 1) * 4);
   bytes += align256(group_ints * 4);
-  auto* base = static_cast<uint8_t*>(cu::gpu_alloc(bytes));
+  auto* base = static_cast<uint8_t*>(cu::gpu_try_alloc(bytes));
+  if (!base) {
+    if (T / 2 < kMinPrefillChunk) return false;
+    return grow_batch(T / 2);
+  }
   batch_.arena = base;
   batch_.bytes = bytes;
   size_t at = 0;
@@ -700,6 +705,7 @@ void GpuForward::grow_batch(int64_t T) {
                  (n * k + group_ints + n) * sizeof(int32_t));
   batch_.h_groups = batch_.h_ids + n * k;
   batch_.cap = T;
+  return true;
 }
 
 bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
@@ -709,8 +715,8 @@ bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::
     return false;
   const int64_t V = c_.vocab_size;
   const int64_t first = mode == LogitsMode::All ? 0 : mode == LogitsMode::Last ? T - 1 : T;
+  if (!grow_batch(std::min<int64_t>(T, std::max<int64_t>(g_->opts.prefill_chunk, kMinPrefillChunk)))) return false;
   logits.resize(size_t((T - first) * V));
-  grow_batch(std::min<int64_t>(T, kPrefillChunk));
   int32_t* h_tok = batch_.h_groups + (E + (E + 1) + batch_.cap * c_.num_experts_per_tok);
   for (int64_t t0 = 0; t0 < T; t0 += batch_.cap) {
     const int64_t n = std::min(batch_.cap, T - t0);

@@ -21,6 +21,10 @@ struct GpuOptions {
   // Upload every expert at start when the cache holds them all (then decode never waits for the
   // host: the routing stays on the GPU).
   bool preload = true;
+  // Tokens per batched prefill chunk (the prompt's activations take ~340 KB a token on the 80B);
+  // when VRAM is short the chunk halves, down to 16 tokens, and below that prompts go token by
+  // token.
+  int prefill_chunk = 1024;
 };
 
 // The VRAM expert cache's counters, and where the memory went.

@@ -205,8 +205,8 @@ TEST(GpuForward, QpackBlobsMatchTheCpuReference) {
   expect_close(cpu, one, 1e-3f, "tiny qpack, one slot");
 }
 
-// A prompt longer than one prefill chunk (1024 tokens): the chunks run batched one after the other
-// and give the CPU reference's last logits and greedy continuation.
+// A prompt longer than one prefill chunk (1024 tokens by default; 100 too): the chunks run batched
+// one after the other and give the CPU reference's last logits and greedy continuation.
 TEST(GpuForward, LongPromptInChunksMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   auto lm = load_model(tiny_qpack());
@@ -218,15 +218,19 @@ TEST(GpuForward, LongPromptInChunksMatchesTheCpu) {
     cpu.run(st, t, m, o);
   };
   const Trace want = trace(c, cpu_run, prompt, LogitsMode::Last, 4);
-  std::string why;
-  auto g = make_gpu_model(lm->model, {}, &why);
-  ASSERT_TRUE(g) << why;
-  auto f = make_gpu_forward(g);
-  auto gpu_run = [&](SessionState& st, std::span<const int32_t> t, LogitsMode m, std::vector<float>& o) {
-    f->run(st, t, m, o);
-  };
-  const Trace got = trace(c, gpu_run, prompt, LogitsMode::Last, 4);
-  expect_close(want, got, 1e-3f, "1100-token prompt");
+  for (int chunk : {1024, 100}) {  // 2 chunks, then 11
+    GpuOptions o;
+    o.prefill_chunk = chunk;
+    std::string why;
+    auto g = make_gpu_model(lm->model, o, &why);
+    ASSERT_TRUE(g) << why;
+    auto f = make_gpu_forward(g);
+    auto gpu_run = [&](SessionState& st, std::span<const int32_t> t, LogitsMode m, std::vector<float>& out) {
+      f->run(st, t, m, out);
+    };
+    const Trace got = trace(c, gpu_run, prompt, LogitsMode::Last, 4);
+    expect_close(want, got, 1e-3f, "1100-token prompt in chunks of " + std::to_string(chunk));
+  }
 }
 
 // Session on the GPU: a diverging prompt rewinds to a snapshot of the device state and answers as a

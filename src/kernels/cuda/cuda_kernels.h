@@ -31,6 +31,7 @@ std::string device_description();
 
 // --- memory -----------------------------------------------------------------------------------
 void* gpu_alloc(size_t bytes);  // cudaMalloc; aborts when out of memory
+void* gpu_try_alloc(size_t bytes);  // the same, but null when the device memory is short
 void gpu_free(void* d);
 void* gpu_alloc_pinned(size_t bytes);  // page-locked host memory (for fast uploads)
 void gpu_free_pinned(void* h);

@@ -51,6 +51,16 @@ void* gpu_alloc(size_t bytes) {
   SWIFTLET_CUDA_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
   return d;
 }
+void* gpu_try_alloc(size_t bytes) {
+  void* d = nullptr;
+  const cudaError_t e = cudaMalloc(&d, bytes ? bytes : 1);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // clear it: not sticky
+    return nullptr;
+  }
+  SWIFTLET_CUDA_CHECK(e);
+  return d;
+}
 void gpu_free(void* d) {
   if (d) SWIFTLET_CUDA_CHECK(cudaFree(d));
 }
