@@ -286,8 +286,12 @@ int main(int argc, char** argv) {
         SessionState stp = SessionState::create(c);
         fp->run(stp, prompt, LogitsMode::Last, logits);
         const double dtp = decode(*fp, stp, tokens);
-        std::printf("\ndecode step by part (events between parts, kernel by kernel: %.2f tok/s):\n%s", tokens / dtp,
-                    gpu_decode_profile(*fp).c_str());
+        std::vector<int32_t> longp;
+        for (int i = 0; i < std::max(prompt_tokens, 2); ++i) longp.push_back(int32_t((i * 7919 + 101) % c.vocab_size));
+        SessionState stq = SessionState::create(c);
+        fp->run(stq, longp, LogitsMode::Last, logits);
+        std::printf("\nby part, timing events between the parts (decode kernel by kernel: %.2f tok/s):\n%s",
+                    tokens / dtp, gpu_decode_profile(*fp).c_str());
       }
       if (prompt_tokens > 1) {
         std::vector<int32_t> longp;

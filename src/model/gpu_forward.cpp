@@ -497,9 +497,11 @@ class GpuForward final : public ForwardPass {
   std::vector<cu::GpuEvent> marks_;
   std::vector<const char*> mark_names_;
   size_t n_marks_ = 0;
-  std::vector<std::pair<std::string, double>> profile_us_;  // forward order
-  int64_t profile_steps_ = 0;
-  bool in_step_ = false;  // marks count only inside a decode step
+  struct Profile {
+    std::vector<std::pair<std::string, double>> us;  // per part, forward order
+    int64_t tokens = 0;
+  } decode_prof_, prefill_prof_;
+  bool in_step_ = false;  // marks count only inside a decode step or a batched prefill
   void mark(const char* part) {
     if (!profile_ || !in_step_) return;
     if (n_marks_ == marks_.size()) {
@@ -509,7 +511,8 @@ class GpuForward final : public ForwardPass {
     mark_names_[n_marks_] = part;
     cu::event_record(marks_[n_marks_++], s_);
   }
-  void profile_step_end();
+  void profile_end(Profile& p, int64_t tokens);
+  void profile_step_end() { profile_end(decode_prof_, 1); }
 };
 
 GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c) {
@@ -718,6 +721,9 @@ bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::
   if (!grow_batch(std::min<int64_t>(T, std::max<int64_t>(g_->opts.prefill_chunk, kMinPrefillChunk)))) return false;
   logits.resize(size_t((T - first) * V));
   int32_t* h_tok = batch_.h_groups + (E + (E + 1) + batch_.cap * c_.num_experts_per_tok);
+  n_marks_ = 0;
+  in_step_ = true;
+  mark("start");
   for (int64_t t0 = 0; t0 < T; t0 += batch_.cap) {
     const int64_t n = std::min(batch_.cap, T - t0);
     cu::gpu_sync(s_);  // h_tok may still be in an earlier chunk's upload
@@ -727,11 +733,13 @@ bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::
     for (int64_t t = std::max(first, t0); t < t0 + n; ++t)
       logits_of(batch_.h + (t - t0) * c_.hidden_size, logits.data() + (t - first) * V);
   }
+  profile_end(prefill_prof_, T);
   return true;
 }
 
 void GpuForward::prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0) {
   cu::dequant_rows(g_->embed, d_tokens, T, batch_.h, s_);
+  mark("prompt: tokens up + embedding");
   for (int l = 0; l < c_.num_layers; ++l) {
     if (g_->layers[size_t(l)].linear)
       prefill_delta_net(l, T);
@@ -755,6 +763,7 @@ void GpuForward::prefill_delta_net(int l, int64_t T) {
     // matmul writes rows of its matrix's width: token t's qkvz at p1 + t qkvz.rows, and so on.
     cu::matmul(w.qkvz, B.x, T, B.p1, s_);
     cu::matmul(w.ba, B.x, T, B.p2, s_);
+    mark("prompt gdn: norm + qkvz, ba");
     cu::deltanet_prep_grouped_rows(B.p1, w.qkvz.rows, B.p2, w.ba.rows, w.conv, d.conv, hk, hv / hk, dk, dv, K, 1e-6f,
                                    q_scale, T, B.mixed, B.u, B.z, B.b, B.a, s_);
   } else {
@@ -765,10 +774,13 @@ void GpuForward::prefill_delta_net(int l, int64_t T) {
     cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
     cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
   }
+  mark("prompt gdn: unpack, conv, l2");
   // The delta rule over the tokens in order, the state held on chip; then the gated norm.
   cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
                            c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, s_);
+  mark("prompt gdn: delta rule scan + norm");
   cu::matmul_add_rows(w.out, B.core, T, B.h, s_);  // h += out_proj(core)
+  mark("prompt gdn: h += out_proj");
 }
 
 void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
@@ -782,12 +794,15 @@ void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
   cu::matmul(w.q, B.x, T, B.p1, s_);
   cu::matmul(w.k, B.x, T, B.p2, s_);
   cu::matmul(w.v, B.x, T, B.p3, s_);
+  mark("prompt attn: norm + q, k, v");
   cu::attn_prep_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
                      c_.attn_output_gate, c_.rotary_dim(), pos0, T, c_.rope_theta, c_.rms_norm_eps, B.q, B.gate, d.k,
                      d.v, s_);
   cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
                         c_.attn_output_gate ? B.gate : nullptr, B.core, s_);
+  mark("prompt attn: prep + causal attention");
   cu::matmul_add_rows(w.o, B.core, T, B.h, s_);  // h += o_proj(attention)
+  mark("prompt attn: h += o_proj");
 }
 
 void GpuForward::prefill_moe(int l, int64_t T) {
@@ -799,6 +814,7 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   cu::matmul(lw.router, B.x, T, B.router, s_);
   cu::matmul(lw.sh_expert_gate, B.x, T, B.sg, s_);
   cu::router_topk(B.router, T, E, k, c_.norm_topk_prob, B.ids, B.w, s_);
+  mark("prompt moe: norm + router, gate, top-k");
   cu::gpu_download_async(B.h_ids, B.ids, size_t(T * k) * sizeof(int32_t), s_);
   cu::event_record(ids_ready_, s_);
   // The shared expert while the ids travel.
@@ -806,6 +822,7 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   cu::matmul(lw.sh_up, B.x, T, B.shu, s_);
   cu::silu_mul(B.shg, B.shu, T * SI, B.shg, s_);
   cu::matmul(lw.sh_down, B.shg, T, B.shy, s_);
+  mark("prompt moe: shared expert");
   cu::event_sync(ids_ready_);
 
   // The work list: the pairs p = t k + j grouped by expert, in p order within a group.
@@ -841,38 +858,43 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   eb.k = k;
   const cu::ExpertLayout& lay = g_->layout();
   const void* const* table = g_->table(l);
+  mark("prompt moe: work list (host) + uploads");
   cu::expert_gate_up_pairs(lay, table, eb, B.x, B.eg, B.eu, s_);
   cu::silu_mul(B.eg, B.eu, T * k * I, B.eg, s_);
+  mark("prompt moe: experts gate, up, SiLU");
   cu::expert_down_pairs(lay, table, eb, B.eg, B.ey, s_);
   cu::moe_finish_rows(B.h, B.shy, B.sg, B.ey, B.w, T, k, H, s_);
+  mark("prompt moe: experts down + finish");
 }
 
-void GpuForward::profile_step_end() {
+void GpuForward::profile_end(Profile& p, int64_t tokens) {
   const bool was = in_step_;
   in_step_ = false;
   if (!profile_ || !was || n_marks_ < 2) return;
   cu::event_sync(marks_[n_marks_ - 1]);
   for (size_t i = 1; i < n_marks_; ++i) {
     const double us = 1e3 * cu::event_elapsed_ms(marks_[i - 1], marks_[i]);
-    auto it = std::find_if(profile_us_.begin(), profile_us_.end(), [&](auto& p) { return p.first == mark_names_[i]; });
-    if (it == profile_us_.end())
-      profile_us_.emplace_back(mark_names_[i], us);
+    auto it = std::find_if(p.us.begin(), p.us.end(), [&](auto& e) { return e.first == mark_names_[i]; });
+    if (it == p.us.end())
+      p.us.emplace_back(mark_names_[i], us);
     else
       it->second += us;
   }
-  ++profile_steps_;
+  p.tokens += tokens;
   n_marks_ = 0;
 }
 
 std::string GpuForward::profile_report() const {
-  if (profile_steps_ == 0) return "";
-  double total = 0;
-  for (auto& [name, us] : profile_us_) total += us;
   std::string out;
-  for (auto& [name, us] : profile_us_)
-    out += fmt::format("  {:<34} {:9.1f} us/token {:5.1f}%\n", name, us / double(profile_steps_), 100.0 * us / total);
-  out += fmt::format("  {:<34} {:9.1f} us/token over {} steps\n", "total", total / double(profile_steps_),
-                     profile_steps_);
+  for (const Profile* p : {&decode_prof_, &prefill_prof_}) {
+    if (p->tokens == 0) continue;
+    double total = 0;
+    for (auto& [name, us] : p->us) total += us;
+    out += p == &decode_prof_ ? "decode steps:\n" : "batched prompts (per prompt token):\n";
+    for (auto& [name, us] : p->us)
+      out += fmt::format("  {:<40} {:9.2f} us/token {:5.1f}%\n", name, us / double(p->tokens), 100.0 * us / total);
+    out += fmt::format("  {:<40} {:9.2f} us/token over {} tokens\n", "total", total / double(p->tokens), p->tokens);
+  }
   return out;
 }
 

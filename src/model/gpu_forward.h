@@ -61,9 +61,10 @@ std::shared_ptr<GpuModel> make_gpu_model(const Model& m, const GpuOptions& opts,
 // A forward pass for one session over a shared GpuModel.
 std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g);
 GpuStats gpu_stats(const GpuModel& g);
-// Where a decode step's GPU time goes, part by part in forward order, when the pass was made with
-// SWIFTLET_GPU_PROFILE=1 in the environment (then it launches kernel by kernel, no CUDA graph, with
-// a timing event after each part of each layer): lines "part  us/token  share". Empty otherwise.
+// Where the GPU time of decode steps and batched prompts goes, part by part in forward order, when
+// the pass was made with SWIFTLET_GPU_PROFILE=1 in the environment (then decode launches kernel by
+// kernel, no CUDA graph, and a timing event follows each part of each layer): lines "part
+// us/token share", a table each. Empty otherwise.
 std::string gpu_decode_profile(const ForwardPass& f);
 // "NVIDIA H200 (sm_90, ...): dense 1.23 GB, expert cache 8.00 GB (4520 slots of 1.77 MB)"
 std::string gpu_summary(const GpuModel& g);

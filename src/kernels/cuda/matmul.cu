@@ -60,15 +60,19 @@ struct PairRows {
   __device__ float* yrow(int t) const { return y + int64_t(pairs[t]) * y_stride; }
 };
 
-// Y[t][r] = sum_c W[r][c] X[t][c] for t < nt <= NT. Row r is handled by one warp; the block first
-// stages a tile of X's columns in shared memory (reading X straight from global memory with
-// each lane at a 128-byte stride made L1 wavefronts, not HBM, the limit). Tokens past nt are
-// staged as zeros and not written.
+// Y[t][r] = sum_c W[r][c] X[t][c] for t < nt <= NT. Each warp owns RW consecutive rows (a block
+// 8 RW); the block first stages a tile of X's columns in shared memory (reading X straight from
+// global memory with each lane at a 128-byte stride made L1 wavefronts, not HBM, the limit), and
+// each staged x value read serves RW rows. Tokens past nt are staged as zeros and not written.
+template <int NT>
+__host__ __device__ constexpr int rows_per_warp() { return NT >= 4 ? 2 : 1; }  // batches: 2 rows a warp
+
 template <int BITS, int NT, typename Rows>
 __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ w, const void* __restrict__ scales,
                                                    const void* __restrict__ biases, int st, int64_t rows,
                                                    int64_t cols, int gs, const Rows& io, int nt,
                                                    bool add = false) {
+  constexpr int RW = rows_per_warp<NT>();
   constexpr int kPerWord = 32 / BITS;
   constexpr int kPerChunk = 4 * kPerWord;  // elements in one 16-byte load
   constexpr uint32_t kMask = (1u << BITS) - 1u;
@@ -77,14 +81,22 @@ __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ 
   extern __shared__ float4 xs_raw[];
   float* xs = reinterpret_cast<float*>(xs_raw);
   const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  const bool active = r < rows;  // no early return: every thread takes part in the staging
+  const int64_t r0 = (int64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5)) * RW;
+  const bool active = r0 < rows;  // no early return: every thread takes part in the staging
 
-  const uint4* row = reinterpret_cast<const uint4*>(w + (active ? r : 0) * (cols / kPerWord));
-  const int64_t groups = cols / gs;
-  float acc[NT];
+  const uint4* row[RW];
+  bool valid[RW];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (int i = 0; i < RW; ++i) {
+    valid[i] = r0 + i < rows;
+    row[i] = reinterpret_cast<const uint4*>(w + (valid[i] ? r0 + i : 0) * (cols / kPerWord));
+  }
+  const int64_t groups = cols / gs;
+  float acc[RW][NT];
+#pragma unroll
+  for (int i = 0; i < RW; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[i][t] = 0.0f;
 
   for (int64_t base = 0; base < cols; base += kTile) {
     const int tile = int(cols - base < kTile ? cols - base : kTile);
@@ -99,44 +111,55 @@ __device__ __forceinline__ void affine_matvec_body(const uint32_t* __restrict__ 
     const int chunks = tile / kPerChunk;
 #pragma unroll 2
     for (int ch = lane; ch < chunks; ch += 32) {
-      const uint4 pk = __ldg(row + base / kPerChunk + ch);
       const int e0 = ch * kPerChunk;  // column within the tile
-      const int64_t gi = r * groups + (base + e0) / gs;  // a chunk never straddles groups (gs % kPerChunk == 0)
-      const float sc = load_scale(scales, gi, st);
-      const float bi = load_scale(biases, gi, st);
-      const uint32_t words[4] = {pk.x, pk.y, pk.z, pk.w};
-      float wv[kPerChunk];
+      float wv[RW][kPerChunk];
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < RW; ++i) {
+        const uint4 pk = valid[i] ? __ldg(row[i] + base / kPerChunk + ch) : make_uint4(0, 0, 0, 0);
+        const int64_t gi = (valid[i] ? r0 + i : 0) * groups + (base + e0) / gs;  // a chunk never straddles groups
+        const float sc = load_scale(scales, gi, st);
+        const float bi = load_scale(biases, gi, st);
+        const uint32_t words[4] = {pk.x, pk.y, pk.z, pk.w};
 #pragma unroll
-        for (int e = 0; e < kPerWord; ++e)
-          wv[k * kPerWord + e] = fmaf(sc, small_uint_to_float((words[k] >> (BITS * e)) & kMask), bi);
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int e = 0; e < kPerWord; ++e)
+            wv[i][k * kPerWord + e] = fmaf(sc, small_uint_to_float((words[k] >> (BITS * e)) & kMask), bi);
+      }
       const int sp = padded(e0);  // the chunk's values are contiguous there (kPerChunk <= 32)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4* xv = reinterpret_cast<const float4*>(xs + t * kTokStride + sp);
-        float a = 0.0f;
+        float a[RW];
+#pragma unroll
+        for (int i = 0; i < RW; ++i) a[i] = 0.0f;
 #pragma unroll
         for (int j = 0; j < kPerChunk / 4; ++j) {
           const float4 v = xv[j];
-          a = fmaf(wv[4 * j], v.x, a);
-          a = fmaf(wv[4 * j + 1], v.y, a);
-          a = fmaf(wv[4 * j + 2], v.z, a);
-          a = fmaf(wv[4 * j + 3], v.w, a);
+#pragma unroll
+          for (int i = 0; i < RW; ++i) {
+            a[i] = fmaf(wv[i][4 * j], v.x, a[i]);
+            a[i] = fmaf(wv[i][4 * j + 1], v.y, a[i]);
+            a[i] = fmaf(wv[i][4 * j + 2], v.z, a[i]);
+            a[i] = fmaf(wv[i][4 * j + 3], v.w, a[i]);
+          }
         }
-        acc[t] += a;
+#pragma unroll
+        for (int i = 0; i < RW; ++i) acc[i][t] += a[i];
       }
     }
   }
   if (!active) return;
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0 && t < nt) {
-      float* yp = io.yrow(t) + r;
-      *yp = add ? *yp + v : v;
+  for (int i = 0; i < RW; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float v = warp_sum(acc[i][t]);
+      if (lane == 0 && t < nt && valid[i]) {
+        float* yp = io.yrow(t) + r0 + i;
+        *yp = add ? *yp + v : v;
+      }
     }
-  }
 }
 
 // One launch for a whole batch: blockIdx.y picks the tile of NT tokens (the last may be short).
@@ -277,7 +300,7 @@ void launch_dense(const GpuMatrix& w, const float* x, float* y, int64_t n, bool 
 
 template <int NT>
 void launch_matvec(const GpuMatrix& w, const float* x, float* y, int64_t n, bool add, cudaStream_t s) {
-  const dim3 grid(detail::blocks_for(w.rows, kRowsPerBlock), detail::blocks_for(n, NT));
+  const dim3 grid(detail::blocks_for(w.rows, kRowsPerBlock * rows_per_warp<NT>()), detail::blocks_for(n, NT));
   switch (w.format) {
     case WeightFormat::F32: launch_dense<float, NT>(w, x, y, n, add, s); break;
     case WeightFormat::BF16: launch_dense<uint16_t, NT>(w, x, y, n, add, s); break;
@@ -384,7 +407,7 @@ template <int NT>
 void launch_pairs(const GpuMatrix& m, AffineOffsets a, AffineOffsets b, bool two, const void* const* d_table,
                   const ExpertBatch& eb, const float* d_x, int64_t x_stride, int x_div, float* d_ya, float* d_yb,
                   cudaStream_t s) {
-  const dim3 grid(detail::blocks_for(m.rows, kRowsPerBlock), unsigned(eb.groups), two ? 2 : 1);
+  const dim3 grid(detail::blocks_for(m.rows, kRowsPerBlock * rows_per_warp<NT>()), unsigned(eb.groups), two ? 2 : 1);
   const int st = scale_type(m.scale_dtype);
   if (m.bits == 4)
     pairs_affine_kernel<4, NT><<<grid, kThreads, affine_smem_bytes<NT>(), s>>>(
