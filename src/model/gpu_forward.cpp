@@ -394,8 +394,8 @@ class GpuForward final : public ForwardPass {
  private:
   void step(int32_t token, int64_t pos);
   void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)
-  // A prompt of T >= 2 tokens, in chunks of up to kPrefillChunk tokens, each chunk layer by layer
-  // with every product batched over its tokens: dense projections as 8-token tiles of one launch,
+  // A prompt of T >= 2 tokens, in chunks of up to GpuOptions::prefill_chunk tokens, each chunk layer
+  // by layer with every product batched over its tokens: dense projections as 8-token tiles of one launch,
   // the routed experts grouped per expert (a layer's experts are streamed once per 8 of the tokens
   // routed to them), the DeltaNet conv / delta rule and attention over the chunk's tokens in
   // order. With a VRAM cache smaller than the model, each layer uploads the union of the chunk's
