@@ -246,23 +246,29 @@ int main(int argc, char** argv) {
             double(after.preload_bytes) / 1e9, after.preload_seconds,
             double(after.preload_bytes) / 1e9 / after.preload_seconds, after.preload_upload_seconds);
       std::printf(")\n");
+      // A fresh forward pass made with one environment switch set (read when it is made).
+      auto forward_with = [&](const char* var, const char* value) {
+        setenv(var, value, 1);
+        auto fp = make_gpu_forward(g);
+        unsetenv(var);
+        return fp;
+      };
+      // Decode tok/s of a forward pass on a fresh session after the short prompt.
+      auto fresh_decode_tok_s = [&](ForwardPass& fp) {
+        SessionState s = SessionState::create(c);
+        fp.run(s, prompt, LogitsMode::Last, logits);
+        return tokens / decode(fp, s, tokens);
+      };
+      std::vector<int32_t> long_prompt;
+      for (int i = 0; i < std::max(prompt_tokens, 2); ++i)
+        long_prompt.push_back(int32_t((i * 7919 + 101) % c.vocab_size));
       if (after.all_resident) {
         // The same decode launching kernel by kernel, no CUDA graph: what the graph saves.
-        setenv("SWIFTLET_GPU_GRAPHS", "0", 1);
-        auto f2 = make_gpu_forward(g);
-        unsetenv("SWIFTLET_GPU_GRAPHS");
-        SessionState st2 = SessionState::create(c);
-        f2->run(st2, prompt, LogitsMode::Last, logits);
-        std::printf("         without CUDA graphs: %.2f tok/s\n", tokens / decode(*f2, st2, tokens));
-        f2.reset();
+        std::printf("         without CUDA graphs: %.2f tok/s\n",
+                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_GRAPHS", "0")));
         // The top-k as a kernel of its own (router_topk) instead of inside expert_act.
-        setenv("SWIFTLET_GPU_ROUTE_IN_ACT", "0", 1);
-        auto f5 = make_gpu_forward(g);
-        unsetenv("SWIFTLET_GPU_ROUTE_IN_ACT");
-        SessionState st5 = SessionState::create(c);
-        f5->run(st5, prompt, LogitsMode::Last, logits);
-        std::printf("         top-k as its own kernel: %.2f tok/s\n", tokens / decode(*f5, st5, tokens));
-        f5.reset();
+        std::printf("         top-k as its own kernel: %.2f tok/s\n",
+                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_ROUTE_IN_ACT", "0")));
         // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
         // fresh forward pass (its own graph); the default comes last again.
         struct Variant {
@@ -273,41 +279,29 @@ int main(int argc, char** argv) {
         for (const Variant& v : {Variant{"no PDL", false, 0}, Variant{"PDL, 2 blocks/SM", true, 2},
                                  Variant{"default (PDL)", true, 0}}) {
           cu::set_fused_launch(v.pdl, v.bps);
-          auto f3 = make_gpu_forward(g);
-          SessionState st3 = SessionState::create(c);
-          f3->run(st3, prompt, LogitsMode::Last, logits);
-          std::printf("         %-18s %.2f tok/s\n", v.name, tokens / decode(*f3, st3, tokens));
+          std::printf("         %-18s %.2f tok/s\n", v.name, fresh_decode_tok_s(*make_gpu_forward(g)));
         }
         op_breakdown(c, 1e3 * dt / tokens);
-        // Where a step's time goes, part by part (timing events between the parts, no graph).
-        setenv("SWIFTLET_GPU_PROFILE", "1", 1);
-        auto fp = make_gpu_forward(g);
-        unsetenv("SWIFTLET_GPU_PROFILE");
-        SessionState stp = SessionState::create(c);
-        fp->run(stp, prompt, LogitsMode::Last, logits);
-        const double dtp = decode(*fp, stp, tokens);
-        std::vector<int32_t> longp;
-        for (int i = 0; i < std::max(prompt_tokens, 2); ++i) longp.push_back(int32_t((i * 7919 + 101) % c.vocab_size));
+        // Where a step's and a prompt's time goes, part by part (timing events between the parts,
+        // decode without the graph).
+        auto fp = forward_with("SWIFTLET_GPU_PROFILE", "1");
+        const double profiled_tok_s = fresh_decode_tok_s(*fp);
         SessionState stq = SessionState::create(c);
-        fp->run(stq, longp, LogitsMode::Last, logits);
+        fp->run(stq, long_prompt, LogitsMode::Last, logits);
         std::printf("\nby part, timing events between the parts (decode kernel by kernel: %.2f tok/s):\n%s",
-                    tokens / dtp, gpu_decode_profile(*fp).c_str());
+                    profiled_tok_s, gpu_decode_profile(*fp).c_str());
       }
       if (prompt_tokens > 1) {
-        std::vector<int32_t> longp;
-        for (int i = 0; i < prompt_tokens; ++i) longp.push_back(int32_t((i * 7919 + 101) % c.vocab_size));
         auto f4 = make_gpu_forward(g);
-        double best = 0;
         for (int rep = 0; rep < 2; ++rep) {
           SessionState st4 = SessionState::create(c);
           const GpuStats b4 = gpu_stats(*g);
           const auto tp = Clock::now();
-          f4->run(st4, longp, LogitsMode::Last, logits);
-          const double sp = seconds_since(tp);
+          f4->run(st4, long_prompt, LogitsMode::Last, logits);
+          const double prefill_tok_s = prompt_tokens / seconds_since(tp);
           const GpuStats a4 = gpu_stats(*g);
-          best = prompt_tokens / sp;
           std::printf("         prefill %d tokens (run %d): %.1f tok/s = %.1fx decode, %.2f GB uploaded\n",
-                      prompt_tokens, rep + 1, best, best / tok_s,
+                      prompt_tokens, rep + 1, prefill_tok_s, prefill_tok_s / tok_s,
                       double(a4.bytes_uploaded - b4.bytes_uploaded) / 1e9);
         }
         std::printf("         peak RSS %.2f GB\n", double(peak_rss_bytes()) / 1e9);

@@ -467,15 +467,15 @@ class GpuForward final : public ForwardPass {
   float* logits_;                // [vocab]
   int32_t* h_ids_ = nullptr;     // pinned [k]
   // prefill's activations for up to `cap` tokens, rows per token (shapes as the one-token buffers
-  // above); the experts' rows are per (token, choice) pair. Host side (pinned): the chosen ids and
-  // the per-expert work list (group experts [E], group starts [E + 1], pairs [cap k]), uploaded
-  // to d_groups in one copy.
+  // above); the experts' rows are per (token, choice) pair. Host side (pinned): the chosen ids, the
+  // per-expert work list (group experts [E], group starts [E + 1], pairs [cap k]; uploaded to
+  // d_groups in one copy) and the chunk's tokens.
   struct Batch {
     void* arena = nullptr;
     float *h, *x, *p1, *p2, *p3, *mixed, *u, *z, *b, *a, *q, *gate, *core, *router, *w, *sg;
     float *eg, *eu, *ey, *shg, *shu, *shy;
     int32_t *tok, *ids, *d_groups;
-    int32_t *h_ids = nullptr, *h_groups = nullptr;
+    int32_t *h_ids = nullptr, *h_groups = nullptr, *h_tok = nullptr;
     int64_t cap = 0;
     size_t bytes = 0;  // device bytes of the arena
   } batch_;
@@ -703,10 +703,10 @@ bool GpuForward::grow_batch(int64_t T) {
   batch_.tok = reinterpret_cast<int32_t*>(tok);
   batch_.ids = reinterpret_cast<int32_t*>(ids);
   batch_.d_groups = reinterpret_cast<int32_t*>(groups);
+  // Pinned: the ids, the work list, the chunk's tokens (gpu_alloc_pinned aborts when it cannot).
   batch_.h_ids = static_cast<int32_t*>(cu::gpu_alloc_pinned((n * k + group_ints + n) * sizeof(int32_t)));
-  SWIFTLET_CHECK(batch_.h_ids != nullptr, "cannot allocate {} bytes of page-locked memory",
-                 (n * k + group_ints + n) * sizeof(int32_t));
   batch_.h_groups = batch_.h_ids + n * k;
+  batch_.h_tok = batch_.h_groups + group_ints;
   batch_.cap = T;
   return true;
 }
@@ -720,15 +720,14 @@ bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::
   const int64_t first = mode == LogitsMode::All ? 0 : mode == LogitsMode::Last ? T - 1 : T;
   if (!grow_batch(std::min<int64_t>(T, std::max<int64_t>(g_->opts.prefill_chunk, kMinPrefillChunk)))) return false;
   logits.resize(size_t((T - first) * V));
-  int32_t* h_tok = batch_.h_groups + (E + (E + 1) + batch_.cap * c_.num_experts_per_tok);
   n_marks_ = 0;
   in_step_ = true;
   mark("start");
   for (int64_t t0 = 0; t0 < T; t0 += batch_.cap) {
     const int64_t n = std::min(batch_.cap, T - t0);
     cu::gpu_sync(s_);  // h_tok may still be in an earlier chunk's upload
-    std::copy_n(tokens.begin() + t0, n, h_tok);
-    cu::gpu_upload(batch_.tok, h_tok, size_t(n) * sizeof(int32_t), s_);
+    std::copy_n(tokens.begin() + t0, n, batch_.h_tok);
+    cu::gpu_upload(batch_.tok, batch_.h_tok, size_t(n) * sizeof(int32_t), s_);
     prefill_chunk(batch_.tok, n, pos_ + t0);
     for (int64_t t = std::max(first, t0); t < t0 + n; ++t)
       logits_of(batch_.h + (t - t0) * c_.hidden_size, logits.data() + (t - first) * V);

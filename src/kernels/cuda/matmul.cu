@@ -361,17 +361,21 @@ AffineOffsets offsets_of(const GpuMatrix& m) {
   return {reinterpret_cast<size_t>(m.data), reinterpret_cast<size_t>(m.scales), reinterpret_cast<size_t>(m.biases)};
 }
 void check_expert_matrix(const GpuMatrix& m) {
-  SWIFTLET_CUDA_REQUIRE(m.format == WeightFormat::Affine && (m.bits == 4 || m.bits == 8));
-  SWIFTLET_CUDA_REQUIRE(m.group_size > 0 && m.group_size % (128 / m.bits) == 0 && m.cols % m.group_size == 0);
+  SWIFTLET_CUDA_REQUIRE(m.format == WeightFormat::Affine);
+  check_matrix(m);
+}
+// Gate and up run in one launch: both expert matrices, of one kind and shape.
+void check_gate_up(const ExpertLayout& l) {
+  check_expert_matrix(l.gate);
+  check_expert_matrix(l.up);
+  SWIFTLET_CUDA_REQUIRE(l.gate.rows == l.up.rows && l.gate.cols == l.up.cols && l.gate.bits == l.up.bits &&
+                        l.gate.group_size == l.up.group_size && l.gate.scale_dtype == l.up.scale_dtype);
 }
 }  // namespace
 
 void expert_gate_up(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n, const float* d_x,
                     float* d_g, float* d_u, GpuStream s) {
-  check_expert_matrix(l.gate);
-  check_expert_matrix(l.up);
-  SWIFTLET_CUDA_REQUIRE(l.gate.rows == l.up.rows && l.gate.cols == l.up.cols && l.gate.bits == l.up.bits &&
-                        l.gate.group_size == l.up.group_size && l.gate.scale_dtype == l.up.scale_dtype);
+  check_gate_up(l);
   if (n == 0) return;
   const dim3 grid(detail::blocks_for(l.gate.rows, kRowsPerBlock), unsigned(n), 2);
   const int st = scale_type(l.gate.scale_dtype);
@@ -434,10 +438,7 @@ void run_pairs(const GpuMatrix& m, AffineOffsets a, AffineOffsets b, bool two, c
 
 void expert_gate_up_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& eb, const float* d_x,
                           float* d_g, float* d_u, GpuStream s) {
-  check_expert_matrix(l.gate);
-  check_expert_matrix(l.up);
-  SWIFTLET_CUDA_REQUIRE(l.gate.rows == l.up.rows && l.gate.cols == l.up.cols && l.gate.bits == l.up.bits &&
-                        l.gate.group_size == l.up.group_size && l.gate.scale_dtype == l.up.scale_dtype);
+  check_gate_up(l);
   SWIFTLET_CUDA_REQUIRE(eb.k > 0);
   run_pairs(l.gate, offsets_of(l.gate), offsets_of(l.up), true, d_table, eb, d_x, l.gate.cols, eb.k, d_g, d_u, s);
 }
