@@ -285,6 +285,10 @@ int main(int argc, char** argv) {
   bench_matvec("q4", WeightFormat::Affine, 4, 151936, 2048, iters, copy_gbs);
   bench_matvec("q4", WeightFormat::Affine, 4, 12288, 2048, iters, copy_gbs);
   bench_expert(200);
-  bench_fused(iters, copy_gbs);
+  for (int warps : {0, 8, 16}) {  // the kernels before the streamed products, then those (warps per block)
+    set_streamed_products(warps > 0, warps);
+    std::printf("\nfused kernels, streamed products %s, %d warps:\n", streamed_products() ? "on" : "off", warps);
+    bench_fused(iters, copy_gbs);
+  }
   return 0;
 }

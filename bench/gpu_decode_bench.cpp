@@ -275,10 +275,15 @@ int main(int argc, char** argv) {
           const char* name;
           bool pdl;
           int bps;
+          bool stream;  // the streamed products (TMA tiles in shared memory)
+          int warps;    // per block of the streamed products
         };
-        for (const Variant& v : {Variant{"no PDL", false, 0}, Variant{"PDL, 2 blocks/SM", true, 2},
-                                 Variant{"default (PDL)", true, 0}}) {
+        for (const Variant& v : {Variant{"no PDL", false, 0, true, 16}, Variant{"not streamed", true, 0, false, 8},
+                                 Variant{"not streamed, no PDL", false, 0, false, 8},
+                                 Variant{"streamed, 8 warps", true, 0, true, 8},
+                                 Variant{"default (PDL)", true, 0, true, 16}}) {
           cu::set_fused_launch(v.pdl, v.bps);
+          cu::set_streamed_products(v.stream, v.warps);
           std::printf("         %-18s %.2f tok/s\n", v.name, fresh_decode_tok_s(*make_gpu_forward(g)));
         }
         op_breakdown(c, 1e3 * dt / tokens);

@@ -179,6 +179,14 @@ void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d
 // into the L2 before waiting for the predecessor's results), and blocks per SM of the products
 // (0: by register use). Not thread-safe; set before launching.
 void set_fused_launch(bool pdl, int blocks_per_sm);
+// The streamed products (sm_90+, on by default there; SWIFTLET_GPU_STREAM=0 turns them off):
+// fused_matvec, expert_act(_routed) and expert_down_add bring each block's weight rows into shared
+// memory by bulk copies (TMA) kept in flight ahead of the arithmetic, the first ones before the
+// PDL wait. Shapes they cannot take (unaligned scales, rows too long for two stages) use the
+// kernels above. Expert slot bases in the table must be 16-byte aligned. warps: per block of
+// fused_matvec and expert_act, 16 (default) or 8. Not thread-safe.
+void set_streamed_products(bool on, int warps = 16);
+bool streamed_products();  // on, and the device can
 // Asks the driver once for what the fused kernels' launches need (occupancy, device facts), so no
 // query happens later inside a CUDA graph capture. Idempotent.
 void prepare_fused_kernels();

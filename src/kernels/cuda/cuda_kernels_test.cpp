@@ -644,46 +644,52 @@ TEST(CudaKernels, FusedMatvecMatchesReference) {
       {4, 128, DType::BF16, 2048, {4300, 70}, false},     {4, 64, DType::BF16, 1024, {8700, 5, 513}, false},
       {8, 64, DType::BF16, 768, {8500}, false},           {4, 64, DType::BF16, 2048, {512, 1}, true},
   };
-  for (const Case& c : cases) {
-    for (bool norm : {false, true}) {
-      for (bool add : {false, true}) {
-        const int64_t cols = c.cols;
-        const std::vector<float> x = randn(rng, size_t(cols), 2.0f), nw = randn(rng, size_t(cols));
-        std::vector<float> xn = x;
-        if (norm) ref::rms_norm(x.data(), nw.data(), cols, 1e-6f, xn.data());
-        std::vector<HostMatrix> ws;
-        std::vector<void*> owners;
-        std::vector<std::unique_ptr<DevBuf<float>>> ys;
-        std::vector<std::vector<float>> want;
-        std::vector<cuda::MatvecSegment> segs;
-        for (size_t i = 0; i < c.rows.size(); ++i) {
-          const bool dense = c.mixed && i == 1;
-          ws.push_back(random_matrix(rng, dense ? WeightFormat::BF16 : WeightFormat::Affine, c.rows[i], cols, c.bits,
-                                     c.gs, c.sdt));
-          void* owner = nullptr;
-          const cuda::GpuMatrix g = cuda::upload_matrix(ws.back().m, &owner);
-          owners.push_back(owner);
-          const std::vector<float> y0 = randn(rng, size_t(c.rows[i]));
-          std::vector<float> w(static_cast<size_t>(c.rows[i]));
-          ref::matmul(ws.back().m, xn.data(), 1, w.data());
-          if (add)
-            for (size_t j = 0; j < w.size(); ++j) w[j] += y0[j];
-          want.push_back(w);
-          ys.push_back(std::make_unique<DevBuf<float>>(y0));
-          segs.push_back({g, ys.back()->p, add});
+  const bool streamed_default = cuda::streamed_products();
+  for (int warps : {16, 8, 0}) {  // the streamed products (sm_90+; warps per block) and the kernels they replace
+    cuda::set_streamed_products(warps > 0, warps);
+    for (const Case& c : cases) {
+      for (bool norm : {false, true}) {
+        for (bool add : {false, true}) {
+          const int64_t cols = c.cols;
+          const std::vector<float> x = randn(rng, size_t(cols), 2.0f), nw = randn(rng, size_t(cols));
+          std::vector<float> xn = x;
+          if (norm) ref::rms_norm(x.data(), nw.data(), cols, 1e-6f, xn.data());
+          std::vector<HostMatrix> ws;
+          std::vector<void*> owners;
+          std::vector<std::unique_ptr<DevBuf<float>>> ys;
+          std::vector<std::vector<float>> want;
+          std::vector<cuda::MatvecSegment> segs;
+          for (size_t i = 0; i < c.rows.size(); ++i) {
+            const bool dense = c.mixed && i == 1;
+            ws.push_back(random_matrix(rng, dense ? WeightFormat::BF16 : WeightFormat::Affine, c.rows[i], cols, c.bits,
+                                       c.gs, c.sdt));
+            void* owner = nullptr;
+            const cuda::GpuMatrix g = cuda::upload_matrix(ws.back().m, &owner);
+            owners.push_back(owner);
+            const std::vector<float> y0 = randn(rng, size_t(c.rows[i]));
+            std::vector<float> w(static_cast<size_t>(c.rows[i]));
+            ref::matmul(ws.back().m, xn.data(), 1, w.data());
+            if (add)
+              for (size_t j = 0; j < w.size(); ++j) w[j] += y0[j];
+            want.push_back(w);
+            ys.push_back(std::make_unique<DevBuf<float>>(y0));
+            segs.push_back({g, ys.back()->p, add});
+          }
+          DevBuf<float> dx(x), dnw(nw), dxo(static_cast<size_t>(cols));
+          cuda::fused_matvec(segs.data(), int(segs.size()), dx.p, norm ? dnw.p : nullptr, 1e-6f, dxo.p);
+          const std::string how = cuda::streamed_products() ? " streamed, warps " + std::to_string(warps) : "";
+          const std::string what = "bits " + std::to_string(c.bits) + " gs " + std::to_string(c.gs) + " cols " +
+                                   std::to_string(cols) + (norm ? " norm" : "") + (add ? " add" : "") +
+                                   (c.mixed ? " mixed" : "") + how;
+          for (size_t i = 0; i < segs.size(); ++i)
+            expect_close(ys[i]->get(), want[i], 1e-4f, 2e-3f, what + " segment " + std::to_string(i));
+          if (norm) expect_close(dxo.get(), xn, 1e-5f, 1e-5f, what + " normed x");
+          for (void* o : owners) cuda::gpu_free(o);
         }
-        DevBuf<float> dx(x), dnw(nw), dxo(static_cast<size_t>(cols));
-        cuda::fused_matvec(segs.data(), int(segs.size()), dx.p, norm ? dnw.p : nullptr, 1e-6f, dxo.p);
-        const std::string what = "bits " + std::to_string(c.bits) + " gs " + std::to_string(c.gs) + " cols " +
-                                 std::to_string(cols) + (norm ? " norm" : "") + (add ? " add" : "") +
-                                 (c.mixed ? " mixed" : "");
-        for (size_t i = 0; i < segs.size(); ++i)
-          expect_close(ys[i]->get(), want[i], 1e-4f, 2e-3f, what + " segment " + std::to_string(i));
-        if (norm) expect_close(dxo.get(), xn, 1e-5f, 1e-5f, what + " normed x");
-        for (void* o : owners) cuda::gpu_free(o);
       }
     }
   }
+  cuda::set_streamed_products(streamed_default);
 }
 
 // expert_act + expert_down_add (routed experts through a slot table, plus the shared expert as one
@@ -695,92 +701,99 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
     int64_t H, I;
     std::vector<int32_t> ids;
   };
+  const bool streamed_default = cuda::streamed_products();
   for (int bits : {4, 8}) {
-    for (const Shape& shp : {Shape{256, 192, {4, 1, 5, 0}}, Shape{4352, 512, {3, 9, 0, 7, 1, 8, 2, 6, 5, 4}}}) {
-      const int64_t H = shp.H, I = shp.I;
-      const int E = int(shp.ids.size()) + 2;
-      std::vector<HostMatrix> gate, up, down;
-      for (int e = 0; e <= E; ++e) {  // expert E: the shared one
-        gate.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
-        up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
-        down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, 64, DType::BF16));
-      }
-      const size_t gb = cuda::matrix_device_bytes(gate[0].m), ub = cuda::matrix_device_bytes(up[0].m);
-      const size_t slot = gb + ub + cuda::matrix_device_bytes(down[0].m);
-      auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * size_t(E)));
-      std::vector<const void*> table(static_cast<size_t>(E));
-      cuda::ExpertLayout lay;
-      for (int e = 0; e < E; ++e) {
-        uint8_t* base = arena + size_t((e * 5) % E) * slot;
-        table[size_t(e)] = base;
-        lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, base);
-      }
-      void *og = nullptr, *ou = nullptr, *od = nullptr;
-      const float gate_logit = 0.7f;
-      DevBuf<float> dgl(std::vector<float>{gate_logit});
-      const cuda::SharedExpert shared{cuda::upload_matrix(gate[size_t(E)].m, &og),
-                                      cuda::upload_matrix(up[size_t(E)].m, &ou),
-                                      cuda::upload_matrix(down[size_t(E)].m, &od), dgl.p};
-      auto* d_table = static_cast<const void**>(cuda::gpu_alloc(size_t(E) * sizeof(void*)));
-      cuda::gpu_upload(d_table, table.data(), size_t(E) * sizeof(void*));
-      const std::vector<float> x = randn(rng, size_t(H)), h0 = randn(rng, size_t(H));
-      std::vector<float> w(shp.ids.size());
-      for (size_t i = 0; i < w.size(); ++i) w[i] = 0.05f + 0.1f * float(i % 4);
-      // expert e's contribution down_e(SiLU(gate_e x) * up_e x)
-      auto expert_out = [&](int e) {
-        std::vector<float> g(static_cast<size_t>(I)), u(static_cast<size_t>(I)), y(static_cast<size_t>(H));
-        ref::matmul(gate[size_t(e)].m, x.data(), 1, g.data());
-        ref::matmul(up[size_t(e)].m, x.data(), 1, u.data());
-        for (int64_t j = 0; j < I; ++j) g[size_t(j)] = ref::silu(g[size_t(j)]) * u[size_t(j)];
-        ref::matmul(down[size_t(e)].m, g.data(), 1, y.data());
-        return y;
-      };
-      const std::vector<float> ysh = expert_out(E);
-      for (int n : {int(shp.ids.size()), 2, 0}) {
-        for (bool with_shared : {true, false}) {
-          if (n == 0 && !with_shared) continue;
-          std::vector<float> want = h0;
-          for (int i = 0; i < n; ++i) {
-            const std::vector<float> y = expert_out(shp.ids[size_t(i)]);
-            for (int64_t d = 0; d < H; ++d) want[size_t(d)] += w[size_t(i)] * y[size_t(d)];
-          }
-          if (with_shared)
-            for (int64_t d = 0; d < H; ++d) want[size_t(d)] += ref::sigmoid(gate_logit) * ysh[size_t(d)];
-          const cuda::SharedExpert* sh = with_shared ? &shared : nullptr;
-          ASSERT_TRUE(cuda::experts_fusable(lay, n, sh));
-          DevBuf<int32_t> d_ids(shp.ids);
-          DevBuf<float> dx(x), dw(w), dh(h0), dact(static_cast<size_t>((n + 1) * I));
-          cuda::expert_act(lay, d_table, d_ids.p, n, sh, dx.p, dact.p);
-          cuda::expert_down_add(lay, d_table, d_ids.p, dw.p, n, sh, dact.p, dh.p);
-          // Products of ~1e5 that cancel to ~10: the tolerance scales with the largest output.
-          float big = 0.0f;
-          for (float v : want) big = std::max(big, std::fabs(v));
-          expect_close(dh.get(), want, 1e-4f, 2e-3f + 1e-6f * big,
-                       "fused experts bits " + std::to_string(bits) + " H " + std::to_string(H) + " n " +
-                           std::to_string(n) + (with_shared ? " +shared" : ""));
-          if (n == 0) continue;
-          // The routing folded into expert_act: the ids and weights router_topk gives for random
-          // logits, and the same h as router_topk + expert_act + expert_down_add.
-          const std::vector<float> logits = randn(rng, size_t(E), 2.0f);
-          DevBuf<float> dl(logits), tw(static_cast<size_t>(n)), rw(static_cast<size_t>(n)), th(h0), rh(h0), ta(dact.n), ra(dact.n);
-          DevBuf<int32_t> tids(static_cast<size_t>(n)), rids(static_cast<size_t>(n));
-          cuda::router_topk(dl.p, 1, E, n, true, tids.p, tw.p);
-          cuda::expert_act(lay, d_table, tids.p, n, sh, dx.p, ta.p);
-          cuda::expert_down_add(lay, d_table, tids.p, tw.p, n, sh, ta.p, th.p);
-          ASSERT_TRUE(cuda::expert_act_routes(E, n));
-          cuda::expert_act_routed(lay, d_table, dl.p, E, n, true, sh, dx.p, rids.p, rw.p, ra.p);
-          cuda::expert_down_add(lay, d_table, rids.p, rw.p, n, sh, ra.p, rh.p, nullptr, /*ids_early=*/false);
-          EXPECT_EQ(rids.get(), tids.get()) << "routed ids, n " << n;
-          expect_close(rw.get(), tw.get(), 1e-6f, 1e-7f, "routed weights");  // the softmax sums in another order
-          expect_close(ra.get(), ta.get(), 0.0f, 0.0f, "routed act");
-          expect_close(rh.get(), th.get(), 1e-5f, 1e-5f + 1e-6f * big, "routed h");
+    for (int warps : {16, 8, 0}) {  // the streamed products and the kernels they replace
+      cuda::set_streamed_products(warps > 0, warps);
+      for (const Shape& shp : {Shape{256, 192, {4, 1, 5, 0}}, Shape{4352, 512, {3, 9, 0, 7, 1, 8, 2, 6, 5, 4}},
+                               Shape{2048, 512, {7, 2, 9, 4, 0, 3, 8, 1, 6, 5}}}) {
+        const int64_t H = shp.H, I = shp.I;
+        const int E = int(shp.ids.size()) + 2;
+        std::vector<HostMatrix> gate, up, down;
+        for (int e = 0; e <= E; ++e) {  // expert E: the shared one
+          gate.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+          up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+          down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, 64, DType::BF16));
         }
+        const size_t gb = cuda::matrix_device_bytes(gate[0].m), ub = cuda::matrix_device_bytes(up[0].m);
+        const size_t slot = gb + ub + cuda::matrix_device_bytes(down[0].m);
+        auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * size_t(E)));
+        std::vector<const void*> table(static_cast<size_t>(E));
+        cuda::ExpertLayout lay;
+        for (int e = 0; e < E; ++e) {
+          uint8_t* base = arena + size_t((e * 5) % E) * slot;
+          table[size_t(e)] = base;
+          lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, base);
+        }
+        void *og = nullptr, *ou = nullptr, *od = nullptr;
+        const float gate_logit = 0.7f;
+        DevBuf<float> dgl(std::vector<float>{gate_logit});
+        const cuda::SharedExpert shared{cuda::upload_matrix(gate[size_t(E)].m, &og),
+                                        cuda::upload_matrix(up[size_t(E)].m, &ou),
+                                        cuda::upload_matrix(down[size_t(E)].m, &od), dgl.p};
+        auto* d_table = static_cast<const void**>(cuda::gpu_alloc(size_t(E) * sizeof(void*)));
+        cuda::gpu_upload(d_table, table.data(), size_t(E) * sizeof(void*));
+        const std::vector<float> x = randn(rng, size_t(H)), h0 = randn(rng, size_t(H));
+        std::vector<float> w(shp.ids.size());
+        for (size_t i = 0; i < w.size(); ++i) w[i] = 0.05f + 0.1f * float(i % 4);
+        // expert e's contribution down_e(SiLU(gate_e x) * up_e x)
+        auto expert_out = [&](int e) {
+          std::vector<float> g(static_cast<size_t>(I)), u(static_cast<size_t>(I)), y(static_cast<size_t>(H));
+          ref::matmul(gate[size_t(e)].m, x.data(), 1, g.data());
+          ref::matmul(up[size_t(e)].m, x.data(), 1, u.data());
+          for (int64_t j = 0; j < I; ++j) g[size_t(j)] = ref::silu(g[size_t(j)]) * u[size_t(j)];
+          ref::matmul(down[size_t(e)].m, g.data(), 1, y.data());
+          return y;
+        };
+        const std::vector<float> ysh = expert_out(E);
+        for (int n : {int(shp.ids.size()), 2, 0}) {
+          for (bool with_shared : {true, false}) {
+            if (n == 0 && !with_shared) continue;
+            std::vector<float> want = h0;
+            for (int i = 0; i < n; ++i) {
+              const std::vector<float> y = expert_out(shp.ids[size_t(i)]);
+              for (int64_t d = 0; d < H; ++d) want[size_t(d)] += w[size_t(i)] * y[size_t(d)];
+            }
+            if (with_shared)
+              for (int64_t d = 0; d < H; ++d) want[size_t(d)] += ref::sigmoid(gate_logit) * ysh[size_t(d)];
+            const cuda::SharedExpert* sh = with_shared ? &shared : nullptr;
+            ASSERT_TRUE(cuda::experts_fusable(lay, n, sh));
+            DevBuf<int32_t> d_ids(shp.ids);
+            DevBuf<float> dx(x), dw(w), dh(h0), dact(static_cast<size_t>((n + 1) * I));
+            cuda::expert_act(lay, d_table, d_ids.p, n, sh, dx.p, dact.p);
+            cuda::expert_down_add(lay, d_table, d_ids.p, dw.p, n, sh, dact.p, dh.p);
+            // Products of ~1e5 that cancel to ~10: the tolerance scales with the largest output.
+            float big = 0.0f;
+            for (float v : want) big = std::max(big, std::fabs(v));
+            expect_close(dh.get(), want, 1e-4f, 2e-3f + 1e-6f * big,
+                         "fused experts bits " + std::to_string(bits) + " H " + std::to_string(H) + " n " +
+                             std::to_string(n) + (with_shared ? " +shared" : "") +
+                             (cuda::streamed_products() ? " streamed, warps " + std::to_string(warps) : std::string()));
+            if (n == 0) continue;
+            // The routing folded into expert_act: the ids and weights router_topk gives for random
+            // logits, and the same h as router_topk + expert_act + expert_down_add.
+            const std::vector<float> logits = randn(rng, size_t(E), 2.0f);
+            DevBuf<float> dl(logits), tw(static_cast<size_t>(n)), rw(static_cast<size_t>(n)), th(h0), rh(h0), ta(dact.n), ra(dact.n);
+            DevBuf<int32_t> tids(static_cast<size_t>(n)), rids(static_cast<size_t>(n));
+            cuda::router_topk(dl.p, 1, E, n, true, tids.p, tw.p);
+            cuda::expert_act(lay, d_table, tids.p, n, sh, dx.p, ta.p);
+            cuda::expert_down_add(lay, d_table, tids.p, tw.p, n, sh, ta.p, th.p);
+            ASSERT_TRUE(cuda::expert_act_routes(E, n));
+            cuda::expert_act_routed(lay, d_table, dl.p, E, n, true, sh, dx.p, rids.p, rw.p, ra.p);
+            cuda::expert_down_add(lay, d_table, rids.p, rw.p, n, sh, ra.p, rh.p, nullptr, /*ids_early=*/false);
+            EXPECT_EQ(rids.get(), tids.get()) << "routed ids, n " << n;
+            expect_close(rw.get(), tw.get(), 1e-6f, 1e-7f, "routed weights");  // the softmax sums in another order
+            expect_close(ra.get(), ta.get(), 0.0f, 0.0f, "routed act");
+            expect_close(rh.get(), th.get(), 1e-5f, 1e-5f + 1e-6f * big, "routed h");
+          }
+        }
+        cuda::gpu_free(d_table);
+        cuda::gpu_free(arena);
+        for (void* p : {og, ou, od}) cuda::gpu_free(p);
       }
-      cuda::gpu_free(d_table);
-      cuda::gpu_free(arena);
-      for (void* p : {og, ou, od}) cuda::gpu_free(p);
     }
   }
+  cuda::set_streamed_products(streamed_default);
 }
 
 }  // namespace

@@ -16,7 +16,10 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,6 +37,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxParts = 17;                 // routed experts (top-k <= 16) + the shared expert
 constexpr int kActMaxE = 512;                 // experts expert_act_routed takes (16 logits per lane of a warp)
 constexpr size_t kMaxSmem = 48 * 1024;        // dynamic shared memory without an opt-in
+using detail::kScaleBF16;
 using detail::kScaleF32;
 using detail::load_scale;
 using detail::scale_type;
@@ -120,20 +124,32 @@ __host__ __device__ constexpr int staged_floats(int n) { return n + (n + 31) / 3
 
 // Stages value(i) for i < n (n a multiple of the chunk size) into xs, times prescale, with the
 // chunk sums of the unscaled values after the padded row. A warp stages 32 values at a time and
-// sums each chunk with shuffles. Call from every thread; ends with a barrier.
+// sums each chunk with shuffles; each thread reads its next kBatch values before it uses any, so
+// the reads (on the critical path after the PDL wait) overlap instead of queueing one after
+// another. Call from every thread (any block size); ends with a barrier.
 template <int BITS, typename F>
 __device__ __forceinline__ void stage(float* xs, int n, F value) {
   constexpr int kPer = per_chunk<BITS>();
+  constexpr int kBatch = 8;
   float* sums = xs + n + (n + 31) / 32 * 4;
-  const int lane = threadIdx.x & 31;
-  for (int base = (threadIdx.x >> 5) * 32; base < n; base += kThreads) {  // warp-uniform
-    const int i = base + lane;
-    const float v = i < n ? value(i) : 0.0f;
-    if (i < n) xs[padded(i)] = v * prescale<BITS>(i);
-    float sum = v;
+  const int lane = threadIdx.x & 31, step = int(blockDim.x);
+  for (int base0 = (threadIdx.x >> 5) * 32; base0 < n; base0 += kBatch * step) {  // warp-uniform
+    float v[kBatch];
 #pragma unroll
-    for (int o = kPer / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (i < n && i % kPer == 0) sums[i / kPer] = sum;
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base0 + b * step + lane;
+      v[b] = i < n ? value(i) : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = base0 + b * step + lane;
+      if (base0 + b * step >= n) break;  // warp-uniform
+      if (i < n) xs[padded(i)] = v[b] * prescale<BITS>(i);
+      float sum = v[b];
+#pragma unroll
+      for (int o = kPer / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (i < n && i % kPer == 0) sums[i / kPer] = sum;
+    }
   }
   __syncthreads();
 }
@@ -152,9 +168,17 @@ __device__ __forceinline__ void load_chunk(const float* xs, int ch, float (&xr)[
   }
 }
 
+// Scale (or bias) i of type st from shared memory (a streamed tile, below).
+__device__ __forceinline__ float smem_scale(const void* p, int64_t i, int st) {
+  if (st == kScaleBF16) return __uint_as_float(uint32_t(static_cast<const unsigned short*>(p)[i]) << 16);
+  if (st == kScaleF32) return static_cast<const float*>(p)[i];
+  return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[i]));
+}
+
 // acc[i] += W_i x for R rows (each by its chunk pointer, scales, biases and first group index),
-// lane l taking chunks l, l + 32, ... Rows past the end (!valid) are skipped.
-template <int BITS, int R>
+// lane l taking chunks l, l + 32, ... Rows past the end (!valid) are skipped. SMEM: the rows sit
+// in shared memory (a streamed tile) instead of global memory.
+template <int BITS, int R, bool SMEM = false>
 __device__ __forceinline__ void rows_dot(const uint4* const (&data)[R], const void* const (&scales)[R],
                                          const void* const (&biases)[R], const int64_t (&g0)[R],
                                          const bool (&valid)[R], int n_chunks, int gs, int st, const float* xs,
@@ -169,9 +193,15 @@ __device__ __forceinline__ void rows_dot(const uint4* const (&data)[R], const vo
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (!valid[i]) continue;
-      pk[i] = __ldg(data[i] + ch);
-      sc[i] = load_scale(scales[i], g0[i] + gc, st);
-      bi[i] = load_scale(biases[i], g0[i] + gc, st);
+      if constexpr (SMEM) {
+        pk[i] = data[i][ch];
+        sc[i] = smem_scale(scales[i], g0[i] + gc, st);
+        bi[i] = smem_scale(biases[i], g0[i] + gc, st);
+      } else {
+        pk[i] = __ldg(data[i] + ch);
+        sc[i] = load_scale(scales[i], g0[i] + gc, st);
+        bi[i] = load_scale(biases[i], g0[i] + gc, st);
+      }
     }
     float xr[kPer];
     load_chunk(xs, ch, xr);
@@ -243,6 +273,8 @@ int sm_count() {
 struct Tuning {
   bool capable = false;  // sm_90+
   bool pdl = false;
+  bool stream = false;  // the streamed products (sm_90+; SWIFTLET_GPU_STREAM=0 turns them off)
+  int stream_warps = 16;  // warps per block of the streamed products (8 or 16)
   int blocks_per_sm = 0;  // 0: by registers (R = 1, 2, 4 use ~45, ~80, ~115 per thread)
 };
 Tuning& tuning() {
@@ -252,6 +284,8 @@ Tuning& tuning() {
     SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
     SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     v.capable = v.pdl = major >= 9;
+    const char* env = std::getenv("SWIFTLET_GPU_STREAM");
+    v.stream = v.capable && !(env && std::string(env) == "0");
     return v;
   }();
   return t;
@@ -322,6 +356,7 @@ struct MultiArgs {
   const float* norm_w;  // null: x as it is
   float eps;
   float* x_out;  // block 0 writes the normed x here (when norm_w)
+  int stages, stage_bytes, ring_off;  // streamed products only (below)
 };
 
 template <int BITS, int R, int J>
@@ -348,6 +383,7 @@ __global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_con
   float inv = 1.0f;
   if (a.norm_w) {
     float ss = 0.0f;
+#pragma unroll 4
     for (int i = threadIdx.x; i < cols; i += kThreads) ss = fmaf(a.x[i], a.x[i], ss);
     ss = block_sum(ss, red);
     inv = rsqrtf(ss / float(cols) + a.eps);
@@ -614,7 +650,9 @@ struct ExpertArgs {
   // expert_down: the ids were written two kernels back (router_topk), so they can be read for the
   // L2 prefetch before the wait; not so after expert_act_routed.
   bool ids_early;
+  int stages, stage_bytes, ring_off;  // streamed products only (below)
 };
+
 
 // Part p's slot base as an integer (0 for the shared expert, whose offsets are addresses).
 __device__ __forceinline__ size_t part_base(const ExpertArgs& a, int p) {
@@ -773,6 +811,342 @@ __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_cons
       if (lane == 0 && valid[i]) a.y[r0 + i] += v;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamed products (sm_90). The kernels above are latency-bound (ncu: 3.5 resident warps per
+// scheduler, each with one row group's loads in flight, ~10% of the DRAM peak). Here a block's
+// weights come into shared memory as tiles of whole rows, by bulk copies (cp.async.bulk, the
+// TMA's 1D form) that complete on one mbarrier per stage. Thread 0 keeps up to S tiles in flight
+// (~90 KB a block), whatever the warps are doing, and issues the first ones before the PDL wait:
+// the weights do not depend on the predecessor, so they load during its tail. The warps read the
+// rows from shared memory with the same arithmetic as above (rows_dot<SMEM>). One block per SM
+// and at most kStreamSmem of shared memory, so the successor's block fits beside it.
+
+constexpr int kMaxStages = 16;
+constexpr size_t kStreamSmem = 100 * 1024;
+
+__host__ __device__ constexpr uint32_t align16(uint32_t n) { return (n + 15) & ~15u; }
+
+// A copy of `bytes` from global src to a stage at dst_off: the 16-byte multiple by a bulk copy,
+// the rest (a ragged tile's scales) by thread 0 itself.
+struct Range {
+  const void* src;
+  uint32_t bytes, dst_off;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// Thread 0: S mbarriers, each completed by one arrival plus its stage's bytes.
+__device__ __forceinline__ void ring_init(uint64_t* bars, int S) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int i = 0; i < S; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bars + i)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// Thread 0: copies the ranges into `stage`, completing `bar`'s current phase when all have landed.
+__device__ __forceinline__ void issue_stage(unsigned char* stage, uint64_t* bar, const Range* r, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t total = 0;
+  for (int k = 0; k < n; ++k) total += r[k].bytes & ~15u;
+  // The block's generic-proxy reads of this stage's last use (ordered by a block barrier) come
+  // before the async proxy's writes.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(total) : "memory");
+  for (int k = 0; k < n; ++k) {
+    const uint32_t b16 = r[k].bytes & ~15u;
+    if (b16)
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       smem_u32(stage + r[k].dst_off)),
+                   "l"(r[k].src), "r"(b16), "r"(smem_u32(bar))
+                   : "memory");
+    for (uint32_t b = b16; b < r[k].bytes; ++b)  // visible to the block by the barriers before its use
+      stage[r[k].dst_off + b] = static_cast<const unsigned char*>(r[k].src)[b];
+  }
+#endif
+}
+
+// Waits until the stage's copies for its use number `use` (0, 1, ...) have landed.
+__device__ __forceinline__ void stage_wait(uint64_t* bar, int use) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t b = smem_u32(bar), parity = uint32_t(use) & 1u;
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(b), "r"(parity)
+        : "memory");
+#endif
+}
+
+// y_s = W_s x (or +=) for the segments of a, in tiles of kTileRows rows; block b takes tiles
+// b, b + grid, ... Warp w computes rows 2w and 2w + 1 of each tile.
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) stream_matvec_kernel(const __grid_constant__ MultiArgs a) {
+  constexpr int kTileRows = 2 * NW;  // rows of a tile: 2 per warp
+  constexpr int kPer = per_chunk<BITS>();
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + a.ring_off;
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ float red[32];
+  const int cols = a.cols, groups = cols / a.gs, S = a.stages;
+  const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(groups) * (a.st == kScaleF32 ? 4u : 2u);
+  const uint32_t sc_off = kTileRows * rb, bi_off = sc_off + align16(kTileRows * srb);
+  const int mine = int(blockIdx.x) < a.total_rg ? (a.total_rg - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  auto locate = [&](int i, int& si, int& r0) {
+    const int t = int(blockIdx.x) + i * int(gridDim.x);
+    si = 0;
+    while (si + 1 < a.n_seg && t >= a.seg[si + 1].rg0) ++si;
+    r0 = (t - a.seg[si].rg0) * kTileRows;
+  };
+  auto issue = [&](int i) {
+    int si, r0;
+    locate(i, si, r0);
+    const Segment& sg = a.seg[si];
+    const uint32_t nr = uint32_t(min(kTileRows, sg.rows - r0));
+    const Range rs[3] = {{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr * rb, 0},
+                         {static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
+                         {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
+    issue_stage(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rs, 3);
+  };
+  if (threadIdx.x == 0) {
+    ring_init(bars, S);
+    for (int i = 0; i < mine && i < S; ++i) issue(i);
+  }
+  pdl_wait_and_release();
+  float inv = 1.0f;
+  if (a.norm_w) {
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < cols; i += NW * 32) ss = fmaf(a.x[i], a.x[i], ss);
+    ss = block_sum(ss, red);
+    inv = rsqrtf(ss / float(cols) + a.eps);
+  }
+  stage<BITS>(xs, cols, [&](int i) {
+    float v = a.x[i];
+    if (a.norm_w) {
+      v = v * inv * a.norm_w[i];
+      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
+    }
+    return v;
+  });
+  const float* sums = xs + cols + (cols + 31) / 32 * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_chunks = cols / kPer;
+  for (int i = 0; i < mine; ++i) {
+    stage_wait(bars + i % S, i / S);
+    int si, r0;
+    locate(i, si, r0);
+    const Segment& sg = a.seg[si];
+    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
+    const uint4* data[2];
+    const void* scales[2];
+    const void* biases[2];
+    int64_t g0[2];
+    bool valid[2];
+    float acc[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int lr = 2 * warp + k;
+      valid[k] = r0 + lr < sg.rows;
+      data[k] = reinterpret_cast<const uint4*>(st + size_t(lr) * rb);
+      scales[k] = st + sc_off;
+      biases[k] = st + bi_off;
+      g0[k] = int64_t(lr) * groups;
+      acc[k] = 0.0f;
+    }
+    rows_dot<BITS, 2, true>(data, scales, biases, g0, valid, n_chunks, a.gs, a.st, xs, sums, acc);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float v = warp_sum(acc[k]);
+      if (lane == 0 && valid[k]) {
+        float* y = sg.y + r0 + 2 * warp + k;
+        *y = sg.add ? *y + v : v;
+      }
+    }
+    __syncthreads();  // every warp is done with the stage
+    if (threadIdx.x == 0 && i + S < mine) issue(i + S);
+  }
+}
+
+// The experts' parts in streaming order: the shared expert (its address known before the wait)
+// first, then the routed ones. Returns the part's index in act / ids (the shared expert is n).
+__device__ __forceinline__ int part_at(const ExpertArgs& a, int q) {
+  const bool sh = a.parts > a.n;
+  return sh ? (q == 0 ? a.n : q - 1) : q;
+}
+
+// expert_act streamed: a tile is kWarps rows of gate and the same rows of up of one part; warp w
+// computes act[p][r0 + w] = SiLU(gate row) * up row.
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __grid_constant__ ExpertArgs a) {
+  constexpr int kPer = per_chunk<BITS>();
+  constexpr int kRows = NW;
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + a.ring_off;
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ int32_t ids[kMaxTopk];
+  __shared__ float wts[kMaxTopk];
+  __shared__ size_t bases[kMaxParts];  // slot base of each routed part (thread 0's issues read them)
+  const int H = a.H, groups = H / a.gs_in, S = a.stages;
+  const uint32_t rb = uint32_t(H) * BITS / 8, srb = uint32_t(groups) * (a.st_in == kScaleF32 ? 4u : 2u);
+  const uint32_t s16 = align16(kRows * srb);
+  const uint32_t up_off = kRows * rb, gs_off = 2 * kRows * rb, gb_off = gs_off + s16, us_off = gb_off + s16,
+                 ub_off = us_off + s16;
+  const int per_part = (a.I + kRows - 1) / kRows, total = a.parts * per_part;
+  const int mine = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const bool sh = a.parts > a.n;
+  int issued = 0;  // thread 0's count of tiles issued
+  auto issue = [&](int i) {
+    const int t = int(blockIdx.x) + i * int(gridDim.x), q = t / per_part, r0 = (t - q * per_part) * kRows;
+    const int p = part_at(a, q);
+    const size_t base = p < a.n ? bases[p] : size_t(0);
+    const Part& gm = p < a.n ? a.gate : a.sh_gate;
+    const Part& um = p < a.n ? a.up : a.sh_up;
+    const uint32_t nr = uint32_t(min(kRows, a.I - r0));
+    const Range rs[6] = {{at<char>(base, gm.data) + size_t(r0) * rb, nr * rb, 0},
+                         {at<char>(base, um.data) + size_t(r0) * rb, nr * rb, up_off},
+                         {at<char>(base, gm.scales) + size_t(r0) * srb, nr * srb, gs_off},
+                         {at<char>(base, gm.biases) + size_t(r0) * srb, nr * srb, gb_off},
+                         {at<char>(base, um.scales) + size_t(r0) * srb, nr * srb, us_off},
+                         {at<char>(base, um.biases) + size_t(r0) * srb, nr * srb, ub_off}};
+    issue_stage(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rs, 6);
+  };
+  auto shared_tile = [&](int i) { return sh && (int(blockIdx.x) + i * int(gridDim.x)) / per_part == 0; };
+  if (threadIdx.x == 0) {
+    ring_init(bars, S);
+    while (issued < mine && issued < S && shared_tile(issued)) issue(issued++);
+  }
+  pdl_wait_and_release();
+  // Warp 0: the ids (its own top-k, or from memory), then each routed part's slot base, one lane
+  // per part (parallel loads, not a chain in thread 0), then thread 0 issues the first tiles.
+  if (threadIdx.x < 32) {
+    if (a.logits) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);  // lane 0 writes
+    __syncwarp();
+    const int p = threadIdx.x;
+    if (p < a.n) {
+      const int32_t id = a.logits ? ids[p] : a.ids[p];
+      bases[p] = reinterpret_cast<size_t>(a.table[id]);
+      if (a.logits && blockIdx.x == 0) {
+        a.ids_out[p] = id;
+        a.w_out[p] = wts[p];
+      }
+    }
+    __syncwarp();
+    if (threadIdx.x == 0)
+      while (issued < mine && issued < S) issue(issued++);
+  }
+  stage<BITS>(xs, H, [&](int i) { return a.x[i]; });
+  const float* sums = xs + H + (H + 31) / 32 * 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_chunks = H / kPer;
+  for (int i = 0; i < mine; ++i) {
+    stage_wait(bars + i % S, i / S);
+    const int t = int(blockIdx.x) + i * int(gridDim.x), q = t / per_part, r0 = (t - q * per_part) * kRows;
+    const int p = part_at(a, q);
+    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
+    const bool ok = r0 + warp < a.I;
+    const uint4* data[2] = {reinterpret_cast<const uint4*>(st + size_t(warp) * rb),
+                            reinterpret_cast<const uint4*>(st + up_off + size_t(warp) * rb)};
+    const void* scales[2] = {st + gs_off, st + us_off};
+    const void* biases[2] = {st + gb_off, st + ub_off};
+    const int64_t g0[2] = {int64_t(warp) * groups, int64_t(warp) * groups};
+    const bool valid[2] = {ok, ok};
+    float acc[2] = {0.0f, 0.0f};
+    rows_dot<BITS, 2, true>(data, scales, biases, g0, valid, n_chunks, a.gs_in, a.st_in, xs, sums, acc);
+    const float gv = warp_sum(acc[0]), uv = warp_sum(acc[1]);
+    if (lane == 0 && ok) a.y[int64_t(p) * a.I + r0 + warp] = siluf_(gv) * uv;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      while (issued < mine && issued < i + 1 + S) issue(issued++);
+  }
+}
+
+// Shared memory a streamed kernel may take (beyond the default 48 KB), granted once per kernel.
+void stream_opt_in(const void* kernel) {
+  static std::mutex mu;
+  static std::vector<const void*> done;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const void* k : done)
+    if (k == kernel) return;
+  SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStreamSmem)));
+  done.push_back(kernel);
+}
+
+bool a16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
+bool a16(size_t v) { return v % 16 == 0; }
+
+// Fills the ring fields of a for x staged in xs_bytes and stages of stage_bytes: as many stages
+// as fit in kStreamSmem (at most kMaxStages). False when fewer than 2 fit (the caller falls back).
+template <typename Args>
+bool plan_ring(Args& a, size_t xs_bytes, uint32_t stage_bytes) {
+  const size_t off = (xs_bytes + 127) & ~size_t(127);
+  if (off >= kStreamSmem) return false;
+  const size_t n = (kStreamSmem - off) / stage_bytes;
+  if (n < 2) return false;
+  a.ring_off = int(off);
+  a.stages = int(n < size_t(kMaxStages) ? n : size_t(kMaxStages));
+  a.stage_bytes = int(stage_bytes);
+  return true;
+}
+template <typename Args>
+size_t ring_smem(const Args& a) {
+  return size_t(a.ring_off) + size_t(a.stages) * size_t(a.stage_bytes);
+}
+
+bool streaming() { return tuning().capable && tuning().stream; }
+
+template <int BITS, int NW>
+bool stream_multi_nw(MultiArgs a, cudaStream_t s) {
+  constexpr uint32_t kTileRows = 2 * NW;
+  const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = uint32_t(a.cols / a.gs) * (a.st == kScaleF32 ? 4u : 2u);
+  if (!plan_ring(a, size_t(staged_floats<BITS>(a.cols)) * 4, kTileRows * rb + 2 * align16(kTileRows * srb))) return false;
+  int tiles = 0;
+  for (int i = 0; i < a.n_seg; ++i) {
+    if (!a16(a.seg[i].scales) || !a16(a.seg[i].biases)) return false;
+    a.seg[i].rg0 = tiles;
+    tiles += (a.seg[i].rows + int(kTileRows) - 1) / int(kTileRows);
+  }
+  a.total_rg = tiles;
+  const auto kernel = stream_matvec_kernel<BITS, NW>;
+  stream_opt_in(reinterpret_cast<const void*>(kernel));
+  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
+  SWIFTLET_CUDA_LAUNCHED();
+  return true;
+}
+
+bool experts_aligned(const ExpertArgs& a) {
+  for (const Part* m : {&a.gate, &a.up, &a.down, &a.sh_gate, &a.sh_up, &a.sh_down})
+    if (!a16(m->data) || !a16(m->scales) || !a16(m->biases)) return false;
+  return true;
+}
+
+template <int BITS, int NW>
+bool stream_act_nw(ExpertArgs a, cudaStream_t s) {
+  if (!experts_aligned(a)) return false;
+  const uint32_t rb = uint32_t(a.H) * BITS / 8, srb = uint32_t(a.H / a.gs_in) * (a.st_in == kScaleF32 ? 4u : 2u);
+  if (!plan_ring(a, size_t(staged_floats<BITS>(a.H)) * 4, 2 * NW * rb + 4 * align16(NW * srb))) return false;
+  const int tiles = a.parts * ((a.I + NW - 1) / NW);
+  const auto kernel = stream_act_kernel<BITS, NW>;
+  stream_opt_in(reinterpret_cast<const void*>(kernel));
+  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
+  SWIFTLET_CUDA_LAUNCHED();
+  return true;
+}
+
+// Warps per block of the streamed kernels: 8 (two blocks fit on an SM: this kernel's and its
+// successor's) or 16.
+template <int BITS>
+bool stream_multi(const MultiArgs& a, cudaStream_t s) {
+  return tuning().stream_warps == 16 ? stream_multi_nw<BITS, 16>(a, s) : stream_multi_nw<BITS, 8>(a, s);
+}
+template <int BITS>
+bool stream_act(const ExpertArgs& a, cudaStream_t s) {
+  return tuning().stream_warps == 16 ? stream_act_nw<BITS, 16>(a, s) : stream_act_nw<BITS, 8>(a, s);
 }
 
 Part part_of(const GpuMatrix& m) {
@@ -985,6 +1359,7 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
   a.norm_w = d_norm_w;
   a.eps = eps;
   a.x_out = d_x_out;
+  if (streaming() && (bits == 4 ? stream_multi<4>(a, s) : stream_multi<8>(a, s))) return;
   if (bits == 4)
     launch_multi_rows<4>(a, s);
   else
@@ -1009,6 +1384,12 @@ void prepare_fused_kernels() {
       reinterpret_cast<const void*>(expert_down_kernel<4, 2>),    reinterpret_cast<const void*>(expert_down_kernel<8, 1>),
       reinterpret_cast<const void*>(expert_down_kernel<8, 2>)};
   for (const void* k : kernels) occupancy(k, 0);
+  for (const void* k : {reinterpret_cast<const void*>(stream_matvec_kernel<4, 8>), reinterpret_cast<const void*>(stream_matvec_kernel<8, 8>),
+                        reinterpret_cast<const void*>(stream_act_kernel<4, 8>), reinterpret_cast<const void*>(stream_act_kernel<8, 8>),
+                        reinterpret_cast<const void*>(stream_matvec_kernel<4, 16>), reinterpret_cast<const void*>(stream_matvec_kernel<8, 16>),
+                        reinterpret_cast<const void*>(stream_act_kernel<4, 16>), reinterpret_cast<const void*>(stream_act_kernel<8, 16>),
+})
+    if (tuning().capable) stream_opt_in(k);
   (void)tuning();
   (void)sm_count();
 }
@@ -1017,6 +1398,12 @@ void set_fused_launch(bool pdl, int blocks_per_sm) {
   tuning().pdl = pdl && tuning().capable;
   tuning().blocks_per_sm = blocks_per_sm;
 }
+
+void set_streamed_products(bool on, int warps) {
+  tuning().stream = on && tuning().capable;
+  tuning().stream_warps = warps == 8 ? 8 : 16;
+}
+bool streamed_products() { return streaming(); }
 
 bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh) {
   if (!(affine_fusable(l.gate) && affine_fusable(l.up) && affine_fusable(l.down))) return false;
@@ -1040,6 +1427,7 @@ bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh) {
 
 namespace {
 void launch_act(ExpertArgs& a, int bits, cudaStream_t s) {
+  if (streaming() && (bits == 4 ? stream_act<4>(a, s) : stream_act<8>(a, s))) return;
   const size_t smem = size_t(bits == 4 ? staged_floats<4>(a.H) : staged_floats<8>(a.H)) * 4;
   // One row of gate and one of up per warp (two of each need ~120 registers: fewer warps per SM).
   const bool two = false;
