@@ -269,6 +269,9 @@ int main(int argc, char** argv) {
         // The top-k as a kernel of its own (router_topk) instead of inside expert_act.
         std::printf("         top-k as its own kernel: %.2f tok/s\n",
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_ROUTE_IN_ACT", "0")));
+        // The MoE half as three kernels (router, act, down) instead of one with grid barriers.
+        std::printf("         MoE as three kernels: %.2f tok/s\n",
+                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MOE_KERNEL", "0")));
         // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
         // fresh forward pass (its own graph); the default comes last again.
         struct Variant {

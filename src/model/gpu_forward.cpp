@@ -463,6 +463,9 @@ class GpuForward final : public ForwardPass {
   // Decode with every expert resident takes the top-k inside expert_act (expert_act_routed), one
   // launch fewer per layer; SWIFTLET_GPU_ROUTE_IN_ACT=0 keeps router_topk (for comparison).
   bool route_in_act_ = false;
+  // With the top-k inside expert_act: the MoE half as one kernel (cu::moe_decode) and its grid
+  // barrier's two words; SWIFTLET_GPU_MOE_KERNEL=0 keeps three kernels (for comparison). Null: off.
+  unsigned* moe_barrier_ = nullptr;
   std::vector<cu::SharedExpert> shared_;
   float* logits_;                // [vocab]
   int32_t* h_ids_ = nullptr;     // pinned [k]
@@ -555,6 +558,11 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
   use_graphs_ = !(env && std::string(env) == "0");
   const char* rt = std::getenv("SWIFTLET_GPU_ROUTE_IN_ACT");
   route_in_act_ = cu::expert_act_routes(c.num_experts, k) && !(rt && std::string(rt) == "0");
+  const char* mk = std::getenv("SWIFTLET_GPU_MOE_KERNEL");
+  if (route_in_act_ && !(mk && std::string(mk) == "0")) {
+    moe_barrier_ = reinterpret_cast<unsigned*>(buf(2));
+    cu::gpu_memset(moe_barrier_, 0, 2 * sizeof(unsigned), s_);
+  }
   const char* prof = std::getenv("SWIFTLET_GPU_PROFILE");
   profile_ = prof && std::string(prof) == "1";
   if (profile_) use_graphs_ = false;
@@ -981,12 +989,19 @@ void GpuForward::sparse_moe(int l) {
   const int E = c_.num_experts, k = c_.num_experts_per_tok;
   // x = norm(h); router logits and the shared expert's gate logit in one launch. Router: softmax,
   // top-k, renormalise (3.10); the ids go to the host while the shared expert runs.
-  project({{w.router, router_}, {w.sh_expert_gate, sg_}}, h_, w.post_norm);
-  mark("moe: norm + router, shared gate");
   const bool on_device = g_->all_resident();
   const cu::ExpertLayout& lay = g_->layout();
   const void* const* table = g_->table(l);
   const cu::SharedExpert* sh = shared_fused_ ? &shared_[size_t(l)] : nullptr;
+  // Every expert resident: the whole MoE half in one launch where the device and shapes allow.
+  if (on_device && experts_fused_ && sh && route_in_act_ && moe_barrier_ &&
+      cu::moe_decode(w.router, w.sh_expert_gate, w.post_norm, c_.rms_norm_eps, lay, table, k, c_.norm_topk_prob, *sh,
+                     h_, x_, router_, sg_, ids_, w_, act_, moe_barrier_, s_)) {
+    mark("moe: router, top-k, experts (one kernel)");
+    return;
+  }
+  project({{w.router, router_}, {w.sh_expert_gate, sg_}}, h_, w.post_norm);
+  mark("moe: norm + router, shared gate");
   if (on_device && experts_fused_ && sh && route_in_act_) {  // the top-k inside the experts' first kernel
     cu::expert_act_routed(lay, table, router_, E, k, c_.norm_topk_prob, sh, x_, ids_, w_, act_, s_);
     mark("moe: top-k + experts gate, up, SiLU");

@@ -215,6 +215,17 @@ bool expert_act_routes(int E, int k);
 void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
                        bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
                        float* d_act, GpuStream s = nullptr);
+// The MoE half of a decode layer with every expert resident in one launch (sm_90, streamed
+// products on): x = RMSNorm(h) (into d_x_out), the router's logits and the shared expert's gate
+// logit, the top-k (ids and weights into d_ids / d_w), act as expert_act_routed, and h += the
+// routed and shared experts' down products, with two grid-wide barriers between the phases
+// (d_barrier: 2 words of device memory, zero to begin with, one per stream of launches). The
+// same results as fused_matvec + expert_act_routed + expert_down_add, up to the order of sums.
+// False (nothing launched) when the shapes or the device do not allow it.
+bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_norm_w, float eps,
+                const ExpertLayout& l, const void* const* d_table, int k, bool renormalise, const SharedExpert& sh,
+                float* d_h, float* d_x_out, float* d_logits, float* d_gate_logit, int32_t* d_ids, float* d_w,
+                float* d_act, unsigned* d_barrier, GpuStream s = nullptr);
 // h[d] += sum_i w[i] (down_i act[i])[d] (+ sigmoid(*sh->d_gate_logit) (down_sh act[n])[d]), one launch:
 // a warp owns output rows and sums over the experts itself (deterministic, no atomics). ids_early:
 // the ids were complete one kernel before the previous one (router_topk, then expert_act), so the

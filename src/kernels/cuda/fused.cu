@@ -575,7 +575,7 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ lr, int E, i
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
     const int i = lane + 32 * j;
-    p[j] = i < E ? lr[i] : -INFINITY;
+    p[j] = i < E ? __ldcg(lr + i) : -INFINITY;  // L2: moe_decode_kernel writes them in the same launch
     m = fmaxf(m, p[j]);
   }
   m = detail::warp_max(m);
@@ -738,41 +738,37 @@ __global__ void __launch_bounds__(kThreads) expert_act_kernel(const __grid_const
 // h[r] += sum_p coef_p down_p[r] act[p]: coef_p = w[p] for the routed experts, sigmoid of the
 // shared expert's gate logit for the shared one. Each warp owns R output rows; its lanes share out
 // the chunks of all parts, so the sum over experts stays in one warp (no atomics).
-template <int BITS, int R>
-__global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_constant__ ExpertArgs a) {
-  constexpr int kPer = per_chunk<BITS>();
-  extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  __shared__ size_t bases[kMaxParts];
-  __shared__ float coefs[kMaxParts];
-  const int n_in = a.parts * a.I;
-  if (a.ids_early) {  // the ids are two kernels back (complete): this warp's rows of every part into the L2
-    const int lane = threadIdx.x & 31;
-    const int64_t row_bytes = int64_t(a.I) * BITS / 8, scale_bytes = int64_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4 : 2);
-    for (int rg = int(blockIdx.x) * kWarps + (threadIdx.x >> 5); rg < (a.H + R - 1) / R; rg += int(gridDim.x) * kWarps) {
-      const int r0 = rg * R, nr = a.H - r0 < R ? a.H - r0 : R;
-      for (int p = 0; p < a.parts; ++p) {
-        const size_t base = part_base(a, p);
-        const Part& m = p < a.n ? a.down : a.sh_down;
-        prefetch_lines(at<char>(base, m.data) + r0 * row_bytes, nr * row_bytes, lane);
-        prefetch_lines(at<char>(base, m.scales) + r0 * scale_bytes, nr * scale_bytes, lane);
-        prefetch_lines(at<char>(base, m.biases) + r0 * scale_bytes, nr * scale_bytes, lane);
-      }
+// Prefetches into the L2 the down rows the warps of this block will take in down_rows (same
+// grid-stride order over all warps of the grid), of every part, base(p) giving each part's slot.
+template <int BITS, int R, typename Base>
+__device__ __forceinline__ void prefetch_down_rows(const ExpertArgs& a, Base base_of) {
+  const int lane = threadIdx.x & 31, nw = int(blockDim.x) >> 5;
+  const int64_t row_bytes = int64_t(a.I) * BITS / 8, scale_bytes = int64_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4 : 2);
+  for (int rg = int(blockIdx.x) * nw + (threadIdx.x >> 5); rg < (a.H + R - 1) / R; rg += int(gridDim.x) * nw) {
+    const int r0 = rg * R, nr = a.H - r0 < R ? a.H - r0 : R;
+    for (int p = 0; p < a.parts; ++p) {
+      const size_t base = base_of(p);
+      const Part& m = p < a.n ? a.down : a.sh_down;
+      prefetch_lines(at<char>(base, m.data) + r0 * row_bytes, nr * row_bytes, lane);
+      prefetch_lines(at<char>(base, m.scales) + r0 * scale_bytes, nr * scale_bytes, lane);
+      prefetch_lines(at<char>(base, m.biases) + r0 * scale_bytes, nr * scale_bytes, lane);
     }
   }
-  pdl_wait_and_release();
-  if (threadIdx.x < unsigned(a.parts)) {
-    const int p = threadIdx.x;
-    bases[p] = part_base(a, p);
-    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
-  }
-  stage<BITS>(xs, n_in, [&](int i) { return a.x[i]; });
+}
+
+// h[r] += sum_p coefs[p] down_p[r] act[p] for the rows of this block's warps (grid-stride over all
+// warps of the grid, R rows each); act staged in xs (see stage), bases / coefs per part.
+template <int BITS, int R>
+__device__ __forceinline__ void down_rows(const ExpertArgs& a, const size_t* bases, const float* coefs,
+                                          const float* xs, float* h) {
+  constexpr int kPer = per_chunk<BITS>();
+  const int n_in = a.parts * a.I;
   const float* sums = xs + n_in + (n_in + 31) / 32 * 4;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = int(blockDim.x) >> 5;
   const int part_chunks = a.I / kPer, groups = a.I / a.gs_out;
   const int total = a.parts * part_chunks;
   const int n_rg = (a.H + R - 1) / R;
-  for (int rg = int(blockIdx.x) * kWarps + warp; rg < n_rg; rg += int(gridDim.x) * kWarps) {
+  for (int rg = int(blockIdx.x) * nw + warp; rg < n_rg; rg += int(gridDim.x) * nw) {
     const int r0 = rg * R;
     bool valid[R];
     float acc[R];
@@ -808,9 +804,27 @@ __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_cons
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const float v = warp_sum(acc[i]);
-      if (lane == 0 && valid[i]) a.y[r0 + i] += v;
+      if (lane == 0 && valid[i]) h[r0 + i] += v;
     }
   }
+}
+
+template <int BITS, int R>
+__global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_constant__ ExpertArgs a) {
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  __shared__ size_t bases[kMaxParts];
+  __shared__ float coefs[kMaxParts];
+  // The ids two kernels back (complete): this warp's rows of every part into the L2.
+  if (a.ids_early) prefetch_down_rows<BITS, R>(a, [&](int p) { return part_base(a, p); });
+  pdl_wait_and_release();
+  if (threadIdx.x < unsigned(a.parts)) {
+    const int p = threadIdx.x;
+    bases[p] = part_base(a, p);
+    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
+  }
+  stage<BITS>(xs, a.parts * a.I, [&](int i) { return a.x[i]; });
+  down_rows<BITS, R>(a, bases, coefs, xs, a.y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -979,30 +993,46 @@ __device__ __forceinline__ int part_at(const ExpertArgs& a, int q) {
   return sh ? (q == 0 ? a.n : q - 1) : q;
 }
 
-// expert_act streamed: a tile is kWarps rows of gate and the same rows of up of one part; warp w
-// computes act[p][r0 + w] = SiLU(gate row) * up row.
+// expert_act streamed: a tile is NW rows of gate and the same rows of up of one part; warp w
+// computes act[p][r0 + w] = SiLU(gate row) * up row. The block's part of the work, as device
+// functions shared by stream_act_kernel and moe_decode_kernel (below): the tiles are issued by
+// thread 0 (the shared expert's before the PDL wait, the routed ones once `bases` holds their slots).
 template <int BITS, int NW>
-__global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __grid_constant__ ExpertArgs a) {
-  constexpr int kPer = per_chunk<BITS>();
-  constexpr int kRows = NW;
-  extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + a.ring_off;
-  __shared__ uint64_t bars[kMaxStages];
-  __shared__ int32_t ids[kMaxTopk];
-  __shared__ float wts[kMaxTopk];
-  __shared__ size_t bases[kMaxParts];  // slot base of each routed part (thread 0's issues read them)
-  const int H = a.H, groups = H / a.gs_in, S = a.stages;
-  const uint32_t rb = uint32_t(H) * BITS / 8, srb = uint32_t(groups) * (a.st_in == kScaleF32 ? 4u : 2u);
-  const uint32_t s16 = align16(kRows * srb);
-  const uint32_t up_off = kRows * rb, gs_off = 2 * kRows * rb, gb_off = gs_off + s16, us_off = gb_off + s16,
-                 ub_off = us_off + s16;
-  const int per_part = (a.I + kRows - 1) / kRows, total = a.parts * per_part;
-  const int mine = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-  const bool sh = a.parts > a.n;
+struct ActStream {
+  static constexpr int kRows = NW;
+  const ExpertArgs& a;
+  unsigned char* ring;
+  uint64_t* bars;
+  const size_t* bases;  // slot base of each routed part
+  int groups, S, per_part, mine;
+  uint32_t rb, srb, up_off, gs_off, gb_off, us_off, ub_off;
   int issued = 0;  // thread 0's count of tiles issued
-  auto issue = [&](int i) {
-    const int t = int(blockIdx.x) + i * int(gridDim.x), q = t / per_part, r0 = (t - q * per_part) * kRows;
+
+  __device__ ActStream(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs)
+      : a(args), ring(r), bars(b), bases(bs) {
+    groups = a.H / a.gs_in;
+    S = a.stages;
+    rb = uint32_t(a.H) * BITS / 8;
+    srb = uint32_t(groups) * (a.st_in == kScaleF32 ? 4u : 2u);
+    const uint32_t s16 = align16(kRows * srb);
+    up_off = kRows * rb;
+    gs_off = 2 * kRows * rb;
+    gb_off = gs_off + s16;
+    us_off = gb_off + s16;
+    ub_off = us_off + s16;
+    per_part = (a.I + kRows - 1) / kRows;
+    const int total = a.parts * per_part;
+    mine = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  }
+  // Tile i of this block: its part's index q in streaming order and first row.
+  __device__ void locate(int i, int& q, int& r0) const {
+    const int t = int(blockIdx.x) + i * int(gridDim.x);
+    q = t / per_part;
+    r0 = (t - q * per_part) * kRows;
+  }
+  __device__ void issue(int i) {
+    int q, r0;
+    locate(i, q, r0);
     const int p = part_at(a, q);
     const size_t base = p < a.n ? bases[p] : size_t(0);
     const Part& gm = p < a.n ? a.gate : a.sh_gate;
@@ -1015,56 +1045,208 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __gr
                          {at<char>(base, um.scales) + size_t(r0) * srb, nr * srb, us_off},
                          {at<char>(base, um.biases) + size_t(r0) * srb, nr * srb, ub_off}};
     issue_stage(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rs, 6);
-  };
-  auto shared_tile = [&](int i) { return sh && (int(blockIdx.x) + i * int(gridDim.x)) / per_part == 0; };
-  if (threadIdx.x == 0) {
-    ring_init(bars, S);
-    while (issued < mine && issued < S && shared_tile(issued)) issue(issued++);
   }
+  // Thread 0, before the ids are known: init, then the first tiles while they are the shared expert's.
+  __device__ void start() {
+    ring_init(bars, S);
+    const bool sh = a.parts > a.n;
+    while (issued < mine && issued < S && sh && (int(blockIdx.x) + issued * int(gridDim.x)) / per_part == 0)
+      issue(issued++);
+  }
+  // Thread 0: tiles up to `limit` (the ring's depth ahead of the tile being computed).
+  __device__ void issue_upto(int limit) {
+    while (issued < mine && issued < limit) issue(issued++);
+  }
+  // Every thread: the block's tiles, x staged in xs; act[p][r] into a.y.
+  __device__ void compute(const float* xs) {
+    constexpr int kPer = per_chunk<BITS>();
+    const float* sums = xs + a.H + (a.H + 31) / 32 * 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_chunks = a.H / kPer;
+    for (int i = 0; i < mine; ++i) {
+      stage_wait(bars + i % S, i / S);
+      int q, r0;
+      locate(i, q, r0);
+      const int p = part_at(a, q);
+      const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
+      const bool ok = r0 + warp < a.I;
+      const uint4* data[2] = {reinterpret_cast<const uint4*>(st + size_t(warp) * rb),
+                              reinterpret_cast<const uint4*>(st + up_off + size_t(warp) * rb)};
+      const void* scales[2] = {st + gs_off, st + us_off};
+      const void* biases[2] = {st + gb_off, st + ub_off};
+      const int64_t g0[2] = {int64_t(warp) * groups, int64_t(warp) * groups};
+      const bool valid[2] = {ok, ok};
+      float acc[2] = {0.0f, 0.0f};
+      rows_dot<BITS, 2, true>(data, scales, biases, g0, valid, n_chunks, a.gs_in, a.st_in, xs, sums, acc);
+      const float gv = warp_sum(acc[0]), uv = warp_sum(acc[1]);
+      if (lane == 0 && ok) a.y[int64_t(p) * a.I + r0 + warp] = siluf_(gv) * uv;
+      __syncthreads();  // every warp is done with the stage
+      if (threadIdx.x == 0) issue_upto(i + 1 + S);
+    }
+  }
+};
+
+// Warp 0: the ids (its own top-k of a.logits, or from memory) into ids / wts, then each routed
+// part's slot base, one lane per part (parallel loads, not a chain in thread 0), and 0 for the
+// shared expert; block 0 writes the routed ids and weights out.
+__device__ __forceinline__ void route_warp(const ExpertArgs& a, int32_t* ids, float* wts, size_t* bases) {
+  if (a.logits) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);  // lane 0 writes
+  __syncwarp();
+  const int p = threadIdx.x & 31;
+  if (p < a.n) {
+    const int32_t id = a.logits ? ids[p] : a.ids[p];
+    bases[p] = reinterpret_cast<size_t>(a.table[id]);
+    if (a.logits && blockIdx.x == 0) {
+      a.ids_out[p] = id;
+      a.w_out[p] = wts[p];
+    }
+  } else if (p < a.parts) {
+    bases[p] = 0;  // the shared expert: its offsets are addresses
+  }
+  __syncwarp();
+}
+
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __grid_constant__ ExpertArgs a) {
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ int32_t ids[kMaxTopk];
+  __shared__ float wts[kMaxTopk];
+  __shared__ size_t bases[kMaxParts];
+  ActStream<BITS, NW> act(a, reinterpret_cast<unsigned char*>(smem4) + a.ring_off, bars, bases);
+  if (threadIdx.x == 0) act.start();
   pdl_wait_and_release();
-  // Warp 0: the ids (its own top-k, or from memory), then each routed part's slot base, one lane
-  // per part (parallel loads, not a chain in thread 0), then thread 0 issues the first tiles.
   if (threadIdx.x < 32) {
-    if (a.logits) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);  // lane 0 writes
-    __syncwarp();
-    const int p = threadIdx.x;
-    if (p < a.n) {
-      const int32_t id = a.logits ? ids[p] : a.ids[p];
-      bases[p] = reinterpret_cast<size_t>(a.table[id]);
-      if (a.logits && blockIdx.x == 0) {
-        a.ids_out[p] = id;
-        a.w_out[p] = wts[p];
+    route_warp(a, ids, wts, bases);
+    if (threadIdx.x == 0) act.issue_upto(act.S);
+  }
+  stage<BITS>(xs, a.H, [&](int i) { return a.x[i]; });
+  act.compute(xs);
+}
+
+// A barrier across the grid (every block resident: grid <= SMs, one block each). bar[0] counts
+// arrivals, bar[1] is the generation; both persist across launches (the count returns to 0).
+// Writes before the barrier are visible to every block after it (fences around the atomics; read
+// such data with __ldcg, not the non-coherent path).
+__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned gen;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      unsigned g = gen;
+      while (g == gen) {
+        __nanosleep(32);
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
       }
     }
-    __syncwarp();
-    if (threadIdx.x == 0)
-      while (issued < mine && issued < S) issue(issued++);
+    __threadfence();
   }
-  stage<BITS>(xs, H, [&](int i) { return a.x[i]; });
-  const float* sums = xs + H + (H + 31) / 32 * 4;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_chunks = H / kPer;
-  for (int i = 0; i < mine; ++i) {
-    stage_wait(bars + i % S, i / S);
-    const int t = int(blockIdx.x) + i * int(gridDim.x), q = t / per_part, r0 = (t - q * per_part) * kRows;
-    const int p = part_at(a, q);
-    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
-    const bool ok = r0 + warp < a.I;
-    const uint4* data[2] = {reinterpret_cast<const uint4*>(st + size_t(warp) * rb),
-                            reinterpret_cast<const uint4*>(st + up_off + size_t(warp) * rb)};
-    const void* scales[2] = {st + gs_off, st + us_off};
-    const void* biases[2] = {st + gb_off, st + ub_off};
-    const int64_t g0[2] = {int64_t(warp) * groups, int64_t(warp) * groups};
-    const bool valid[2] = {ok, ok};
-    float acc[2] = {0.0f, 0.0f};
-    rows_dot<BITS, 2, true>(data, scales, biases, g0, valid, n_chunks, a.gs_in, a.st_in, xs, sums, acc);
-    const float gv = warp_sum(acc[0]), uv = warp_sum(acc[1]);
-    if (lane == 0 && ok) a.y[int64_t(p) * a.I + r0 + warp] = siluf_(gv) * uv;
-    __syncthreads();
-    if (threadIdx.x == 0)
-      while (issued < mine && issued < i + 1 + S) issue(issued++);
-  }
+  __syncthreads();
 }
+
+// The MoE half of a decode layer with every expert resident, in one launch (moe_decode):
+//   1. every block: x = RMSNorm(h); warp w of block b: router row b + w * grid (the E router rows,
+//      then the shared expert's gate row);                                         grid barrier
+//   2. every block: the top-k of the logits (warp 0), then its expert_act tiles (ActStream),
+//      with its down rows prefetched into the L2 as soon as the ids are known;     grid barrier
+//   3. every block: h += its rows of the experts' down products (down_rows).
+// Two grid barriers instead of two kernel boundaries, and the down rows' prefetch overlaps the
+// act phase.
+struct MoeArgs {
+  ExpertArgs e;           // e.logits: the router's output; e.y: act; e.sh_gate_logit: the gate's output
+  Segment router, gate;   // E rows; 1 row
+  int r_gs, r_st;         // the router's (and gate's) group size and scale type
+  float* h;               // read in phase 1, added to in phase 3
+  const float* norm_w;
+  float eps;
+  float* x_out;           // block 0 writes the normed x here
+  unsigned* barrier;      // 2 words, zero to begin with
+  int xr_off;             // floats: the router's staged x after the experts'
+};
+
+template <int RB, int EB, int NW>
+__global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_constant__ MoeArgs m) {
+  const ExpertArgs& a = m.e;
+  extern __shared__ float4 smem4[];
+  float* xe = reinterpret_cast<float*>(smem4);
+  float* xr = xe + m.xr_off;
+  unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + a.ring_off;
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ int32_t ids[kMaxTopk];
+  __shared__ float wts[kMaxTopk];
+  __shared__ size_t bases[kMaxParts];
+  __shared__ float coefs[kMaxParts];
+  __shared__ float red[32];
+  const int H = a.H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  ActStream<EB, NW> act(a, ring, bars, bases);
+  const int rrow = int(blockIdx.x) + warp * int(gridDim.x);
+  const bool has_row = rrow <= m.router.rows;  // rows 0..E-1: router; E: the gate
+  const Segment& rs = rrow < m.router.rows ? m.router : m.gate;
+  const int rr = rrow < m.router.rows ? rrow : 0;
+  const int64_t r_rb = int64_t(H) * RB / 8, r_groups = H / m.r_gs;
+  const int64_t r_srb = r_groups * (m.r_st == kScaleF32 ? 4 : 2);
+  if (has_row) {  // weights do not depend on the predecessor: into the L2 during its tail
+    prefetch_lines(reinterpret_cast<const char*>(rs.data) + rr * r_rb, r_rb, lane);
+    prefetch_lines(static_cast<const char*>(rs.scales) + rr * r_srb, r_srb, lane);
+    prefetch_lines(static_cast<const char*>(rs.biases) + rr * r_srb, r_srb, lane);
+  }
+  if (threadIdx.x == 0) act.start();
+  pdl_wait_and_release();
+
+  // 1. RMSNorm and the router.
+  float ss = 0.0f;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < H; i += NW * 32) ss = fmaf(m.h[i], m.h[i], ss);
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / float(H) + m.eps);
+  stage<RB>(xr, H, [&](int i) {
+    const float v = m.h[i] * inv * m.norm_w[i];
+    if (blockIdx.x == 0 && m.x_out) m.x_out[i] = v;
+    return v;
+  });
+  stage<EB>(xe, H, [&](int i) { return m.h[i] * inv * m.norm_w[i]; });
+  if (has_row) {
+    const uint4* data[1] = {rs.data + int64_t(rr) * (H / per_chunk<RB>())};
+    const void* scales[1] = {rs.scales};
+    const void* biases[1] = {rs.biases};
+    const int64_t g0[1] = {int64_t(rr) * r_groups};
+    const bool valid[1] = {true};
+    float acc[1] = {0.0f};
+    rows_dot<RB, 1>(data, scales, biases, g0, valid, H / per_chunk<RB>(), m.r_gs, m.r_st, xr,
+                    xr + H + (H + 31) / 32 * 4, acc);
+    const float v = warp_sum(acc[0]);
+    if (lane == 0) rs.y[rr] = v;
+  }
+  grid_barrier(m.barrier);
+
+  // 2. Top-k, experts gate/up/SiLU; the down rows into the L2 meanwhile.
+  if (threadIdx.x < 32) {
+    route_warp(a, ids, wts, bases);
+    if (threadIdx.x < unsigned(a.n)) coefs[threadIdx.x] = wts[threadIdx.x];
+    if (threadIdx.x == 0) {
+      if (a.parts > a.n) coefs[a.n] = sigmoidf_(__ldcg(a.sh_gate_logit));
+      act.issue_upto(act.S);
+    }
+  }
+  __syncthreads();
+  prefetch_down_rows<EB, 1>(a, [&](int p) { return p < a.n ? bases[p] : size_t(0); });
+  act.compute(xe);
+  grid_barrier(m.barrier);
+
+  // 3. h += the experts' down products (act staged where the tiles were).
+  float* xd = reinterpret_cast<float*>(ring);
+  stage<EB>(xd, a.parts * a.I, [&](int i) { return __ldcg(a.y + i); });
+  down_rows<EB, 1>(a, bases, coefs, xd, m.h);
+}
+
+constexpr int kMoeWarps = 16;
 
 // Shared memory a streamed kernel may take (beyond the default 48 KB), granted once per kernel.
 void stream_opt_in(const void* kernel) {
@@ -1147,6 +1329,14 @@ bool stream_multi(const MultiArgs& a, cudaStream_t s) {
 template <int BITS>
 bool stream_act(const ExpertArgs& a, cudaStream_t s) {
   return tuning().stream_warps == 16 ? stream_act_nw<BITS, 16>(a, s) : stream_act_nw<BITS, 8>(a, s);
+}
+
+template <int RB, int EB>
+void launch_moe(const MoeArgs& m, size_t smem, cudaStream_t s) {
+  const auto kernel = moe_decode_kernel<RB, EB, kMoeWarps>;
+  stream_opt_in(reinterpret_cast<const void*>(kernel));
+  launch(kernel, unsigned(sm_count()), kMoeWarps * 32, smem, s, m);
+  SWIFTLET_CUDA_LAUNCHED();
 }
 
 Part part_of(const GpuMatrix& m) {
@@ -1390,6 +1580,11 @@ void prepare_fused_kernels() {
                         reinterpret_cast<const void*>(stream_act_kernel<4, 16>), reinterpret_cast<const void*>(stream_act_kernel<8, 16>),
 })
     if (tuning().capable) stream_opt_in(k);
+  for (const void* k : {reinterpret_cast<const void*>(moe_decode_kernel<4, 4, kMoeWarps>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<4, 8, kMoeWarps>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<8, 4, kMoeWarps>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<8, 8, kMoeWarps>)})
+    if (tuning().capable) stream_opt_in(k);
   (void)tuning();
   (void)sm_count();
 }
@@ -1494,6 +1689,53 @@ void expert_down_add(const ExpertLayout& l, const void* const* d_table, const in
   else
     launch_ex(two ? expert_down_kernel<8, 2> : expert_down_kernel<8, 1>, grid, kThreads, smem, s, true, a);
   SWIFTLET_CUDA_LAUNCHED();
+}
+
+bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_norm_w, float eps,
+                const ExpertLayout& l, const void* const* d_table, int k, bool renormalise, const SharedExpert& sh,
+                float* d_h, float* d_x_out, float* d_logits, float* d_gate_logit, int32_t* d_ids, float* d_w,
+                float* d_act, unsigned* d_barrier, GpuStream s) {
+  if (!streaming() || !d_barrier) return false;
+  const int E = int(router.rows);
+  if (!expert_act_routes(E, k) || !experts_fusable(l, k, &sh)) return false;
+  if (!affine_fusable(router) || !affine_fusable(gate) || !same_shape_kind(router, gate) || gate.rows != 1 ||
+      router.cols != l.gate.cols)
+    return false;
+  ExpertArgs a = expert_args(l, d_table, nullptr, k, &sh);
+  if (!experts_aligned(a)) return false;
+  a.sh_gate_logit = d_gate_logit;
+  a.logits = d_logits;
+  a.E = E;
+  a.renormalise = renormalise;
+  a.ids_out = d_ids;
+  a.w_out = d_w;
+  a.y = d_act;
+  const int H = a.H, RB = router.bits, EB = l.gate.bits;
+  auto floats = [](int bits, int n) { return bits == 4 ? staged_floats<4>(n) : staged_floats<8>(n); };
+  const int xr_off = (floats(EB, H) + 3) & ~3, xs = xr_off + floats(RB, H);
+  const uint32_t rb = uint32_t(H) * uint32_t(EB) / 8, srb = uint32_t(H / a.gs_in) * (a.st_in == kScaleF32 ? 4u : 2u);
+  if (!plan_ring(a, size_t(xs) * 4, 2 * kMoeWarps * rb + 4 * align16(kMoeWarps * srb))) return false;
+  // Phase 3 stages the act where the tiles were.
+  if (size_t(a.stages) * size_t(a.stage_bytes) < size_t(floats(EB, a.parts * a.I)) * 4) return false;
+  if (E + 1 > sm_count() * kMoeWarps) return false;  // one router row per warp
+  MoeArgs m{};
+  m.e = a;
+  m.router = {static_cast<const uint4*>(router.data), router.scales, router.biases, d_logits, E, 0, 0};
+  m.gate = {static_cast<const uint4*>(gate.data), gate.scales, gate.biases, d_gate_logit, 1, 0, 0};
+  m.r_gs = router.group_size;
+  m.r_st = scale_type(router.scale_dtype);
+  m.h = d_h;
+  m.norm_w = d_norm_w;
+  m.eps = eps;
+  m.x_out = d_x_out;
+  m.barrier = d_barrier;
+  m.xr_off = xr_off;
+  const size_t smem = ring_smem(a);
+  if (RB == 4)
+    EB == 4 ? launch_moe<4, 4>(m, smem, s) : launch_moe<4, 8>(m, smem, s);
+  else
+    EB == 4 ? launch_moe<8, 4>(m, smem, s) : launch_moe<8, 8>(m, smem, s);
+  return true;
 }
 
 void deltanet_prep_grouped(const float* d_qkvz, const float* d_ba, const float* d_conv_w, float* d_conv_state, int hk,
