@@ -359,6 +359,30 @@ struct MultiArgs {
   int stages, stage_bytes, ring_off;  // streamed products only (below)
 };
 
+// 1 / sqrt(mean(x^2) + eps) over x[0..n), by the whole block (any size); synchronises it.
+__device__ __forceinline__ float block_rms_inv(const float* x, int n, float eps, float* red) {
+  float ss = 0.0f;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
+  ss = block_sum(ss, red);
+  return rsqrtf(ss / float(n) + eps);
+}
+
+// Stages the products' input (see stage): a.x, or RMSNorm(a.x) when a.norm_w, which block 0 also
+// writes to a.x_out. `red`: 32 floats of shared memory.
+template <int BITS>
+__device__ __forceinline__ void stage_input(float* xs, const MultiArgs& a, float* red) {
+  const float inv = a.norm_w ? block_rms_inv(a.x, a.cols, a.eps, red) : 1.0f;
+  stage<BITS>(xs, a.cols, [&](int i) {
+    float v = a.x[i];
+    if (a.norm_w) {
+      v = v * inv * a.norm_w[i];
+      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
+    }
+    return v;
+  });
+}
+
 template <int BITS, int R, int J>
 __global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_constant__ MultiArgs a) {
   constexpr int kPer = per_chunk<BITS>();
@@ -380,22 +404,7 @@ __global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_con
     }
   }
   pdl_wait_and_release();
-  float inv = 1.0f;
-  if (a.norm_w) {
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < cols; i += kThreads) ss = fmaf(a.x[i], a.x[i], ss);
-    ss = block_sum(ss, red);
-    inv = rsqrtf(ss / float(cols) + a.eps);
-  }
-  stage<BITS>(xs, cols, [&](int i) {
-    float v = a.x[i];
-    if (a.norm_w) {
-      v = v * inv * a.norm_w[i];
-      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
-    }
-    return v;
-  });
+  stage_input<BITS>(xs, a, red);
   const float* sums = xs + cols + (cols + 31) / 32 * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n_chunks = cols / kPer, groups = cols / a.gs;
@@ -436,6 +445,10 @@ __global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_con
       }
     }
   }
+}
+
+Segment segment_of(const GpuMatrix& m, float* y, bool add) {
+  return {static_cast<const uint4*>(m.data), m.scales, m.biases, y, int(m.rows), add ? 1 : 0, 0};
 }
 
 bool affine_fusable(const GpuMatrix& m) {
@@ -931,22 +944,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_matvec_kernel(const _
     for (int i = 0; i < mine && i < S; ++i) issue(i);
   }
   pdl_wait_and_release();
-  float inv = 1.0f;
-  if (a.norm_w) {
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < cols; i += NW * 32) ss = fmaf(a.x[i], a.x[i], ss);
-    ss = block_sum(ss, red);
-    inv = rsqrtf(ss / float(cols) + a.eps);
-  }
-  stage<BITS>(xs, cols, [&](int i) {
-    float v = a.x[i];
-    if (a.norm_w) {
-      v = v * inv * a.norm_w[i];
-      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
-    }
-    return v;
-  });
+  stage_input<BITS>(xs, a, red);
   const float* sums = xs + cols + (cols + 31) / 32 * 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n_chunks = cols / kPer;
@@ -1201,11 +1199,7 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_con
   pdl_wait_and_release();
 
   // 1. RMSNorm and the router.
-  float ss = 0.0f;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < H; i += NW * 32) ss = fmaf(m.h[i], m.h[i], ss);
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / float(H) + m.eps);
+  const float inv = block_rms_inv(m.h, H, m.eps, red);
   stage<RB>(xr, H, [&](int i) {
     const float v = m.h[i] * inv * m.norm_w[i];
     if (blockIdx.x == 0 && m.x_out) m.x_out[i] = v;
@@ -1307,11 +1301,16 @@ bool experts_aligned(const ExpertArgs& a) {
   return true;
 }
 
+// Bytes of an ActStream stage: NW rows of gate and of up, their scales and biases.
+uint32_t act_stage_bytes(const ExpertArgs& a, int bits, int nw) {
+  const uint32_t rb = uint32_t(a.H) * uint32_t(bits) / 8, srb = uint32_t(a.H / a.gs_in) * (a.st_in == kScaleF32 ? 4u : 2u);
+  return 2 * uint32_t(nw) * rb + 4 * align16(uint32_t(nw) * srb);
+}
+
 template <int BITS, int NW>
 bool stream_act_nw(ExpertArgs a, cudaStream_t s) {
   if (!experts_aligned(a)) return false;
-  const uint32_t rb = uint32_t(a.H) * BITS / 8, srb = uint32_t(a.H / a.gs_in) * (a.st_in == kScaleF32 ? 4u : 2u);
-  if (!plan_ring(a, size_t(staged_floats<BITS>(a.H)) * 4, 2 * NW * rb + 4 * align16(NW * srb))) return false;
+  if (!plan_ring(a, size_t(staged_floats<BITS>(a.H)) * 4, act_stage_bytes(a, BITS, NW))) return false;
   const int tiles = a.parts * ((a.I + NW - 1) / NW);
   const auto kernel = stream_act_kernel<BITS, NW>;
   stream_opt_in(reinterpret_cast<const void*>(kernel));
@@ -1539,8 +1538,7 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
   for (int i = 0; i < n; ++i) {
     if (segs[i].w.rows == 0) continue;
     const GpuMatrix& m = segs[i].w;
-    a.seg[a.n_seg++] = {static_cast<const uint4*>(m.data), m.scales, m.biases, segs[i].d_y, int(m.rows),
-                        segs[i].add ? 1 : 0, 0};
+    a.seg[a.n_seg++] = segment_of(m, segs[i].d_y, segs[i].add);
   }
   a.cols = int(w0.cols);
   a.gs = w0.group_size;
@@ -1655,18 +1653,27 @@ void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t
 
 bool expert_act_routes(int E, int k) { return E >= 1 && E <= kActMaxE && k >= 1 && k <= kMaxTopk && k <= E; }
 
-void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
-                       bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
-                       float* d_act, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, k, sh) && expert_act_routes(E, k));
+namespace {
+// The arguments of the routed act (its own top-k of E logits; ids and weights written out).
+ExpertArgs routed_args(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                       bool renormalise, const SharedExpert* sh, int32_t* d_ids, float* d_w, float* d_act) {
   ExpertArgs a = expert_args(l, d_table, nullptr, k, sh);
-  a.x = d_x;
   a.y = d_act;
   a.logits = d_logits;
   a.E = E;
   a.renormalise = renormalise;
   a.ids_out = d_ids;
   a.w_out = d_w;
+  return a;
+}
+}  // namespace
+
+void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                       bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
+                       float* d_act, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, k, sh) && expert_act_routes(E, k));
+  ExpertArgs a = routed_args(l, d_table, d_logits, E, k, renormalise, sh, d_ids, d_w, d_act);
+  a.x = d_x;
   launch_act(a, l.gate.bits, s);
 }
 
@@ -1701,27 +1708,20 @@ bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_n
   if (!affine_fusable(router) || !affine_fusable(gate) || !same_shape_kind(router, gate) || gate.rows != 1 ||
       router.cols != l.gate.cols)
     return false;
-  ExpertArgs a = expert_args(l, d_table, nullptr, k, &sh);
+  ExpertArgs a = routed_args(l, d_table, d_logits, E, k, renormalise, &sh, d_ids, d_w, d_act);
   if (!experts_aligned(a)) return false;
   a.sh_gate_logit = d_gate_logit;
-  a.logits = d_logits;
-  a.E = E;
-  a.renormalise = renormalise;
-  a.ids_out = d_ids;
-  a.w_out = d_w;
-  a.y = d_act;
   const int H = a.H, RB = router.bits, EB = l.gate.bits;
   auto floats = [](int bits, int n) { return bits == 4 ? staged_floats<4>(n) : staged_floats<8>(n); };
   const int xr_off = (floats(EB, H) + 3) & ~3, xs = xr_off + floats(RB, H);
-  const uint32_t rb = uint32_t(H) * uint32_t(EB) / 8, srb = uint32_t(H / a.gs_in) * (a.st_in == kScaleF32 ? 4u : 2u);
-  if (!plan_ring(a, size_t(xs) * 4, 2 * kMoeWarps * rb + 4 * align16(kMoeWarps * srb))) return false;
+  if (!plan_ring(a, size_t(xs) * 4, act_stage_bytes(a, EB, kMoeWarps))) return false;
   // Phase 3 stages the act where the tiles were.
   if (size_t(a.stages) * size_t(a.stage_bytes) < size_t(floats(EB, a.parts * a.I)) * 4) return false;
   if (E + 1 > sm_count() * kMoeWarps) return false;  // one router row per warp
   MoeArgs m{};
   m.e = a;
-  m.router = {static_cast<const uint4*>(router.data), router.scales, router.biases, d_logits, E, 0, 0};
-  m.gate = {static_cast<const uint4*>(gate.data), gate.scales, gate.biases, d_gate_logit, 1, 0, 0};
+  m.router = segment_of(router, d_logits, false);
+  m.gate = segment_of(gate, d_gate_logit, false);
   m.r_gs = router.group_size;
   m.r_st = scale_type(router.scale_dtype);
   m.h = d_h;
