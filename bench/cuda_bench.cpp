@@ -285,9 +285,12 @@ int main(int argc, char** argv) {
   bench_matvec("q4", WeightFormat::Affine, 4, 151936, 2048, iters, copy_gbs);
   bench_matvec("q4", WeightFormat::Affine, 4, 12288, 2048, iters, copy_gbs);
   bench_expert(200);
-  for (int warps : {0, 8, 16}) {  // the kernels before the streamed products, then those (warps per block)
-    set_streamed_products(warps > 0, warps);
-    std::printf("\nfused kernels, streamed products %s, %d warps:\n", streamed_products() ? "on" : "off", warps);
+  // The kernels before the streamed products, then those (warps per block), then on the tensor cores.
+  for (int warps : {0, 8, 16, -16}) {
+    set_streamed_products(warps != 0, warps < 0 ? -warps : warps);
+    set_tensor_core_products(warps < 0);
+    std::printf("\nfused kernels, streamed products %s, %d warps%s:\n", streamed_products() ? "on" : "off",
+                warps < 0 ? -warps : warps, tensor_core_products() ? ", tensor cores" : "");
     bench_fused(iters, copy_gbs);
   }
   return 0;

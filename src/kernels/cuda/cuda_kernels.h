@@ -187,6 +187,13 @@ void set_fused_launch(bool pdl, int blocks_per_sm);
 // fused_matvec and expert_act, 16 (default) or 8. Not thread-safe.
 void set_streamed_products(bool on, int warps = 16);
 bool streamed_products();  // on, and the device can
+// The streamed products' arithmetic on the tensor cores (on by default with them;
+// SWIFTLET_GPU_TC=0 turns it off): integer MMAs of the weights' codes with x split into three
+// 8-bit digits per group of 64 (exact sums; x rounded to 2^-22 of its group's largest value).
+// fused_matvec, expert_act(_routed) and moe_decode's act, for 4/8-bit weights in groups of 64 and
+// rows of at most 4096 columns; other shapes keep the streamed kernels. Not thread-safe.
+void set_tensor_core_products(bool on);
+bool tensor_core_products();  // on, with the streamed products
 // Asks the driver once for what the fused kernels' launches need (occupancy, device facts), so no
 // query happens later inside a CUDA graph capture. Idempotent.
 void prepare_fused_kernels();

@@ -628,6 +628,31 @@ TEST(CudaKernels, UnpackDeltaNetGroupedMatchesReference) {
 // fused_matvec: several matrices over one input in one launch, optionally RMSNorm'd first and
 // added into the outputs, against ref::rms_norm + ref::matmul. Row counts cover every rows-per-warp
 // variant (1, 2, 4) and ragged block edges; a BF16 segment takes the unfused path.
+// The product variants the fused tests run: the streamed products on the tensor cores (16 warps),
+// streamed with 16 and with 8 warps, and the kernels they replace. Sets the mode; returns its label.
+constexpr int kProductModes = 4;
+std::string set_product_mode(int mode) {
+  cuda::set_streamed_products(mode < 3, mode == 2 ? 8 : 16);
+  cuda::set_tensor_core_products(mode == 0);
+  if (cuda::tensor_core_products()) return " tensor cores";
+  return cuda::streamed_products() ? " streamed, warps " + std::to_string(mode == 2 ? 8 : 16) : "";
+}
+void restore_product_mode(bool streamed, bool tc) {
+  cuda::set_streamed_products(streamed);
+  cuda::set_tensor_core_products(tc);
+}
+
+// x with a few large values (x300, ~1e3) and many small ones (x1e-4) among normal ones: the
+// tensor cores' digits scale per group of 64 to its largest value.
+std::vector<float> spiky(std::mt19937& rng, size_t n) {
+  std::vector<float> x = randn(rng, n, 2.0f);
+  for (size_t i = 0; i < n; ++i) {
+    if (i % 61 == 5) x[i] *= 300.0f;
+    else if (i % 7 == 3) x[i] *= 1e-4f;
+  }
+  return x;
+}
+
 TEST(CudaKernels, FusedMatvecMatchesReference) {
   REQUIRE_GPU();
   std::mt19937 rng(41);
@@ -644,14 +669,16 @@ TEST(CudaKernels, FusedMatvecMatchesReference) {
       {4, 128, DType::BF16, 2048, {4300, 70}, false},     {4, 64, DType::BF16, 1024, {8700, 5, 513}, false},
       {8, 64, DType::BF16, 768, {8500}, false},           {4, 64, DType::BF16, 2048, {512, 1}, true},
   };
-  const bool streamed_default = cuda::streamed_products();
-  for (int warps : {16, 8, 0}) {  // the streamed products (sm_90+; warps per block) and the kernels they replace
-    cuda::set_streamed_products(warps > 0, warps);
+  const bool streamed_default = cuda::streamed_products(), tc_default = cuda::tensor_core_products();
+  for (int mode = 0; mode < kProductModes; ++mode) {
+    const std::string how = set_product_mode(mode);
     for (const Case& c : cases) {
       for (bool norm : {false, true}) {
         for (bool add : {false, true}) {
           const int64_t cols = c.cols;
-          const std::vector<float> x = randn(rng, size_t(cols), 2.0f), nw = randn(rng, size_t(cols));
+          // Outliers where nothing normalises them (the norm takes them to the same scale).
+          const std::vector<float> x = norm ? randn(rng, size_t(cols), 2.0f) : spiky(rng, size_t(cols));
+          const std::vector<float> nw = randn(rng, size_t(cols));
           std::vector<float> xn = x;
           if (norm) ref::rms_norm(x.data(), nw.data(), cols, 1e-6f, xn.data());
           std::vector<HostMatrix> ws;
@@ -677,19 +704,21 @@ TEST(CudaKernels, FusedMatvecMatchesReference) {
           }
           DevBuf<float> dx(x), dnw(nw), dxo(static_cast<size_t>(cols));
           cuda::fused_matvec(segs.data(), int(segs.size()), dx.p, norm ? dnw.p : nullptr, 1e-6f, dxo.p);
-          const std::string how = cuda::streamed_products() ? " streamed, warps " + std::to_string(warps) : "";
           const std::string what = "bits " + std::to_string(c.bits) + " gs " + std::to_string(c.gs) + " cols " +
                                    std::to_string(cols) + (norm ? " norm" : "") + (add ? " add" : "") +
                                    (c.mixed ? " mixed" : "") + how;
+          float big = 0.0f;  // products of the outliers that cancel: the tolerance scales with the largest
+          for (const auto& w : want)
+            for (float v : w) big = std::max(big, std::fabs(v));
           for (size_t i = 0; i < segs.size(); ++i)
-            expect_close(ys[i]->get(), want[i], 1e-4f, 2e-3f, what + " segment " + std::to_string(i));
+            expect_close(ys[i]->get(), want[i], 1e-4f, 2e-3f + 1e-6f * big, what + " segment " + std::to_string(i));
           if (norm) expect_close(dxo.get(), xn, 1e-5f, 1e-5f, what + " normed x");
           for (void* o : owners) cuda::gpu_free(o);
         }
       }
     }
   }
-  cuda::set_streamed_products(streamed_default);
+  restore_product_mode(streamed_default, tc_default);
 }
 
 // expert_act + expert_down_add (routed experts through a slot table, plus the shared expert as one
@@ -701,10 +730,10 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
     int64_t H, I;
     std::vector<int32_t> ids;
   };
-  const bool streamed_default = cuda::streamed_products();
+  const bool streamed_default = cuda::streamed_products(), tc_default = cuda::tensor_core_products();
   for (int bits : {4, 8}) {
-    for (int warps : {16, 8, 0}) {  // the streamed products and the kernels they replace
-      cuda::set_streamed_products(warps > 0, warps);
+    for (int mode = 0; mode < kProductModes; ++mode) {
+      const std::string how = set_product_mode(mode);
       for (const Shape& shp : {Shape{256, 192, {4, 1, 5, 0}}, Shape{4352, 512, {3, 9, 0, 7, 1, 8, 2, 6, 5, 4}},
                                Shape{2048, 512, {7, 2, 9, 4, 0, 3, 8, 1, 6, 5}}}) {
         const int64_t H = shp.H, I = shp.I;
@@ -768,7 +797,7 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
             expect_close(dh.get(), want, 1e-4f, 2e-3f + 1e-6f * big,
                          "fused experts bits " + std::to_string(bits) + " H " + std::to_string(H) + " n " +
                              std::to_string(n) + (with_shared ? " +shared" : "") +
-                             (cuda::streamed_products() ? " streamed, warps " + std::to_string(warps) : std::string()));
+                             how);
             if (n == 0) continue;
             // The routing folded into expert_act: the ids and weights router_topk gives for random
             // logits, and the same h as router_topk + expert_act + expert_down_add.
@@ -793,7 +822,7 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
       }
     }
   }
-  cuda::set_streamed_products(streamed_default);
+  restore_product_mode(streamed_default, tc_default);
 }
 
 // moe_decode (the MoE half of a decode layer in one launch, grid barriers between its phases)
@@ -808,10 +837,11 @@ TEST(CudaKernels, MoeDecodeMatchesItsThreeKernels) {
     int64_t H, I;
     int E, k;
   };
+  const bool tc_default = cuda::tensor_core_products();
   for (const Case& c : {Case{4, 4, 2048, 512, 64, 10}, Case{8, 4, 2048, 512, 512, 10}, Case{8, 8, 1024, 256, 40, 8},
                         Case{4, 8, 256, 128, 16, 4}}) {
-    const std::string what = "router " + std::to_string(c.rbits) + "-bit, experts " + std::to_string(c.ebits) +
-                             "-bit, H " + std::to_string(c.H) + " E " + std::to_string(c.E);
+    const std::string what0 = "router " + std::to_string(c.rbits) + "-bit, experts " + std::to_string(c.ebits) +
+                              "-bit, H " + std::to_string(c.H) + " E " + std::to_string(c.E);
     const int64_t H = c.H, I = c.I;
     const HostMatrix router = random_matrix(rng, WeightFormat::Affine, c.E, H, c.rbits, 64, DType::BF16);
     const HostMatrix gate = random_matrix(rng, WeightFormat::Affine, 1, H, c.rbits, 64, DType::BF16);
@@ -849,37 +879,47 @@ TEST(CudaKernels, MoeDecodeMatchesItsThreeKernels) {
           : h(h0), x(size_t(c.H)), logits(size_t(c.E)), sg(1), w(size_t(c.k)), act(size_t((c.k + 1) * c.I)),
             ids(size_t(c.k)) {}
     };
-    Out want(h0, c), got(h0, c);
-    const cuda::SharedExpert sh_want{upload(eg[size_t(c.E)]), upload(eu[size_t(c.E)]), upload(ed[size_t(c.E)]),
-                                     want.sg.p};
-    cuda::SharedExpert sh_got = sh_want;  // the same matrices, its own gate logit
-    sh_got.d_gate_logit = got.sg.p;
-    DevBuf<uint32_t> bar(std::vector<uint32_t>{0, 0});
-    for (int rep = 0; rep < 2; ++rep) {
-      const cuda::MatvecSegment segs[2] = {{g_router, want.logits.p, false}, {g_gate, want.sg.p, false}};
-      cuda::fused_matvec(segs, 2, want.h.p, dnw.p, 1e-6f, want.x.p);
-      cuda::expert_act_routed(lay, d_table, want.logits.p, c.E, c.k, true, &sh_want, want.x.p, want.ids.p, want.w.p,
-                              want.act.p);
-      cuda::expert_down_add(lay, d_table, want.ids.p, want.w.p, c.k, &sh_want, want.act.p, want.h.p, nullptr, false);
-      ASSERT_TRUE(cuda::moe_decode(g_router, g_gate, dnw.p, 1e-6f, lay, d_table, c.k, true, sh_got, got.h.p, got.x.p,
-                                   got.logits.p, got.sg.p, got.ids.p, got.w.p, got.act.p, bar.p))
-          << what;
-      const std::string r = what + " run " + std::to_string(rep);
-      expect_close(got.x.get(), want.x.get(), 1e-5f, 1e-5f, r + " normed x");
-      expect_close(got.logits.get(), want.logits.get(), 1e-4f, 1e-4f, r + " router logits");
-      expect_close(got.sg.get(), want.sg.get(), 1e-4f, 1e-4f, r + " gate logit");
-      EXPECT_EQ(got.ids.get(), want.ids.get()) << r << ": ids";
-      expect_close(got.w.get(), want.w.get(), 1e-5f, 1e-6f, r + " weights");
-      expect_close(got.act.get(), want.act.get(), 1e-4f, 1e-3f, r + " act");
-      float big = 0.0f;
-      for (float v : want.h.get()) big = std::max(big, std::fabs(v));
-      expect_close(got.h.get(), want.h.get(), 1e-4f, 1e-3f + 1e-5f * big, r + " h");
+    for (bool tc : {true, false}) {  // the experts' act on the tensor cores, and not
+      cuda::set_tensor_core_products(tc);
+      const std::string what = what0 + (cuda::tensor_core_products() ? " tensor cores" : "");
+      Out want(h0, c), got(h0, c);
+      const cuda::SharedExpert sh_want{upload(eg[size_t(c.E)]), upload(eu[size_t(c.E)]), upload(ed[size_t(c.E)]),
+                                       want.sg.p};
+      cuda::SharedExpert sh_got = sh_want;  // the same matrices, its own gate logit
+      sh_got.d_gate_logit = got.sg.p;
+      DevBuf<uint32_t> bar(std::vector<uint32_t>{0, 0});
+      for (int rep = 0; rep < 2; ++rep) {
+        // moe_decode takes the router rows with the FP32 loop (one row a warp), so the router here
+        // too: logits of ~1e3-sized terms that cancel differ by ~1e-4 between the two arithmetics,
+        // and the ids, weights and h after them would follow.
+        const cuda::MatvecSegment segs[2] = {{g_router, want.logits.p, false}, {g_gate, want.sg.p, false}};
+        cuda::set_tensor_core_products(false);
+        cuda::fused_matvec(segs, 2, want.h.p, dnw.p, 1e-6f, want.x.p);
+        cuda::set_tensor_core_products(tc);
+        cuda::expert_act_routed(lay, d_table, want.logits.p, c.E, c.k, true, &sh_want, want.x.p, want.ids.p, want.w.p,
+                                want.act.p);
+        cuda::expert_down_add(lay, d_table, want.ids.p, want.w.p, c.k, &sh_want, want.act.p, want.h.p, nullptr, false);
+        ASSERT_TRUE(cuda::moe_decode(g_router, g_gate, dnw.p, 1e-6f, lay, d_table, c.k, true, sh_got, got.h.p, got.x.p,
+                                     got.logits.p, got.sg.p, got.ids.p, got.w.p, got.act.p, bar.p))
+            << what;
+        const std::string r = what + " run " + std::to_string(rep);
+        expect_close(got.x.get(), want.x.get(), 1e-5f, 1e-5f, r + " normed x");
+        expect_close(got.logits.get(), want.logits.get(), 1e-4f, 1e-4f, r + " router logits");
+        expect_close(got.sg.get(), want.sg.get(), 1e-4f, 1e-4f, r + " gate logit");
+        EXPECT_EQ(got.ids.get(), want.ids.get()) << r << ": ids";
+        expect_close(got.w.get(), want.w.get(), 1e-5f, 1e-6f, r + " weights");
+        expect_close(got.act.get(), want.act.get(), 1e-4f, 1e-3f, r + " act");
+        float big = 0.0f;
+        for (float v : want.h.get()) big = std::max(big, std::fabs(v));
+        expect_close(got.h.get(), want.h.get(), 1e-4f, 1e-3f + 1e-5f * big, r + " h");
+      }
+      EXPECT_EQ(bar.get(), (std::vector<uint32_t>{0, 4})) << what << ": barrier words after 2 launches of 2 barriers";
     }
-    EXPECT_EQ(bar.get(), (std::vector<uint32_t>{0, 4})) << what << ": barrier words after 2 launches of 2 barriers";
     for (void* o : owners) cuda::gpu_free(o);
     cuda::gpu_free(d_table);
     cuda::gpu_free(arena);
   }
+  cuda::set_tensor_core_products(tc_default);
 }
 
 }  // namespace

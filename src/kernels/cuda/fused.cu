@@ -53,6 +53,7 @@ struct Tuning {
   bool pdl = false;
   bool stream = false;  // the streamed products (sm_90+; SWIFTLET_GPU_STREAM=0 turns them off)
   int stream_warps = 16;  // warps per block of the streamed products (8 or 16)
+  bool tc = false;  // the streamed products on the tensor cores where they fit (SWIFTLET_GPU_TC=0: off)
   int blocks_per_sm = 0;  // 0: by registers (R = 1, 2, 4 use ~45, ~80, ~115 per thread)
 };
 Tuning& tuning() {
@@ -64,6 +65,8 @@ Tuning& tuning() {
     v.capable = v.pdl = major >= 9;
     const char* env = std::getenv("SWIFTLET_GPU_STREAM");
     v.stream = v.capable && !(env && std::string(env) == "0");
+    const char* tc = std::getenv("SWIFTLET_GPU_TC");
+    v.tc = v.capable && !(tc && std::string(tc) == "0");
     return v;
   }();
   return t;
@@ -847,6 +850,357 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __gr
   act.compute(xs);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor-core streamed products (product_device.cuh's tc_* functions): the same tiles and ring,
+// rows padded to rbp = rb + 16 bytes in the stage (one bulk copy a row, issued by warp 0's lanes).
+// Warp w takes column part w % iters of 16-row block w / iters of every tile, so its B fragments
+// stay in registers for the whole kernel; a tile's rows are summed over the parts in shared memory
+// (`part`, double-buffered by tile) by the threads of warps 1.. after the tile's barrier.
+
+constexpr int kTcWarps = 16;
+constexpr size_t kTcSmem = 200 * 1024;
+
+// The lane's scale-and-bias map of its group G on rows r and r + 8 of a tile's scales / biases
+// (st type, `groups` a row), summed over the warp's 4 groups: lane 4n holds rows n and n + 8.
+__device__ __forceinline__ void tc_fold(const TcFrags& fr, const float (&dot)[2], const void* sc, const void* bi,
+                                        int r, int groups, int G, int st, float (&v)[2]) {
+  v[0] = v[1] = 0.0f;
+  if (fr.valid) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t i = int64_t(r + 8 * k) * groups + G;
+      v[k] = fmaf(smem_scale(sc, i, st), dot[k], smem_scale(bi, i, st) * fr.xsum);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    v[k] += __shfl_xor_sync(0xffffffffu, v[k], 1);
+    v[k] += __shfl_xor_sync(0xffffffffu, v[k], 2);
+  }
+}
+
+// y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
+template <int BITS>
+__global__ void __launch_bounds__(kTcWarps * 32, 1) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
+  extern __shared__ float4 smem4[];
+  unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
+  unsigned char* ring = xt + a.ring_off;
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ float red[32];
+  __shared__ float part[2][kTcWarps * 16];
+  const int cols = a.cols, S = a.stages;
+  const TcGeom tg = tc_geom(cols, kTcWarps);
+  const int TR = 16 * tg.rbt;
+  const uint32_t rb = uint32_t(cols) * BITS / 8, rbp = rb + 16, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
+  const uint32_t sc_off = uint32_t(TR) * rbp, bi_off = sc_off + align16(uint32_t(TR) * srb);
+  const int mine = int(blockIdx.x) < a.total_rg ? (a.total_rg - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  auto locate = [&](int i, int& si, int& r0) {
+    const int t = int(blockIdx.x) + i * int(gridDim.x);
+    si = 0;
+    while (si + 1 < a.n_seg && t >= a.seg[si + 1].rg0) ++si;
+    r0 = (t - a.seg[si].rg0) * TR;
+  };
+  auto issue = [&](int i) {  // warp 0
+    int si, r0;
+    locate(i, si, r0);
+    const Segment& sg = a.seg[si];
+    const uint32_t nr = uint32_t(min(TR, sg.rows - r0));
+    const RowSet rows{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0};
+    const Range ex[2] = {{static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
+                         {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
+    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, rbp, ex, 2);
+  };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp == 0) {
+    if (lane == 0) ring_init(bars, S);
+    __syncwarp();
+    for (int i = 0; i < mine && i < S; ++i) issue(i);
+  }
+  pdl_wait_and_release();
+  const float inv = a.norm_w ? block_rms_inv(a.x, cols, a.eps, red) : 1.0f;
+  stage_tc<BITS>(xt, cols, [&](int i) {
+    float v = a.x[i];
+    if (a.norm_w) {
+      v = v * inv * a.norm_w[i];
+      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
+    }
+    return v;
+  });
+  const int it = warp % tg.iters, rbk = warp / tg.iters, G = it * 4 + (lane & 3), n = lane >> 2;
+  const bool busy = rbk < tg.rbt;
+  TcFrags fr;
+  tc_load(xt, tg.groups, G, G < tg.groups, fr);
+  for (int i = 0; i < mine; ++i) {
+    stage_wait(bars + i % S, i / S);
+    int si, r0;
+    locate(i, si, r0);
+    const Segment& sg = a.seg[si];
+    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
+    if (busy) {
+      float dot[2], v[2];
+      tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
+      tc_fold(fr, dot, st + sc_off, st + bi_off, rbk * 16 + n, tg.groups, G, a.st, v);
+      if ((lane & 3) == 0) {
+        part[i & 1][warp * 16 + n] = v[0];
+        part[i & 1][warp * 16 + n + 8] = v[1];
+      }
+    }
+    __syncthreads();  // every warp is done with the stage; the parts are in
+    if (warp == 0) {
+      if (i + S < mine) issue(i + S);
+    } else {
+      const int tr = int(threadIdx.x) - 32;
+      if (tr < TR && r0 + tr < sg.rows) {
+        const int rk = tr >> 4, row = tr & 15;
+        float sum = 0.0f;
+        for (int k = 0; k < tg.iters; ++k) sum += part[i & 1][(rk * tg.iters + k) * 16 + row];
+        float* y = sg.y + r0 + tr;
+        *y = sg.add ? *y + sum : sum;
+      }
+    }
+  }
+}
+
+// expert_act on the tensor cores: a tile is kR = 8 rbt rows of gate and the same rows of up of one
+// part (rbt even: the first half of the 16-row blocks are gate's). Issued by warp 0 (start,
+// issue_upto), computed by every warp (compute). Shared by tc_act_kernel and moe_decode_kernel.
+template <int BITS>
+struct ActStreamTc {
+  const ExpertArgs& a;
+  unsigned char* ring;
+  uint64_t* bars;
+  const size_t* bases;
+  float (*part)[kTcWarps * 16];
+  TcGeom tg;
+  int kR, S, per_part, mine;
+  uint32_t rb, rbp, srb, up_off, gs_off, gb_off, us_off, ub_off;
+  int issued = 0;  // warp 0's count of tiles issued
+
+  __device__ ActStreamTc(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs,
+                         float (*pt)[kTcWarps * 16])
+      : a(args), ring(r), bars(b), bases(bs), part(pt) {
+    tg = tc_geom(a.H, kTcWarps);
+    tg.rbt &= ~1;
+    kR = 8 * tg.rbt;
+    S = a.stages;
+    rb = uint32_t(a.H) * BITS / 8;
+    rbp = rb + 16;
+    srb = uint32_t(tg.groups) * (a.st_in == kScaleF32 ? 4u : 2u);
+    const uint32_t s16 = align16(uint32_t(kR) * srb);
+    up_off = uint32_t(kR) * rbp;
+    gs_off = 2 * up_off;
+    gb_off = gs_off + s16;
+    us_off = gb_off + s16;
+    ub_off = us_off + s16;
+    per_part = (a.I + kR - 1) / kR;
+    const int total = a.parts * per_part;
+    mine = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  }
+  __device__ void locate(int i, int& q, int& r0) const {
+    const int t = int(blockIdx.x) + i * int(gridDim.x);
+    q = t / per_part;
+    r0 = (t - q * per_part) * kR;
+  }
+  __device__ void issue(int i) {  // warp 0
+    int q, r0;
+    locate(i, q, r0);
+    const int p = part_at(a, q);
+    const size_t base = p < a.n ? bases[p] : size_t(0);
+    const Part& gm = p < a.n ? a.gate : a.sh_gate;
+    const Part& um = p < a.n ? a.up : a.sh_up;
+    const uint32_t nr = uint32_t(min(kR, a.I - r0));
+    const RowSet rows[2] = {{at<char>(base, gm.data) + size_t(r0) * rb, nr, 0},
+                            {at<char>(base, um.data) + size_t(r0) * rb, nr, up_off}};
+    const Range ex[4] = {{at<char>(base, gm.scales) + size_t(r0) * srb, nr * srb, gs_off},
+                         {at<char>(base, gm.biases) + size_t(r0) * srb, nr * srb, gb_off},
+                         {at<char>(base, um.scales) + size_t(r0) * srb, nr * srb, us_off},
+                         {at<char>(base, um.biases) + size_t(r0) * srb, nr * srb, ub_off}};
+    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rows, 2, rb, rbp, ex, 4);
+  }
+  // Warp 0, before the ids are known: init, then the first tiles while they are the shared expert's.
+  __device__ void start() {
+    if ((threadIdx.x & 31) == 0) ring_init(bars, S);
+    __syncwarp();
+    const bool sh = a.parts > a.n;
+    while (issued < mine && issued < S && sh && (int(blockIdx.x) + issued * int(gridDim.x)) / per_part == 0)
+      issue(issued++);
+  }
+  __device__ void issue_upto(int limit) {  // warp 0
+    while (issued < mine && issued < limit) issue(issued++);
+  }
+  // Every thread: the block's tiles, x staged in xt (stage_tc); act[p][r] into a.y.
+  __device__ void compute(const unsigned char* xt) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int it = warp % tg.iters, rbk = warp / tg.iters, G = it * 4 + (lane & 3), n = lane >> 2;
+    const int half = tg.rbt / 2;  // 16-row blocks of gate (then as many of up)
+    const bool busy = rbk < tg.rbt;
+    TcFrags fr;
+    tc_load(xt, tg.groups, G, G < tg.groups, fr);
+    for (int i = 0; i < mine; ++i) {
+      stage_wait(bars + i % S, i / S);
+      int q, r0;
+      locate(i, q, r0);
+      const int p = part_at(a, q);
+      const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
+      if (busy) {
+        float dot[2], v[2];
+        tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
+        const bool gate = rbk < half;
+        tc_fold(fr, dot, st + (gate ? gs_off : us_off), st + (gate ? gb_off : ub_off), (gate ? rbk : rbk - half) * 16 + n,
+                tg.groups, G, a.st_in, v);
+        if ((lane & 3) == 0) {
+          part[i & 1][warp * 16 + n] = v[0];
+          part[i & 1][warp * 16 + n + 8] = v[1];
+        }
+      }
+      __syncthreads();  // every warp is done with the stage; the parts are in
+      if (warp == 0) {
+        issue_upto(i + 1 + S);
+      } else {
+        const int tr = int(threadIdx.x) - 32;
+        if (tr < kR && r0 + tr < a.I) {
+          const int rk = tr >> 4, row = tr & 15;
+          float g = 0.0f, u = 0.0f;
+          for (int k = 0; k < tg.iters; ++k) {
+            g += part[i & 1][(rk * tg.iters + k) * 16 + row];
+            u += part[i & 1][((half + rk) * tg.iters + k) * 16 + row];
+          }
+          a.y[int64_t(p) * a.I + r0 + tr] = siluf_(g) * u;
+        }
+      }
+    }
+  }
+};
+
+// h[r] += sum_p coefs[p] down_p[r] act[p] on the tensor cores, act staged by stage_tc (parts x I
+// values; I % 64 == 0, so groups do not straddle parts). Block b takes the 16-row blocks b, b + grid,
+// ...; its warps take the block's items (part p, column part it: a 16 x 256 product) straight from
+// global memory, two at a time with every load issued before any MMA, each warp summing its own in
+// order, then the warps' sums in a fixed order (deterministic). red: 16 floats a warp.
+template <int BITS>
+__device__ __forceinline__ void tc_down_rows(const ExpertArgs& a, const size_t* bases, const float* coefs,
+                                             const unsigned char* xt, float* h, float* red) {
+  constexpr int kQ = tc_loads<BITS>();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = int(blockDim.x) >> 5;
+  const int t = lane & 3, n = lane >> 2;
+  const int gpp = a.I / kTcGs, ipp = (gpp + 3) / 4, items = a.parts * ipp, groups = a.parts * gpp;
+  const size_t rb = size_t(a.I) * BITS / 8;
+  const int n_rb = (a.H + 15) / 16;
+  for (int rbk = int(blockIdx.x); rbk < n_rb; rbk += int(gridDim.x)) {
+    const int r0 = rbk * 16 + n, r8 = r0 + 8;
+    float acc[2] = {0.0f, 0.0f};
+    for (int i0 = warp; i0 < items; i0 += 2 * nw) {
+      uint4 w0[2][kQ], w8[2][kQ];
+      float sc[2][2], bi[2][2];
+      int pk[2], gk[2];
+      bool vk[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int item = i0 + k * nw;
+        const int p = item < items ? item / ipp : 0, gi = (item - p * ipp) * 4 + t;  // group in the part's row
+        const bool v = item < items && gi < gpp;
+        pk[k] = p;
+        gk[k] = p * gpp + gi;
+        vk[k] = v;
+        const size_t base = bases[p];
+        const Part& m = p < a.n ? a.down : a.sh_down;
+        const bool v0 = v && r0 < a.H, v8 = v && r8 < a.H;
+        const uint4* d0 = at<uint4>(base, m.data + size_t(r0) * rb + size_t(gi) * (kTcGs * BITS / 8));
+        const uint4* d8 = at<uint4>(base, m.data + size_t(r8) * rb + size_t(gi) * (kTcGs * BITS / 8));
+#pragma unroll
+        for (int q = 0; q < kQ; ++q) {
+          w0[k][q] = v0 ? __ldg(d0 + q) : make_uint4(0, 0, 0, 0);
+          w8[k][q] = v8 ? __ldg(d8 + q) : make_uint4(0, 0, 0, 0);
+        }
+        sc[k][0] = v0 ? load_scale(at<void>(base, m.scales), int64_t(r0) * gpp + gi, a.st_out) : 0.0f;
+        bi[k][0] = v0 ? load_scale(at<void>(base, m.biases), int64_t(r0) * gpp + gi, a.st_out) : 0.0f;
+        sc[k][1] = v8 ? load_scale(at<void>(base, m.scales), int64_t(r8) * gpp + gi, a.st_out) : 0.0f;
+        bi[k][1] = v8 ? load_scale(at<void>(base, m.biases), int64_t(r8) * gpp + gi, a.st_out) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        if (i0 + k * nw >= items) break;  // warp-uniform
+        TcFrags fr;
+        tc_load(xt, groups, gk[k], vk[k], fr);
+        float dot[2];
+        tc_mma<BITS>(w0[k], w8[k], fr, dot);
+        if (vk[k]) {
+          const float c = coefs[pk[k]];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) acc[r] = fmaf(c, fmaf(sc[k][r], dot[r], bi[k][r] * fr.xsum), acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+    }
+    if (t == 0) {
+      red[warp * 16 + n] = acc[0];
+      red[warp * 16 + n + 8] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && rbk * 16 + int(threadIdx.x) < a.H) {
+      float sum = 0.0f;
+      for (int w = 0; w < nw; ++w) sum += red[w * 16 + threadIdx.x];
+      h[rbk * 16 + threadIdx.x] += sum;
+    }
+    __syncthreads();
+  }
+}
+
+// expert_down_add on the tensor cores. The ids two kernels back (ids_early): the block's rows of
+// every part into the L2 before the wait.
+template <int BITS>
+__global__ void __launch_bounds__(kTcWarps * 32, 1) tc_down_kernel(const __grid_constant__ ExpertArgs a) {
+  extern __shared__ float4 smem4[];
+  unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
+  __shared__ size_t bases[kMaxParts];
+  __shared__ float coefs[kMaxParts];
+  __shared__ float red[kTcWarps * 16];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (a.ids_early && warp < a.parts) {
+    const size_t base = part_base(a, warp);
+    const Part& m = warp < a.n ? a.down : a.sh_down;
+    const int64_t rb = int64_t(a.I) * BITS / 8, srb = int64_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4 : 2);
+    for (int rbk = int(blockIdx.x); rbk < (a.H + 15) / 16; rbk += int(gridDim.x)) {
+      const int64_t nr = min(16, a.H - rbk * 16);
+      prefetch_lines(at<char>(base, m.data) + rbk * 16 * rb, nr * rb, lane);
+      prefetch_lines(at<char>(base, m.scales) + rbk * 16 * srb, nr * srb, lane);
+      prefetch_lines(at<char>(base, m.biases) + rbk * 16 * srb, nr * srb, lane);
+    }
+  }
+  pdl_wait_and_release();
+  if (threadIdx.x < unsigned(a.parts)) {
+    const int p = threadIdx.x;
+    bases[p] = part_base(a, p);
+    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
+  }
+  stage_tc<BITS>(xt, a.parts * a.I, [&](int i) { return a.x[i]; });
+  tc_down_rows<BITS>(a, bases, coefs, xt, a.y, red);
+}
+
+template <int BITS>
+__global__ void __launch_bounds__(kTcWarps * 32, 1) tc_act_kernel(const __grid_constant__ ExpertArgs a) {
+  extern __shared__ float4 smem4[];
+  unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ int32_t ids[kMaxTopk];
+  __shared__ float wts[kMaxTopk];
+  __shared__ size_t bases[kMaxParts];
+  __shared__ float part[2][kTcWarps * 16];
+  ActStreamTc<BITS> act(a, xt + a.ring_off, bars, bases, part);
+  if (threadIdx.x < 32) act.start();
+  pdl_wait_and_release();
+  if (threadIdx.x < 32) {
+    route_warp(a, ids, wts, bases);
+    act.issue_upto(act.S);
+  }
+  stage_tc<BITS>(xt, a.H, [&](int i) { return a.x[i]; });
+  act.compute(xt);
+}
+
 // The MoE half of a decode layer with every expert resident, in one launch (moe_decode):
 //   1. every block: x = RMSNorm(h); warp w of block b: router row b + w * grid (the E router rows,
 //      then the shared expert's gate row);                                         grid barrier
@@ -867,11 +1221,11 @@ struct MoeArgs {
   int xr_off;             // floats: the router's staged x after the experts'
 };
 
-template <int RB, int EB, int NW>
+template <int RB, int EB, int NW, bool TC>
 __global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_constant__ MoeArgs m) {
   const ExpertArgs& a = m.e;
   extern __shared__ float4 smem4[];
-  float* xe = reinterpret_cast<float*>(smem4);
+  float* xe = reinterpret_cast<float*>(smem4);  // the experts' x: staged floats, or stage_tc's digits
   float* xr = xe + m.xr_off;
   unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + a.ring_off;
   __shared__ uint64_t bars[kMaxStages];
@@ -880,8 +1234,16 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_con
   __shared__ size_t bases[kMaxParts];
   __shared__ float coefs[kMaxParts];
   __shared__ float red[32];
+  __shared__ float part[TC ? 2 : 1][TC ? kTcWarps * 16 : 1];
   const int H = a.H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  ActStream<EB, NW> act(a, ring, bars, bases);
+  auto act = [&] {
+    if constexpr (TC) {
+      static_assert(NW == kTcWarps, "the tensor-core act takes kTcWarps warps");
+      return ActStreamTc<EB>(a, ring, bars, bases, part);
+    } else {
+      return ActStream<EB, NW>(a, ring, bars, bases);
+    }
+  }();
   const int rrow = int(blockIdx.x) + warp * int(gridDim.x);
   const bool has_row = rrow <= m.router.rows;  // rows 0..E-1: router; E: the gate
   const Segment& rs = rrow < m.router.rows ? m.router : m.gate;
@@ -893,7 +1255,11 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_con
     prefetch_lines(static_cast<const char*>(rs.scales) + rr * r_srb, r_srb, lane);
     prefetch_lines(static_cast<const char*>(rs.biases) + rr * r_srb, r_srb, lane);
   }
-  if (threadIdx.x == 0) act.start();
+  if constexpr (TC) {
+    if (warp == 0) act.start();
+  } else {
+    if (threadIdx.x == 0) act.start();
+  }
   pdl_wait_and_release();
 
   // 1. RMSNorm and the router.
@@ -903,7 +1269,10 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_con
     if (blockIdx.x == 0 && m.x_out) m.x_out[i] = v;
     return v;
   });
-  stage<EB>(xe, H, [&](int i) { return m.h[i] * inv * m.norm_w[i]; });
+  if constexpr (TC)
+    stage_tc<EB>(reinterpret_cast<unsigned char*>(xe), H, [&](int i) { return m.h[i] * inv * m.norm_w[i]; });
+  else
+    stage<EB>(xe, H, [&](int i) { return m.h[i] * inv * m.norm_w[i]; });
   if (has_row) {
     const uint4* data[1] = {rs.data + int64_t(rr) * (H / per_chunk<RB>())};
     const void* scales[1] = {rs.scales};
@@ -922,32 +1291,42 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_con
   if (threadIdx.x < 32) {
     route_warp(a, ids, wts, bases);
     if (threadIdx.x < unsigned(a.n)) coefs[threadIdx.x] = wts[threadIdx.x];
-    if (threadIdx.x == 0) {
-      if (a.parts > a.n) coefs[a.n] = sigmoidf_(__ldcg(a.sh_gate_logit));
+    if (threadIdx.x == 0 && a.parts > a.n) coefs[a.n] = sigmoidf_(__ldcg(a.sh_gate_logit));
+    if constexpr (TC) {
       act.issue_upto(act.S);
+    } else {
+      if (threadIdx.x == 0) act.issue_upto(act.S);
     }
   }
   __syncthreads();
   prefetch_down_rows<EB, 1>(a, [&](int p) { return p < a.n ? bases[p] : size_t(0); });
-  act.compute(xe);
+  if constexpr (TC)
+    act.compute(reinterpret_cast<const unsigned char*>(xe));
+  else
+    act.compute(xe);
   grid_barrier(m.barrier);
 
   // 3. h += the experts' down products (act staged where the tiles were).
-  float* xd = reinterpret_cast<float*>(ring);
-  stage<EB>(xd, a.parts * a.I, [&](int i) { return __ldcg(a.y + i); });
-  down_rows<EB, 1>(a, bases, coefs, xd, m.h);
+  if constexpr (TC) {
+    stage_tc<EB>(ring, a.parts * a.I, [&](int i) { return __ldcg(a.y + i); });
+    tc_down_rows<EB>(a, bases, coefs, ring, m.h, &part[0][0]);
+  } else {
+    float* xd = reinterpret_cast<float*>(ring);
+    stage<EB>(xd, a.parts * a.I, [&](int i) { return __ldcg(a.y + i); });
+    down_rows<EB, 1>(a, bases, coefs, xd, m.h);
+  }
 }
 
 constexpr int kMoeWarps = 16;
 
 // Shared memory a streamed kernel may take (beyond the default 48 KB), granted once per kernel.
-void stream_opt_in(const void* kernel) {
+void stream_opt_in(const void* kernel, size_t bytes = kStreamSmem) {
   static std::mutex mu;
   static std::vector<const void*> done;
   std::lock_guard<std::mutex> lock(mu);
   for (const void* k : done)
     if (k == kernel) return;
-  SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kStreamSmem)));
+  SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   done.push_back(kernel);
 }
 
@@ -955,12 +1334,12 @@ bool a16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
 bool a16(size_t v) { return v % 16 == 0; }
 
 // Fills the ring fields of a for x staged in xs_bytes and stages of stage_bytes: as many stages
-// as fit in kStreamSmem (at most kMaxStages). False when fewer than 2 fit (the caller falls back).
+// as fit in `budget` bytes (at most kMaxStages). False when fewer than 2 fit (the caller falls back).
 template <typename Args>
-bool plan_ring(Args& a, size_t xs_bytes, uint32_t stage_bytes) {
+bool plan_ring(Args& a, size_t xs_bytes, uint32_t stage_bytes, size_t budget = kStreamSmem) {
   const size_t off = (xs_bytes + 127) & ~size_t(127);
-  if (off >= kStreamSmem) return false;
-  const size_t n = (kStreamSmem - off) / stage_bytes;
+  if (off >= budget) return false;
+  const size_t n = (budget - off) / stage_bytes;
   if (n < 2) return false;
   a.ring_off = int(off);
   a.stages = int(n < size_t(kMaxStages) ? n : size_t(kMaxStages));
@@ -1028,10 +1407,69 @@ bool stream_act(const ExpertArgs& a, cudaStream_t s) {
   return tuning().stream_warps == 16 ? stream_act_nw<BITS, 16>(a, s) : stream_act_nw<BITS, 8>(a, s);
 }
 
-template <int RB, int EB>
+// The tensor-core products take 4/8-bit weights in groups of 64 whose rows have at most 16 parts
+// of 256 columns (4096 columns); rbt: 16-row blocks a tile (tc_geom).
+bool tc_on() { return streaming() && tuning().tc; }
+bool tc_shape(int cols, int gs, int bits) {
+  return (bits == 4 || bits == 8) && gs == kTcGs && cols % kTcGs == 0 && tc_geom(cols, kTcWarps).rbt > 0;
+}
+uint32_t scale_row_bytes(int cols, int gs, int st) { return uint32_t(cols / gs) * (st == kScaleF32 ? 4u : 2u); }
+
+template <int BITS>
+bool tc_multi(MultiArgs a, cudaStream_t s) {
+  if (!tc_shape(a.cols, a.gs, BITS)) return false;
+  const int TR = 16 * tc_geom(a.cols, kTcWarps).rbt;
+  const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = scale_row_bytes(a.cols, a.gs, a.st);
+  if (!plan_ring(a, size_t(tc_staged_bytes(a.cols)), uint32_t(TR) * (rb + 16) + 2 * align16(uint32_t(TR) * srb), kTcSmem))
+    return false;
+  int tiles = 0;
+  for (int i = 0; i < a.n_seg; ++i) {
+    if (!a16(a.seg[i].data) || !a16(a.seg[i].scales) || !a16(a.seg[i].biases)) return false;
+    a.seg[i].rg0 = tiles;
+    tiles += (a.seg[i].rows + TR - 1) / TR;
+  }
+  a.total_rg = tiles;
+  const auto kernel = tc_matvec_kernel<BITS>;
+  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
+  launch(kernel, unsigned(std::min(tiles, sm_count())), kTcWarps * 32, ring_smem(a), s, a);
+  SWIFTLET_CUDA_LAUNCHED();
+  return true;
+}
+
+// Rows of gate (and of up) in an ActStreamTc tile; 0 when the act does not fit the tensor cores.
+int tc_act_rows(const ExpertArgs& a, int bits) {
+  if (!tc_shape(a.H, a.gs_in, bits)) return 0;
+  return 8 * (tc_geom(a.H, kTcWarps).rbt & ~1);
+}
+uint32_t tc_act_stage_bytes(const ExpertArgs& a, int bits) {
+  const uint32_t kR = uint32_t(tc_act_rows(a, bits)), rb = uint32_t(a.H) * uint32_t(bits) / 8;
+  return 2 * kR * (rb + 16) + 4 * align16(kR * scale_row_bytes(a.H, a.gs_in, a.st_in));
+}
+
+// The down products on the tensor cores: groups of 64 that do not straddle parts, x staged in
+// shared memory.
+bool tc_down_fits(const ExpertArgs& a, int bits) {
+  return (bits == 4 || bits == 8) && a.gs_out == kTcGs && a.I % kTcGs == 0 &&
+         size_t(tc_staged_bytes(a.parts * a.I)) <= kTcSmem;
+}
+
+template <int BITS>
+bool tc_act(ExpertArgs a, cudaStream_t s) {
+  const int kR = tc_act_rows(a, BITS);
+  if (kR == 0 || !experts_aligned(a)) return false;
+  if (!plan_ring(a, size_t(tc_staged_bytes(a.H)), tc_act_stage_bytes(a, BITS), kTcSmem)) return false;
+  const int tiles = a.parts * ((a.I + kR - 1) / kR);
+  const auto kernel = tc_act_kernel<BITS>;
+  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
+  launch(kernel, unsigned(std::min(tiles, sm_count())), kTcWarps * 32, ring_smem(a), s, a);
+  SWIFTLET_CUDA_LAUNCHED();
+  return true;
+}
+
+template <int RB, int EB, bool TC>
 void launch_moe(const MoeArgs& m, size_t smem, cudaStream_t s) {
-  const auto kernel = moe_decode_kernel<RB, EB, kMoeWarps>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel));
+  const auto kernel = moe_decode_kernel<RB, EB, kMoeWarps, TC>;
+  stream_opt_in(reinterpret_cast<const void*>(kernel), TC ? kTcSmem : kStreamSmem);
   launch(kernel, unsigned(sm_count()), kMoeWarps * 32, smem, s, m);
   SWIFTLET_CUDA_LAUNCHED();
 }
@@ -1245,6 +1683,7 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
   a.norm_w = d_norm_w;
   a.eps = eps;
   a.x_out = d_x_out;
+  if (tc_on() && (bits == 4 ? tc_multi<4>(a, s) : tc_multi<8>(a, s))) return;
   if (streaming() && (bits == 4 ? stream_multi<4>(a, s) : stream_multi<8>(a, s))) return;
   if (bits == 4)
     launch_multi_rows<4>(a, s);
@@ -1276,11 +1715,19 @@ void prepare_fused_kernels() {
                         reinterpret_cast<const void*>(stream_act_kernel<4, 16>), reinterpret_cast<const void*>(stream_act_kernel<8, 16>),
 })
     if (tuning().capable) stream_opt_in(k);
-  for (const void* k : {reinterpret_cast<const void*>(moe_decode_kernel<4, 4, kMoeWarps>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<4, 8, kMoeWarps>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<8, 4, kMoeWarps>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<8, 8, kMoeWarps>)})
+  for (const void* k : {reinterpret_cast<const void*>(moe_decode_kernel<4, 4, kMoeWarps, false>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<4, 8, kMoeWarps, false>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<8, 4, kMoeWarps, false>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<8, 8, kMoeWarps, false>)})
     if (tuning().capable) stream_opt_in(k);
+  for (const void* k : {reinterpret_cast<const void*>(moe_decode_kernel<4, 4, kMoeWarps, true>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<4, 8, kMoeWarps, true>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<8, 4, kMoeWarps, true>),
+                        reinterpret_cast<const void*>(moe_decode_kernel<8, 8, kMoeWarps, true>),
+                        reinterpret_cast<const void*>(tc_matvec_kernel<4>), reinterpret_cast<const void*>(tc_matvec_kernel<8>),
+                        reinterpret_cast<const void*>(tc_act_kernel<4>), reinterpret_cast<const void*>(tc_act_kernel<8>),
+                        reinterpret_cast<const void*>(tc_down_kernel<4>), reinterpret_cast<const void*>(tc_down_kernel<8>)})
+    if (tuning().capable) stream_opt_in(k, kTcSmem);
   (void)tuning();
   (void)sm_count();
 }
@@ -1295,6 +1742,8 @@ void set_streamed_products(bool on, int warps) {
   tuning().stream_warps = warps == 8 ? 8 : 16;
 }
 bool streamed_products() { return streaming(); }
+void set_tensor_core_products(bool on) { tuning().tc = on && tuning().capable; }
+bool tensor_core_products() { return tc_on(); }
 
 bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh) {
   if (!(affine_fusable(l.gate) && affine_fusable(l.up) && affine_fusable(l.down))) return false;
@@ -1318,6 +1767,7 @@ bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh) {
 
 namespace {
 void launch_act(ExpertArgs& a, int bits, cudaStream_t s) {
+  if (tc_on() && (bits == 4 ? tc_act<4>(a, s) : tc_act<8>(a, s))) return;
   if (streaming() && (bits == 4 ? stream_act<4>(a, s) : stream_act<8>(a, s))) return;
   const size_t smem = size_t(bits == 4 ? staged_floats<4>(a.H) : staged_floats<8>(a.H)) * 4;
   // One row of gate and one of up per warp (two of each need ~120 registers: fewer warps per SM).
@@ -1386,6 +1836,14 @@ void expert_down_add(const ExpertLayout& l, const void* const* d_table, const in
   a.y = d_h;
   const int bits = l.down.bits;
   const int n_in = a.parts * a.I;
+  if (tc_on() && tc_down_fits(a, bits)) {
+    const size_t xt = size_t(tc_staged_bytes(n_in));
+    const auto kernel = bits == 4 ? tc_down_kernel<4> : tc_down_kernel<8>;
+    stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
+    launch(kernel, unsigned(std::min((a.H + 15) / 16, sm_count())), kTcWarps * 32, xt, s, a);
+    SWIFTLET_CUDA_LAUNCHED();
+    return;
+  }
   const size_t smem = size_t(bits == 4 ? staged_floats<4>(n_in) : staged_floats<8>(n_in)) * 4;
   const bool two = false;  // one row per warp: ~40 registers, many warps per SM
   const unsigned grid = grid_for(two ? (a.H + 1) / 2 : a.H, two ? 2 : 1);
@@ -1411,10 +1869,15 @@ bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_n
   a.sh_gate_logit = d_gate_logit;
   const int H = a.H, RB = router.bits, EB = l.gate.bits;
   auto floats = [](int bits, int n) { return bits == 4 ? staged_floats<4>(n) : staged_floats<8>(n); };
-  const int xr_off = (floats(EB, H) + 3) & ~3, xs = xr_off + floats(RB, H);
-  if (!plan_ring(a, size_t(xs) * 4, act_stage_bytes(a, EB, kMoeWarps))) return false;
+  const bool tc = tc_on() && tc_act_rows(a, EB) > 0 && tc_down_fits(a, EB);  // the experts on the tensor cores
+  const int xe_floats = tc ? tc_staged_bytes(H) / 4 : floats(EB, H);
+  const int xr_off = (xe_floats + 3) & ~3, xs = xr_off + floats(RB, H);
+  if (!(tc ? plan_ring(a, size_t(xs) * 4, tc_act_stage_bytes(a, EB), kTcSmem)
+           : plan_ring(a, size_t(xs) * 4, act_stage_bytes(a, EB, kMoeWarps))))
+    return false;
   // Phase 3 stages the act where the tiles were.
-  if (size_t(a.stages) * size_t(a.stage_bytes) < size_t(floats(EB, a.parts * a.I)) * 4) return false;
+  const size_t act_bytes = tc ? size_t(tc_staged_bytes(a.parts * a.I)) : size_t(floats(EB, a.parts * a.I)) * 4;
+  if (size_t(a.stages) * size_t(a.stage_bytes) < act_bytes) return false;
   if (E + 1 > sm_count() * kMoeWarps) return false;  // one router row per warp
   MoeArgs m{};
   m.e = a;
@@ -1429,10 +1892,16 @@ bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_n
   m.barrier = d_barrier;
   m.xr_off = xr_off;
   const size_t smem = ring_smem(a);
-  if (RB == 4)
-    EB == 4 ? launch_moe<4, 4>(m, smem, s) : launch_moe<4, 8>(m, smem, s);
-  else
-    EB == 4 ? launch_moe<8, 4>(m, smem, s) : launch_moe<8, 8>(m, smem, s);
+  if (tc) {
+    if (RB == 4)
+      EB == 4 ? launch_moe<4, 4, true>(m, smem, s) : launch_moe<4, 8, true>(m, smem, s);
+    else
+      EB == 4 ? launch_moe<8, 4, true>(m, smem, s) : launch_moe<8, 8, true>(m, smem, s);
+  } else if (RB == 4) {
+    EB == 4 ? launch_moe<4, 4, false>(m, smem, s) : launch_moe<4, 8, false>(m, smem, s);
+  } else {
+    EB == 4 ? launch_moe<8, 4, false>(m, smem, s) : launch_moe<8, 8, false>(m, smem, s);
+  }
   return true;
 }
 

@@ -287,6 +287,208 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, int use) {
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor-core products (the streamed kernels' default on sm_90; mma.sync needs sm_80).
+//
+// The loop above spends about three instructions on every 4-bit code. Here an integer MMA
+// (m16n8k32, A: the weights' codes as unsigned bytes, B: signed bytes, C: int32) takes 16 rows
+// times 32 codes at once, and a code costs under half an instruction (unpacking nibbles to bytes).
+// The input x is not rounded to 8 bits: per group G of 64 values, x 2^e_G (max |x| 2^e_G in
+// [2^21, 2^22)) is rounded to an integer and split into three signed base-256 digits,
+// x 2^e_G ~ d0 + 256 d1 + 65536 d2, so each digit's sum sum q d is exact in int32 and the only
+// rounding is x's, below 2^-22 of its group's largest value (fp32 keeps 2^-24 of each value).
+//
+// Which lane holds what (PTX's fragment layouts): lane l = 4 n + t takes rows n and n + 8 of A
+// (k slots 4t..4t+3 and 16+4t..16+4t+3) and column n of B (the same slots). Each lane gives its
+// own k slots a group of its own: lane t's slots come from group G = 4 it + t of the row (it: the
+// warp's part of the columns, 256 of them a part), and B is zero outside column pair 2t, 2t + 1 on
+// lane t's slots, holding d0, d1 there in a first MMA and d2, 0 in a second. So C's entries
+// (2t, 2t + 1) on lane t, which PTX puts on that same lane, are the digit sums of the lane's own
+// codes: no lane exchanges anything, and the group's affine map (scale sum q x + bias sum x) is
+// applied per lane. A 16-row block is one warp's 16 x 8 MMAs a group (8 codes a lane a step).
+//
+// Row layout in shared memory: rows rbp = rb + 16 bytes apart, so the 8 lanes of a 16-byte load
+// phase (rows n, n + 1; t = 0..3 at 32 bytes apart) hit distinct banks (4-bit).
+
+constexpr int kTcGs = 64;  // the group size the tensor-core path takes (MLX's default)
+
+// Columns are taken 4 groups (256 values) a part: `iters` parts, and `rbt` 16-row blocks a tile so
+// that each of nw warps has one (block, part) pair; 0 when a row has more parts than warps.
+struct TcGeom {
+  int groups, iters, rbt;
+};
+__host__ __device__ __forceinline__ TcGeom tc_geom(int cols, int nw) {
+  const int g = cols / kTcGs, it = (g + 3) / 4;
+  return {g, it, it <= nw ? nw / it : 0};
+}
+// Bytes of x staged for the tensor cores: 256 a group (8 steps x 2 fragments x 16), then a float2
+// (2^-e, sum x) a group.
+__host__ __device__ constexpr int tc_staged_bytes(int n) { return n / kTcGs * (256 + 8); }
+
+// Stages value(i), i < n (a multiple of 64), as digit fragments (above): per group G and step j (8
+// values) two 16-byte entries, p = 0: {d0 lo, d0 hi, d2 lo, d2 hi} and p = 1: {d1 lo, d1 hi, 0, 0},
+// where lo / hi are the 4 bytes of a lane's k slots 4t.. and 16+4t..: values 2b and 2b + 1 of the
+// step for 4-bit codes (a word's low and high nibbles), b and 4 + b for 8-bit. A warp takes a group
+// (two values a lane). Call from every thread; ends with a barrier.
+template <int BITS, typename F>
+__device__ __forceinline__ void stage_tc(unsigned char* xt, int n, F value) {
+  const int groups = n / kTcGs;
+  float2* info = reinterpret_cast<float2*>(xt + size_t(groups) * 256);
+  const int lane = threadIdx.x & 31, nw = int(blockDim.x) >> 5;
+  for (int G = int(threadIdx.x) >> 5; G < groups; G += nw) {
+    const float v[2] = {value(G * kTcGs + lane), value(G * kTcGs + 32 + lane)};
+    float m = fmaxf(fabsf(v[0]), fabsf(v[1])), s = v[0] + v[1];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+    }
+    int E = 0;
+    frexpf(m, &E);  // m = f 2^E, f in [0.5, 1)
+    const int e = m > 0.0f ? max(-100, min(126, 22 - E)) : 0;
+    if (lane == 0) info[G] = make_float2(__uint_as_float(uint32_t(127 - e) << 23), s);
+    const float up = __uint_as_float(uint32_t(127 + e) << 23);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = lane + 32 * h, xi = __float2int_rn(v[h] * up);
+      const int d0 = int(int8_t(xi & 0xff)), r1 = (xi - d0) >> 8;
+      const int d1 = int(int8_t(r1 & 0xff)), d2 = (r1 - d1) >> 8;
+      const int e8 = c & 7;
+      const int slot = BITS == 4 ? (e8 & 1) : (e8 >> 2), b = BITS == 4 ? (e8 >> 1) : (e8 & 3);
+      unsigned char* f = xt + (size_t(G) * 8 + size_t(c >> 3)) * 32;
+      f[slot * 4 + b] = static_cast<unsigned char>(d0);
+      f[8 + slot * 4 + b] = static_cast<unsigned char>(d2);
+      f[16 + slot * 4 + b] = static_cast<unsigned char>(d1);
+      if (e8 == 0) *reinterpret_cast<uint2*>(f + 24) = make_uint2(0, 0);
+    }
+  }
+  __syncthreads();
+}
+
+// A lane's B fragments for group G (the lane's own: 4 it + t of its warp's column part it), that
+// group's 2^-e and sum x. `valid`: the group exists (a row's last part may have fewer than 4).
+struct TcFrags {
+  uint4 f[8];
+  float xinv, xsum;
+  bool valid;
+};
+__device__ __forceinline__ void tc_load(const unsigned char* xt, int groups, int G, bool valid, TcFrags& fr) {
+  const int lane = threadIdx.x & 31, t = lane & 3, n = lane >> 2;
+  fr.valid = valid;
+  const bool active = valid && (n >> 1) == t;
+  const uint4* src = reinterpret_cast<const uint4*>(xt + size_t(G) * 256) + (n & 1);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) fr.f[j] = active ? src[2 * j] : make_uint4(0, 0, 0, 0);
+  const float2 info = valid ? reinterpret_cast<const float2*>(xt + size_t(groups) * 256)[G] : make_float2(0.0f, 0.0f);
+  fr.xinv = info.x;
+  fr.xsum = info.y;
+}
+
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ uint32_t word_of(const uint4 (&w)[N], int k) {  // k: a constant once unrolled
+  const uint4& q = w[k >> 2];
+  return (k & 3) == 0 ? q.x : (k & 3) == 1 ? q.y : (k & 3) == 2 ? q.z : q.w;
+}
+
+// 16-byte loads of a row's group.
+template <int BITS>
+__host__ __device__ constexpr int tc_loads() { return kTcGs * BITS / 128; }
+
+// sum_k q x over the lane's group for rows n and n + 8 (the group's codes of those rows in w0, w8)
+// into dot[0], dot[1], the scale and bias not applied. Every lane of the warp calls it.
+template <int BITS>
+__device__ __forceinline__ void tc_mma(const uint4 (&w0)[tc_loads<BITS>()], const uint4 (&w8)[tc_loads<BITS>()],
+                                       const TcFrags& fr, float (&dot)[2]) {
+  int c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t a0, a1, a2, a3;
+    if constexpr (BITS == 4) {
+      const uint32_t u = word_of(w0, j), v = word_of(w8, j);
+      a0 = u & 0x0F0F0F0Fu;
+      a2 = (u >> 4) & 0x0F0F0F0Fu;
+      a1 = v & 0x0F0F0F0Fu;
+      a3 = (v >> 4) & 0x0F0F0F0Fu;
+    } else {
+      a0 = word_of(w0, 2 * j);
+      a2 = word_of(w0, 2 * j + 1);
+      a1 = word_of(w8, 2 * j);
+      a3 = word_of(w8, 2 * j + 1);
+    }
+    mma_u8s8(c1, a0, a1, a2, a3, fr.f[j].x, fr.f[j].y);
+    mma_u8s8(c2, a0, a1, a2, a3, fr.f[j].z, fr.f[j].w);
+  }
+  dot[0] = fmaf(65536.0f, float(c2[0]), fmaf(256.0f, float(c1[1]), float(c1[0]))) * fr.xinv;
+  dot[1] = fmaf(65536.0f, float(c2[2]), fmaf(256.0f, float(c1[3]), float(c1[2]))) * fr.xinv;
+}
+
+// tc_mma for the lane's group G of the 16-row block at `rows` in shared memory (rbp bytes apart).
+template <int BITS>
+__device__ __forceinline__ void tc_rows(const unsigned char* rows, uint32_t rbp, const TcFrags& fr, int G,
+                                        float (&dot)[2]) {
+  constexpr int kQ = tc_loads<BITS>();
+  const int n = (threadIdx.x & 31) >> 2;
+  uint4 w0[kQ], w8[kQ];
+  const uint4* p0 = reinterpret_cast<const uint4*>(rows + size_t(n) * rbp + size_t(G) * (kTcGs * BITS / 8));
+  const uint4* p8 = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(p0) + 8 * size_t(rbp));
+#pragma unroll
+  for (int q = 0; q < kQ; ++q) {
+    w0[q] = fr.valid ? p0[q] : make_uint4(0, 0, 0, 0);
+    w8[q] = fr.valid ? p8[q] : make_uint4(0, 0, 0, 0);
+  }
+  tc_mma<BITS>(w0, w8, fr, dot);
+}
+
+// Rows of a tile for tc_rows: nr rows of rb bytes from src (contiguous) to dst_off, rbp apart.
+struct RowSet {
+  const char* src;
+  uint32_t nr, dst_off;
+};
+
+// Warp 0, every lane: the row sets into `stage` one bulk copy a row (lanes share them out), and
+// the ranges `extra` (lane 0), completing `bar`'s current phase when all have landed.
+__device__ __forceinline__ void issue_rows(unsigned char* stage, uint64_t* bar, const RowSet* sets, int n_sets,
+                                           uint32_t rb, uint32_t rbp, const Range* extra, int n_extra) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    uint32_t total = 0;
+    for (int k = 0; k < n_sets; ++k) total += sets[k].nr * rb;
+    for (int k = 0; k < n_extra; ++k) total += extra[k].bytes & ~15u;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(total) : "memory");
+    for (int k = 0; k < n_extra; ++k) {
+      const uint32_t b16 = extra[k].bytes & ~15u;
+      if (b16)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_u32(stage + extra[k].dst_off)),
+                     "l"(extra[k].src), "r"(b16), "r"(smem_u32(bar))
+                     : "memory");
+      for (uint32_t b = b16; b < extra[k].bytes; ++b)
+        stage[extra[k].dst_off + b] = static_cast<const unsigned char*>(extra[k].src)[b];
+    }
+  }
+  __syncwarp();
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  for (int k = 0; k < n_sets; ++k)
+    for (uint32_t r = uint32_t(lane); r < sets[k].nr; r += 32)
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       smem_u32(stage + sets[k].dst_off + r * rbp)),
+                   "l"(sets[k].src + size_t(r) * rb), "r"(rb), "r"(smem_u32(bar))
+                   : "memory");
+#endif
+}
+
 // A barrier across the grid (every block resident: grid <= SMs, one block each). bar[0] counts
 // arrivals, bar[1] is the generation; both persist across launches (the count returns to 0).
 // Writes before the barrier are visible to every block after it (fences around the atomics; read
