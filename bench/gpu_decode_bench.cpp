@@ -269,7 +269,9 @@ int main(int argc, char** argv) {
         // The top-k as a kernel of its own (router_topk) instead of inside expert_act.
         std::printf("         top-k as its own kernel: %.2f tok/s\n",
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_ROUTE_IN_ACT", "0")));
-        // The MoE half as three kernels (router, act, down) instead of one with grid barriers.
+        // The MoE half as one kernel with grid barriers, and as three kernels (router, act, down).
+        std::printf("         MoE as one kernel: %.2f tok/s\n",
+                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MOE_KERNEL", "1")));
         std::printf("         MoE as three kernels: %.2f tok/s\n",
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MOE_KERNEL", "0")));
         // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
@@ -280,14 +282,18 @@ int main(int argc, char** argv) {
           int bps;
           bool stream;  // the streamed products (TMA tiles in shared memory)
           int warps;    // per block of the streamed products
+          bool tc;      // their arithmetic on the tensor cores
         };
-        for (const Variant& v : {Variant{"no PDL", false, 0, true, 16}, Variant{"not streamed", true, 0, false, 8},
-                                 Variant{"not streamed, no PDL", false, 0, false, 8},
-                                 Variant{"streamed, 8 warps", true, 0, true, 8},
-                                 Variant{"default (PDL)", true, 0, true, 16}}) {
+        for (const Variant& v :
+             {Variant{"no PDL", false, 0, true, 16, true}, Variant{"not streamed", true, 0, false, 8, false},
+              Variant{"not streamed, no PDL", false, 0, false, 8, false},
+              Variant{"streamed, 8 warps", true, 0, true, 8, false},
+              Variant{"streamed, no tensor cores", true, 0, true, 16, false},
+              Variant{"default (PDL)", true, 0, true, 16, true}}) {
           cu::set_fused_launch(v.pdl, v.bps);
           cu::set_streamed_products(v.stream, v.warps);
-          std::printf("         %-18s %.2f tok/s\n", v.name, fresh_decode_tok_s(*make_gpu_forward(g)));
+          cu::set_tensor_core_products(v.tc);
+          std::printf("         %-26s %.2f tok/s\n", v.name, fresh_decode_tok_s(*make_gpu_forward(g)));
         }
         op_breakdown(c, 1e3 * dt / tokens);
         // Where a step's and a prompt's time goes, part by part (timing events between the parts,
