@@ -625,11 +625,8 @@ TEST(CudaKernels, UnpackDeltaNetGroupedMatchesReference) {
   expect_close(da.get(), a, 0.0f, 0.0f, "a");
 }
 
-// fused_matvec: several matrices over one input in one launch, optionally RMSNorm'd first and
-// added into the outputs, against ref::rms_norm + ref::matmul. Row counts cover every rows-per-warp
-// variant (1, 2, 4) and ragged block edges; a BF16 segment takes the unfused path.
-// The product variants the fused tests run: the streamed products on the tensor cores (16 warps),
-// streamed with 16 and with 8 warps, and the kernels they replace. Sets the mode; returns its label.
+// The product variants the fused tests run: the streamed products on the tensor cores, streamed
+// with 16 and with 8 warps, and the kernels they replace. Sets the mode; returns its label.
 constexpr int kProductModes = 4;
 std::string set_product_mode(int mode) {
   cuda::set_streamed_products(mode < 3, mode == 2 ? 8 : 16);
@@ -653,6 +650,9 @@ std::vector<float> spiky(std::mt19937& rng, size_t n) {
   return x;
 }
 
+// fused_matvec: several matrices over one input in one launch, optionally RMSNorm'd first and
+// added into the outputs, against ref::rms_norm + ref::matmul. Row counts cover every rows-per-warp
+// variant (1, 2, 4) and ragged block edges; a BF16 segment takes the unfused path.
 TEST(CudaKernels, FusedMatvecMatchesReference) {
   REQUIRE_GPU();
   std::mt19937 rng(41);

@@ -138,6 +138,7 @@ struct MultiArgs {
   float eps;
   float* x_out;  // block 0 writes the normed x here (when norm_w)
   int stages, stage_bytes, ring_off;  // streamed products only (below)
+  int tc_rbt;  // the tensor-core kernel's 16-row blocks a tile (fewer than tc_geom's for small matrices)
 };
 
 // 1 / sqrt(mean(x^2) + eps) over x[0..n), by the whole block (any size); synchronises it.
@@ -857,19 +858,23 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __gr
 // stay in registers for the whole kernel; a tile's rows are summed over the parts in shared memory
 // (`part`, double-buffered by tile) by the threads of warps 1.. after the tile's barrier.
 
+// Warps a block of the tensor-core kernels (the kernels take NW; 8 warps, two blocks an SM at 100 KB
+// each so that a successor's block starts during its predecessor's tail, measured 197 against 244
+// tok/s), and the shared memory a block may take.
 constexpr int kTcWarps = 16;
 constexpr size_t kTcSmem = 200 * 1024;
 
-// The lane's scale-and-bias map of its group G on rows r and r + 8 of a tile's scales / biases
-// (st type, `groups` a row), summed over the warp's 4 groups: lane 4n holds rows n and n + 8.
-__device__ __forceinline__ void tc_fold(const TcFrags& fr, const float (&dot)[2], const void* sc, const void* bi,
-                                        int r, int groups, int G, int st, float (&v)[2]) {
+// The lane's scale-and-bias map of its group G on its two rows (row k of scales sc[k] / biases
+// bi[k], st type, `groups` a row), summed over the warp's 4 groups: lane 4n holds rows n and n + 8.
+__device__ __forceinline__ void tc_fold(const TcFrags& fr, const float (&dot)[2], const void* const (&sc)[2],
+                                        const void* const (&bi)[2], const int (&row)[2], int groups, int G, int st,
+                                        float (&v)[2]) {
   v[0] = v[1] = 0.0f;
   if (fr.valid) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int64_t i = int64_t(r + 8 * k) * groups + G;
-      v[k] = fmaf(smem_scale(sc, i, st), dot[k], smem_scale(bi, i, st) * fr.xsum);
+      const int64_t i = int64_t(row[k]) * groups + G;
+      v[k] = fmaf(smem_scale(sc[k], i, st), dot[k], smem_scale(bi[k], i, st) * fr.xsum);
     }
   }
 #pragma unroll
@@ -880,16 +885,17 @@ __device__ __forceinline__ void tc_fold(const TcFrags& fr, const float (&dot)[2]
 }
 
 // y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
-template <int BITS>
-__global__ void __launch_bounds__(kTcWarps * 32, 1) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
   unsigned char* ring = xt + a.ring_off;
   __shared__ uint64_t bars[kMaxStages];
   __shared__ float red[32];
-  __shared__ float part[2][kTcWarps * 16];
+  __shared__ float part[2][NW * 16];
   const int cols = a.cols, S = a.stages;
-  const TcGeom tg = tc_geom(cols, kTcWarps);
+  TcGeom tg = tc_geom(cols, NW);
+  tg.rbt = a.tc_rbt;
   const int TR = 16 * tg.rbt;
   const uint32_t rb = uint32_t(cols) * BITS / 8, rbp = rb + 16, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
   const uint32_t sc_off = uint32_t(TR) * rbp, bi_off = sc_off + align16(uint32_t(TR) * srb);
@@ -939,7 +945,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1) tc_matvec_kernel(const __gri
     if (busy) {
       float dot[2], v[2];
       tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
-      tc_fold(fr, dot, st + sc_off, st + bi_off, rbk * 16 + n, tg.groups, G, a.st, v);
+      const void* const sc[2] = {st + sc_off, st + sc_off};
+      const void* const bi[2] = {st + bi_off, st + bi_off};
+      const int row[2] = {rbk * 16 + n, rbk * 16 + n + 8};
+      tc_fold(fr, dot, sc, bi, row, tg.groups, G, a.st, v);
       if ((lane & 3) == 0) {
         part[i & 1][warp * 16 + n] = v[0];
         part[i & 1][warp * 16 + n + 8] = v[1];
@@ -962,25 +971,25 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1) tc_matvec_kernel(const __gri
 }
 
 // expert_act on the tensor cores: a tile is kR = 8 rbt rows of gate and the same rows of up of one
-// part (rbt even: the first half of the 16-row blocks are gate's). Issued by warp 0 (start,
-// issue_upto), computed by every warp (compute). Shared by tc_act_kernel and moe_decode_kernel.
-template <int BITS>
+// part, gate's then up's (its 16-row blocks: gate's, then up's; with rbt = 1 the one block holds 8
+// of each). Issued by warp 0 (start, issue_upto), computed by every warp (compute). Shared by
+// tc_act_kernel and moe_decode_kernel.
+template <int BITS, int NW>
 struct ActStreamTc {
   const ExpertArgs& a;
   unsigned char* ring;
   uint64_t* bars;
   const size_t* bases;
-  float (*part)[kTcWarps * 16];
+  float (*part)[NW * 16];
   TcGeom tg;
   int kR, S, per_part, mine;
   uint32_t rb, rbp, srb, up_off, gs_off, gb_off, us_off, ub_off;
   int issued = 0;  // warp 0's count of tiles issued
 
   __device__ ActStreamTc(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs,
-                         float (*pt)[kTcWarps * 16])
+                         float (*pt)[NW * 16])
       : a(args), ring(r), bars(b), bases(bs), part(pt) {
-    tg = tc_geom(a.H, kTcWarps);
-    tg.rbt &= ~1;
+    tg = tc_geom(a.H, NW);
     kR = 8 * tg.rbt;
     S = a.stages;
     rb = uint32_t(a.H) * BITS / 8;
@@ -1032,7 +1041,6 @@ struct ActStreamTc {
   __device__ void compute(const unsigned char* xt) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int it = warp % tg.iters, rbk = warp / tg.iters, G = it * 4 + (lane & 3), n = lane >> 2;
-    const int half = tg.rbt / 2;  // 16-row blocks of gate (then as many of up)
     const bool busy = rbk < tg.rbt;
     TcFrags fr;
     tc_load(xt, tg.groups, G, G < tg.groups, fr);
@@ -1045,9 +1053,18 @@ struct ActStreamTc {
       if (busy) {
         float dot[2], v[2];
         tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
-        const bool gate = rbk < half;
-        tc_fold(fr, dot, st + (gate ? gs_off : us_off), st + (gate ? gb_off : ub_off), (gate ? rbk : rbk - half) * 16 + n,
-                tg.groups, G, a.st_in, v);
+        const void* sc[2];
+        const void* bi[2];
+        int row[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {  // tile row rbk 16 + n + 8 k: gate's below kR, then up's
+          const int tr = rbk * 16 + n + 8 * k;
+          const bool gate = tr < kR;
+          sc[k] = st + (gate ? gs_off : us_off);
+          bi[k] = st + (gate ? gb_off : ub_off);
+          row[k] = gate ? tr : tr - kR;
+        }
+        tc_fold(fr, dot, sc, bi, row, tg.groups, G, a.st_in, v);
         if ((lane & 3) == 0) {
           part[i & 1][warp * 16 + n] = v[0];
           part[i & 1][warp * 16 + n + 8] = v[1];
@@ -1059,11 +1076,11 @@ struct ActStreamTc {
       } else {
         const int tr = int(threadIdx.x) - 32;
         if (tr < kR && r0 + tr < a.I) {
-          const int rk = tr >> 4, row = tr & 15;
+          const int tu = kR + tr;  // up's tile row
           float g = 0.0f, u = 0.0f;
           for (int k = 0; k < tg.iters; ++k) {
-            g += part[i & 1][(rk * tg.iters + k) * 16 + row];
-            u += part[i & 1][((half + rk) * tg.iters + k) * 16 + row];
+            g += part[i & 1][((tr >> 4) * tg.iters + k) * 16 + (tr & 15)];
+            u += part[i & 1][((tu >> 4) * tg.iters + k) * 16 + (tu & 15)];
           }
           a.y[int64_t(p) * a.I + r0 + tr] = siluf_(g) * u;
         }
@@ -1152,13 +1169,13 @@ __device__ __forceinline__ void tc_down_rows(const ExpertArgs& a, const size_t* 
 
 // expert_down_add on the tensor cores. The ids two kernels back (ids_early): the block's rows of
 // every part into the L2 before the wait.
-template <int BITS>
-__global__ void __launch_bounds__(kTcWarps * 32, 1) tc_down_kernel(const __grid_constant__ ExpertArgs a) {
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_constant__ ExpertArgs a) {
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
   __shared__ size_t bases[kMaxParts];
   __shared__ float coefs[kMaxParts];
-  __shared__ float red[kTcWarps * 16];
+  __shared__ float red[NW * 16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (a.ids_early && warp < a.parts) {
     const size_t base = part_base(a, warp);
@@ -1181,16 +1198,16 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1) tc_down_kernel(const __grid_
   tc_down_rows<BITS>(a, bases, coefs, xt, a.y, red);
 }
 
-template <int BITS>
-__global__ void __launch_bounds__(kTcWarps * 32, 1) tc_act_kernel(const __grid_constant__ ExpertArgs a) {
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) tc_act_kernel(const __grid_constant__ ExpertArgs a) {
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
   __shared__ uint64_t bars[kMaxStages];
   __shared__ int32_t ids[kMaxTopk];
   __shared__ float wts[kMaxTopk];
   __shared__ size_t bases[kMaxParts];
-  __shared__ float part[2][kTcWarps * 16];
-  ActStreamTc<BITS> act(a, xt + a.ring_off, bars, bases, part);
+  __shared__ float part[2][NW * 16];
+  ActStreamTc<BITS, NW> act(a, xt + a.ring_off, bars, bases, part);
   if (threadIdx.x < 32) act.start();
   pdl_wait_and_release();
   if (threadIdx.x < 32) {
@@ -1239,7 +1256,7 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_con
   auto act = [&] {
     if constexpr (TC) {
       static_assert(NW == kTcWarps, "the tensor-core act takes kTcWarps warps");
-      return ActStreamTc<EB>(a, ring, bars, bases, part);
+      return ActStreamTc<EB, kTcWarps>(a, ring, bars, bases, part);
     } else {
       return ActStream<EB, NW>(a, ring, bars, bases);
     }
@@ -1407,20 +1424,30 @@ bool stream_act(const ExpertArgs& a, cudaStream_t s) {
   return tuning().stream_warps == 16 ? stream_act_nw<BITS, 16>(a, s) : stream_act_nw<BITS, 8>(a, s);
 }
 
-// The tensor-core products take 4/8-bit weights in groups of 64 whose rows have at most 16 parts
-// of 256 columns (4096 columns); rbt: 16-row blocks a tile (tc_geom).
+// The tensor-core products take 4/8-bit weights in groups of 64 whose rows have at most one part
+// of 256 columns a warp (16 warps: 4096 columns); rbt: 16-row blocks a tile (tc_geom).
 bool tc_on() { return streaming() && tuning().tc; }
-bool tc_shape(int cols, int gs, int bits) {
-  return (bits == 4 || bits == 8) && gs == kTcGs && cols % kTcGs == 0 && tc_geom(cols, kTcWarps).rbt > 0;
+bool tc_shape(int cols, int gs, int bits, int nw) {
+  return (bits == 4 || bits == 8) && gs == kTcGs && cols % kTcGs == 0 && tc_geom(cols, nw).rbt > 0;
 }
 uint32_t scale_row_bytes(int cols, int gs, int st) { return uint32_t(cols / gs) * (st == kScaleF32 ? 4u : 2u); }
 
-template <int BITS>
-bool tc_multi(MultiArgs a, cudaStream_t s) {
-  if (!tc_shape(a.cols, a.gs, BITS)) return false;
-  const int TR = 16 * tc_geom(a.cols, kTcWarps).rbt;
+template <int BITS, int NW>
+bool tc_multi_nw(MultiArgs a, cudaStream_t s) {
+  if (!tc_shape(a.cols, a.gs, BITS, NW)) return false;
+  // Fewer rows a tile (warps idle) where full tiles would leave SMs without one: a small matrix
+  // (the router's 513 rows: 17 tiles of 32) then loads over more SMs.
+  auto tiles_of = [&](int rbt) {
+    int t = 0;
+    for (int i = 0; i < a.n_seg; ++i) t += (a.seg[i].rows + 16 * rbt - 1) / (16 * rbt);
+    return t;
+  };
+  a.tc_rbt = tc_geom(a.cols, NW).rbt;
+  while (a.tc_rbt > 1 && tiles_of(a.tc_rbt) < sm_count()) --a.tc_rbt;
+  const int TR = 16 * a.tc_rbt;
   const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = scale_row_bytes(a.cols, a.gs, a.st);
-  if (!plan_ring(a, size_t(tc_staged_bytes(a.cols)), uint32_t(TR) * (rb + 16) + 2 * align16(uint32_t(TR) * srb), kTcSmem))
+  if (!plan_ring(a, size_t(tc_staged_bytes(a.cols)), uint32_t(TR) * (rb + 16) + 2 * align16(uint32_t(TR) * srb),
+                 kTcSmem))
     return false;
   int tiles = 0;
   for (int i = 0; i < a.n_seg; ++i) {
@@ -1429,41 +1456,63 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
     tiles += (a.seg[i].rows + TR - 1) / TR;
   }
   a.total_rg = tiles;
-  const auto kernel = tc_matvec_kernel<BITS>;
+  const auto kernel = tc_matvec_kernel<BITS, NW>;
   stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, unsigned(std::min(tiles, sm_count())), kTcWarps * 32, ring_smem(a), s, a);
+  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
   SWIFTLET_CUDA_LAUNCHED();
   return true;
 }
-
-// Rows of gate (and of up) in an ActStreamTc tile; 0 when the act does not fit the tensor cores.
-int tc_act_rows(const ExpertArgs& a, int bits) {
-  if (!tc_shape(a.H, a.gs_in, bits)) return 0;
-  return 8 * (tc_geom(a.H, kTcWarps).rbt & ~1);
+template <int BITS>
+bool tc_multi(const MultiArgs& a, cudaStream_t s) {
+  return tc_multi_nw<BITS, kTcWarps>(a, s);
 }
-uint32_t tc_act_stage_bytes(const ExpertArgs& a, int bits) {
-  const uint32_t kR = uint32_t(tc_act_rows(a, bits)), rb = uint32_t(a.H) * uint32_t(bits) / 8;
+
+// Rows of gate (and of up) in an ActStreamTc tile of nw warps; 0 when the act does not fit.
+int tc_act_rows(const ExpertArgs& a, int bits, int nw) {
+  if (!tc_shape(a.H, a.gs_in, bits, nw)) return 0;
+  return 8 * tc_geom(a.H, nw).rbt;
+}
+uint32_t tc_act_stage_bytes(const ExpertArgs& a, int bits, int nw) {
+  const uint32_t kR = uint32_t(tc_act_rows(a, bits, nw)), rb = uint32_t(a.H) * uint32_t(bits) / 8;
   return 2 * kR * (rb + 16) + 4 * align16(kR * scale_row_bytes(a.H, a.gs_in, a.st_in));
 }
 
 // The down products on the tensor cores: groups of 64 that do not straddle parts, x staged in
-// shared memory.
-bool tc_down_fits(const ExpertArgs& a, int bits) {
+// `smem` bytes.
+bool tc_down_fits(const ExpertArgs& a, int bits, size_t smem) {
   return (bits == 4 || bits == 8) && a.gs_out == kTcGs && a.I % kTcGs == 0 &&
-         size_t(tc_staged_bytes(a.parts * a.I)) <= kTcSmem;
+         size_t(tc_staged_bytes(a.parts * a.I)) <= smem;
 }
 
-template <int BITS>
-bool tc_act(ExpertArgs a, cudaStream_t s) {
-  const int kR = tc_act_rows(a, BITS);
+template <int BITS, int NW>
+bool tc_act_nw(ExpertArgs a, cudaStream_t s) {
+  const int kR = tc_act_rows(a, BITS, NW);
   if (kR == 0 || !experts_aligned(a)) return false;
-  if (!plan_ring(a, size_t(tc_staged_bytes(a.H)), tc_act_stage_bytes(a, BITS), kTcSmem)) return false;
+  if (!plan_ring(a, size_t(tc_staged_bytes(a.H)), tc_act_stage_bytes(a, BITS, NW), kTcSmem)) return false;
   const int tiles = a.parts * ((a.I + kR - 1) / kR);
-  const auto kernel = tc_act_kernel<BITS>;
+  const auto kernel = tc_act_kernel<BITS, NW>;
   stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, unsigned(std::min(tiles, sm_count())), kTcWarps * 32, ring_smem(a), s, a);
+  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
   SWIFTLET_CUDA_LAUNCHED();
   return true;
+}
+template <int BITS>
+bool tc_act(const ExpertArgs& a, cudaStream_t s) {
+  return tc_act_nw<BITS, kTcWarps>(a, s);
+}
+
+template <int BITS, int NW>
+bool tc_down_nw(const ExpertArgs& a, cudaStream_t s) {
+  if (!tc_down_fits(a, BITS, kTcSmem)) return false;
+  const auto kernel = tc_down_kernel<BITS, NW>;
+  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
+  launch(kernel, unsigned(std::min((a.H + 15) / 16, sm_count())), NW * 32, size_t(tc_staged_bytes(a.parts * a.I)), s,
+         a);
+  SWIFTLET_CUDA_LAUNCHED();
+  return true;
+}
+bool tc_down(const ExpertArgs& a, int bits, cudaStream_t s) {
+  return bits == 4 ? tc_down_nw<4, kTcWarps>(a, s) : tc_down_nw<8, kTcWarps>(a, s);
 }
 
 template <int RB, int EB, bool TC>
@@ -1724,9 +1773,9 @@ void prepare_fused_kernels() {
                         reinterpret_cast<const void*>(moe_decode_kernel<4, 8, kMoeWarps, true>),
                         reinterpret_cast<const void*>(moe_decode_kernel<8, 4, kMoeWarps, true>),
                         reinterpret_cast<const void*>(moe_decode_kernel<8, 8, kMoeWarps, true>),
-                        reinterpret_cast<const void*>(tc_matvec_kernel<4>), reinterpret_cast<const void*>(tc_matvec_kernel<8>),
-                        reinterpret_cast<const void*>(tc_act_kernel<4>), reinterpret_cast<const void*>(tc_act_kernel<8>),
-                        reinterpret_cast<const void*>(tc_down_kernel<4>), reinterpret_cast<const void*>(tc_down_kernel<8>)})
+                        reinterpret_cast<const void*>(tc_matvec_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_matvec_kernel<8, kTcWarps>),
+                        reinterpret_cast<const void*>(tc_act_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_act_kernel<8, kTcWarps>),
+                        reinterpret_cast<const void*>(tc_down_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_down_kernel<8, kTcWarps>)})
     if (tuning().capable) stream_opt_in(k, kTcSmem);
   (void)tuning();
   (void)sm_count();
@@ -1836,14 +1885,7 @@ void expert_down_add(const ExpertLayout& l, const void* const* d_table, const in
   a.y = d_h;
   const int bits = l.down.bits;
   const int n_in = a.parts * a.I;
-  if (tc_on() && tc_down_fits(a, bits)) {
-    const size_t xt = size_t(tc_staged_bytes(n_in));
-    const auto kernel = bits == 4 ? tc_down_kernel<4> : tc_down_kernel<8>;
-    stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-    launch(kernel, unsigned(std::min((a.H + 15) / 16, sm_count())), kTcWarps * 32, xt, s, a);
-    SWIFTLET_CUDA_LAUNCHED();
-    return;
-  }
+  if (tc_on() && tc_down(a, bits, s)) return;
   const size_t smem = size_t(bits == 4 ? staged_floats<4>(n_in) : staged_floats<8>(n_in)) * 4;
   const bool two = false;  // one row per warp: ~40 registers, many warps per SM
   const unsigned grid = grid_for(two ? (a.H + 1) / 2 : a.H, two ? 2 : 1);
@@ -1869,10 +1911,10 @@ bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_n
   a.sh_gate_logit = d_gate_logit;
   const int H = a.H, RB = router.bits, EB = l.gate.bits;
   auto floats = [](int bits, int n) { return bits == 4 ? staged_floats<4>(n) : staged_floats<8>(n); };
-  const bool tc = tc_on() && tc_act_rows(a, EB) > 0 && tc_down_fits(a, EB);  // the experts on the tensor cores
+  const bool tc = tc_on() && tc_act_rows(a, EB, kTcWarps) > 0 && tc_down_fits(a, EB, kTcSmem);  // on the tensor cores
   const int xe_floats = tc ? tc_staged_bytes(H) / 4 : floats(EB, H);
   const int xr_off = (xe_floats + 3) & ~3, xs = xr_off + floats(RB, H);
-  if (!(tc ? plan_ring(a, size_t(xs) * 4, tc_act_stage_bytes(a, EB), kTcSmem)
+  if (!(tc ? plan_ring(a, size_t(xs) * 4, tc_act_stage_bytes(a, EB, kTcWarps), kTcSmem)
            : plan_ring(a, size_t(xs) * 4, act_stage_bytes(a, EB, kMoeWarps))))
     return false;
   // Phase 3 stages the act where the tiles were.
