@@ -150,6 +150,19 @@ __device__ __forceinline__ float block_rms_inv(const float* x, int n, float eps,
   return rsqrtf(ss / float(n) + eps);
 }
 
+// Tiles of a grid-strided loop over `total` this block takes (b, b + grid, ...).
+__device__ __forceinline__ int block_tiles(int total) {
+  return int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+}
+// This block's tile i of a's segments (tiles of `rows` rows, numbered from each segment's rg0):
+// its segment si and first row r0.
+__device__ __forceinline__ void segment_tile(const MultiArgs& a, int i, int rows, int& si, int& r0) {
+  const int t = int(blockIdx.x) + i * int(gridDim.x);
+  si = 0;
+  while (si + 1 < a.n_seg && t >= a.seg[si + 1].rg0) ++si;
+  r0 = (t - a.seg[si].rg0) * rows;
+}
+
 // Stages the products' input (see stage): a.x, or RMSNorm(a.x) when a.norm_w, which block 0 also
 // writes to a.x_out. `red`: 32 floats of shared memory.
 template <int BITS>
@@ -604,6 +617,16 @@ __device__ __forceinline__ void down_rows(const ExpertArgs& a, const size_t* bas
   }
 }
 
+// Threads < parts: each part's slot base and its coefficient in h (routing weight, or the shared
+// expert's sigmoid gate); visible to the block after its next barrier.
+__device__ __forceinline__ void down_parts(const ExpertArgs& a, size_t* bases, float* coefs) {
+  if (threadIdx.x < unsigned(a.parts)) {
+    const int p = threadIdx.x;
+    bases[p] = part_base(a, p);
+    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
+  }
+}
+
 template <int BITS, int R>
 __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_constant__ ExpertArgs a) {
   extern __shared__ float4 smem4[];
@@ -613,11 +636,7 @@ __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_cons
   // The ids two kernels back (complete): this warp's rows of every part into the L2.
   if (a.ids_early) prefetch_down_rows<BITS, R>(a, [&](int p) { return part_base(a, p); });
   pdl_wait_and_release();
-  if (threadIdx.x < unsigned(a.parts)) {
-    const int p = threadIdx.x;
-    bases[p] = part_base(a, p);
-    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
-  }
+  down_parts(a, bases, coefs);
   stage<BITS>(xs, a.parts * a.I, [&](int i) { return a.x[i]; });
   down_rows<BITS, R>(a, bases, coefs, xs, a.y);
 }
@@ -650,13 +669,8 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_matvec_kernel(const _
   const int cols = a.cols, groups = cols / a.gs, S = a.stages;
   const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(groups) * (a.st == kScaleF32 ? 4u : 2u);
   const uint32_t sc_off = kTileRows * rb, bi_off = sc_off + align16(kTileRows * srb);
-  const int mine = int(blockIdx.x) < a.total_rg ? (a.total_rg - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-  auto locate = [&](int i, int& si, int& r0) {
-    const int t = int(blockIdx.x) + i * int(gridDim.x);
-    si = 0;
-    while (si + 1 < a.n_seg && t >= a.seg[si + 1].rg0) ++si;
-    r0 = (t - a.seg[si].rg0) * kTileRows;
-  };
+  const int mine = block_tiles(a.total_rg);
+  auto locate = [&](int i, int& si, int& r0) { segment_tile(a, i, kTileRows, si, r0); };
   auto issue = [&](int i) {
     int si, r0;
     locate(i, si, r0);
@@ -719,69 +733,96 @@ __device__ __forceinline__ int part_at(const ExpertArgs& a, int q) {
   return sh ? (q == 0 ? a.n : q - 1) : q;
 }
 
-// expert_act streamed: a tile is NW rows of gate and the same rows of up of one part; warp w
-// computes act[p][r0 + w] = SiLU(gate row) * up row. The block's part of the work, as device
-// functions shared by stream_act_kernel and moe_decode_kernel (below): the tiles are issued by
-// thread 0 (the shared expert's before the PDL wait, the routed ones once `bases` holds their slots).
-template <int BITS, int NW>
-struct ActStream {
-  static constexpr int kRows = NW;
+// The act's tiles, as ActStream and ActStreamTc (below) share them: kR rows of gate, then the same
+// rows of up, of one part, rows rbp bytes apart, then gate's scales and biases and up's (16-byte
+// aligned); block b takes tiles b, b + grid, ... Derived::issue(i) brings tile i into its stage.
+template <typename Derived>
+struct ActTiles {
   const ExpertArgs& a;
   unsigned char* ring;
   uint64_t* bars;
   const size_t* bases;  // slot base of each routed part
-  int groups, S, per_part, mine;
-  uint32_t rb, srb, up_off, gs_off, gb_off, us_off, ub_off;
-  int issued = 0;  // thread 0's count of tiles issued
+  int kR, groups, S, per_part, mine;
+  uint32_t rb, rbp, srb, up_off, gs_off, gb_off, us_off, ub_off;
+  int issued = 0;  // the issuing thread's (or warp's) count of tiles issued
 
-  __device__ ActStream(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs)
-      : a(args), ring(r), bars(b), bases(bs) {
+  __device__ ActTiles(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs, int rows, int bits,
+                      uint32_t pad)
+      : a(args), ring(r), bars(b), bases(bs), kR(rows) {
     groups = a.H / a.gs_in;
     S = a.stages;
-    rb = uint32_t(a.H) * BITS / 8;
+    rb = uint32_t(a.H) * uint32_t(bits) / 8;
+    rbp = rb + pad;
     srb = uint32_t(groups) * (a.st_in == kScaleF32 ? 4u : 2u);
-    const uint32_t s16 = align16(kRows * srb);
-    up_off = kRows * rb;
-    gs_off = 2 * kRows * rb;
+    const uint32_t s16 = align16(uint32_t(kR) * srb);
+    up_off = uint32_t(kR) * rbp;
+    gs_off = 2 * up_off;
     gb_off = gs_off + s16;
     us_off = gb_off + s16;
     ub_off = us_off + s16;
-    per_part = (a.I + kRows - 1) / kRows;
+    per_part = (a.I + kR - 1) / kR;
     const int total = a.parts * per_part;
-    mine = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+    mine = block_tiles(total);
   }
   // Tile i of this block: its part's index q in streaming order and first row.
   __device__ void locate(int i, int& q, int& r0) const {
     const int t = int(blockIdx.x) + i * int(gridDim.x);
     q = t / per_part;
-    r0 = (t - q * per_part) * kRows;
+    r0 = (t - q * per_part) * kR;
   }
-  __device__ void issue(int i) {
+  // Tile i's sources: its rows of gate and of up (with their places in the stage) and the ranges of
+  // their scales and biases.
+  __device__ void sources(int i, RowSet (&rows)[2], Range (&ex)[4]) const {
     int q, r0;
     locate(i, q, r0);
     const int p = part_at(a, q);
     const size_t base = p < a.n ? bases[p] : size_t(0);
     const Part& gm = p < a.n ? a.gate : a.sh_gate;
     const Part& um = p < a.n ? a.up : a.sh_up;
-    const uint32_t nr = uint32_t(min(kRows, a.I - r0));
-    const Range rs[6] = {{at<char>(base, gm.data) + size_t(r0) * rb, nr * rb, 0},
-                         {at<char>(base, um.data) + size_t(r0) * rb, nr * rb, up_off},
-                         {at<char>(base, gm.scales) + size_t(r0) * srb, nr * srb, gs_off},
-                         {at<char>(base, gm.biases) + size_t(r0) * srb, nr * srb, gb_off},
-                         {at<char>(base, um.scales) + size_t(r0) * srb, nr * srb, us_off},
-                         {at<char>(base, um.biases) + size_t(r0) * srb, nr * srb, ub_off}};
-    issue_stage(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rs, 6);
+    const uint32_t nr = uint32_t(min(kR, a.I - r0));
+    rows[0] = {at<char>(base, gm.data) + size_t(r0) * rb, nr, 0};
+    rows[1] = {at<char>(base, um.data) + size_t(r0) * rb, nr, up_off};
+    ex[0] = {at<char>(base, gm.scales) + size_t(r0) * srb, nr * srb, gs_off};
+    ex[1] = {at<char>(base, gm.biases) + size_t(r0) * srb, nr * srb, gb_off};
+    ex[2] = {at<char>(base, um.scales) + size_t(r0) * srb, nr * srb, us_off};
+    ex[3] = {at<char>(base, um.biases) + size_t(r0) * srb, nr * srb, ub_off};
   }
-  // Thread 0, before the ids are known: init, then the first tiles while they are the shared expert's.
-  __device__ void start() {
-    ring_init(bars, S);
+  // Before the ids are known: the first tiles while they are the shared expert's.
+  __device__ void issue_shared() {
     const bool sh = a.parts > a.n;
     while (issued < mine && issued < S && sh && (int(blockIdx.x) + issued * int(gridDim.x)) / per_part == 0)
-      issue(issued++);
+      static_cast<Derived*>(this)->issue(issued++);
   }
-  // Thread 0: tiles up to `limit` (the ring's depth ahead of the tile being computed).
+  // Tiles up to `limit` (the ring's depth ahead of the tile being computed).
   __device__ void issue_upto(int limit) {
-    while (issued < mine && issued < limit) issue(issued++);
+    while (issued < mine && issued < limit) static_cast<Derived*>(this)->issue(issued++);
+  }
+};
+
+// expert_act streamed: a tile is NW rows of gate and the same rows of up of one part; warp w
+// computes act[p][r0 + w] = SiLU(gate row) * up row. The block's part of the work, as device
+// functions shared by stream_act_kernel and moe_decode_kernel (below): the tiles are issued by
+// thread 0 (the shared expert's before the PDL wait, the routed ones once `bases` holds their slots).
+template <int BITS, int NW>
+struct ActStream : ActTiles<ActStream<BITS, NW>> {
+  using Base = ActTiles<ActStream<BITS, NW>>;
+  using Base::a, Base::ring, Base::bars, Base::S, Base::mine, Base::rb, Base::up_off, Base::gs_off, Base::gb_off,
+      Base::us_off, Base::ub_off, Base::groups, Base::locate, Base::issue_upto;
+
+  __device__ ActStream(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs)
+      : Base(args, r, b, bs, NW, BITS, 0) {}
+  __device__ void issue(int i) {  // thread 0
+    RowSet rows[2];
+    Range ex[4];
+    this->sources(i, rows, ex);
+    const Range rs[6] = {{rows[0].src, rows[0].nr * rb, rows[0].dst_off}, {rows[1].src, rows[1].nr * rb, rows[1].dst_off},
+                         ex[0], ex[1], ex[2], ex[3]};
+    issue_stage(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rs, 6);
+  }
+  // Thread 0, before the ids are known: init, then the shared expert's first tiles.
+  __device__ void start() {
+    ring_init(bars, S);
+    this->issue_shared();
   }
   // Every thread: the block's tiles, x staged in xs; act[p][r] into a.y.
   __device__ void compute(const float* xs) {
@@ -884,6 +925,37 @@ __device__ __forceinline__ void tc_fold(const TcFrags& fr, const float (&dot)[2]
   }
 }
 
+// A warp's share of every tile of a tensor-core kernel: column part `it` of 16-row block `rbk`
+// (busy: the tiles have that block), the lane's group G and row n, and its B fragments, loaded
+// once a kernel from x staged in xt.
+struct TcWarp {
+  int it, rbk, G, n;
+  bool busy;
+  TcFrags fr;
+  __device__ TcWarp(const unsigned char* xt, const TcGeom& tg) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    it = warp % tg.iters;
+    rbk = warp / tg.iters;
+    G = it * 4 + (lane & 3);
+    n = lane >> 2;
+    busy = rbk < tg.rbt;
+    tc_load(xt, tg.groups, G, G < tg.groups, fr);
+  }
+  // The warp's 16 rows of the stage `st` (rows rbp bytes apart) times its columns of x, scaled
+  // (tc_fold: the lane's rows are rows[k] of scales sc[k] / biases bi[k]), into part[warp 16 + r].
+  template <int BITS>
+  __device__ void rows(const unsigned char* st, uint32_t rbp, const void* const (&sc)[2], const void* const (&bi)[2],
+                       const int (&row)[2], int groups, int st_type, float* part) const {
+    float dot[2], v[2];
+    tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
+    tc_fold(fr, dot, sc, bi, row, groups, G, st_type, v);
+    if ((threadIdx.x & 3) == 0) {
+      part[(threadIdx.x >> 5) * 16 + n] = v[0];
+      part[(threadIdx.x >> 5) * 16 + n + 8] = v[1];
+    }
+  }
+};
+
 // y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
 template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
@@ -899,13 +971,8 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
   const int TR = 16 * tg.rbt;
   const uint32_t rb = uint32_t(cols) * BITS / 8, rbp = rb + 16, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
   const uint32_t sc_off = uint32_t(TR) * rbp, bi_off = sc_off + align16(uint32_t(TR) * srb);
-  const int mine = int(blockIdx.x) < a.total_rg ? (a.total_rg - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-  auto locate = [&](int i, int& si, int& r0) {
-    const int t = int(blockIdx.x) + i * int(gridDim.x);
-    si = 0;
-    while (si + 1 < a.n_seg && t >= a.seg[si + 1].rg0) ++si;
-    r0 = (t - a.seg[si].rg0) * TR;
-  };
+  const int mine = block_tiles(a.total_rg);
+  auto locate = [&](int i, int& si, int& r0) { segment_tile(a, i, TR, si, r0); };
   auto issue = [&](int i) {  // warp 0
     int si, r0;
     locate(i, si, r0);
@@ -932,27 +999,18 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
     }
     return v;
   });
-  const int it = warp % tg.iters, rbk = warp / tg.iters, G = it * 4 + (lane & 3), n = lane >> 2;
-  const bool busy = rbk < tg.rbt;
-  TcFrags fr;
-  tc_load(xt, tg.groups, G, G < tg.groups, fr);
+  const TcWarp tw(xt, tg);
   for (int i = 0; i < mine; ++i) {
     stage_wait(bars + i % S, i / S);
     int si, r0;
     locate(i, si, r0);
     const Segment& sg = a.seg[si];
     const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
-    if (busy) {
-      float dot[2], v[2];
-      tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
+    if (tw.busy) {
       const void* const sc[2] = {st + sc_off, st + sc_off};
       const void* const bi[2] = {st + bi_off, st + bi_off};
-      const int row[2] = {rbk * 16 + n, rbk * 16 + n + 8};
-      tc_fold(fr, dot, sc, bi, row, tg.groups, G, a.st, v);
-      if ((lane & 3) == 0) {
-        part[i & 1][warp * 16 + n] = v[0];
-        part[i & 1][warp * 16 + n + 8] = v[1];
-      }
+      const int row[2] = {tw.rbk * 16 + tw.n, tw.rbk * 16 + tw.n + 8};
+      tw.rows<BITS>(st, rbp, sc, bi, row, tg.groups, a.st, part[i & 1]);
     }
     __syncthreads();  // every warp is done with the stage; the parts are in
     if (warp == 0) {
@@ -975,100 +1033,51 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
 // of each). Issued by warp 0 (start, issue_upto), computed by every warp (compute). Shared by
 // tc_act_kernel and moe_decode_kernel.
 template <int BITS, int NW>
-struct ActStreamTc {
-  const ExpertArgs& a;
-  unsigned char* ring;
-  uint64_t* bars;
-  const size_t* bases;
+struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
+  using Base = ActTiles<ActStreamTc<BITS, NW>>;
+  using Base::a, Base::ring, Base::bars, Base::S, Base::mine, Base::rb, Base::rbp, Base::kR, Base::gs_off,
+      Base::gb_off, Base::us_off, Base::ub_off, Base::locate, Base::issue_upto;
   float (*part)[NW * 16];
   TcGeom tg;
-  int kR, S, per_part, mine;
-  uint32_t rb, rbp, srb, up_off, gs_off, gb_off, us_off, ub_off;
-  int issued = 0;  // warp 0's count of tiles issued
 
   __device__ ActStreamTc(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs,
                          float (*pt)[NW * 16])
-      : a(args), ring(r), bars(b), bases(bs), part(pt) {
-    tg = tc_geom(a.H, NW);
-    kR = 8 * tg.rbt;
-    S = a.stages;
-    rb = uint32_t(a.H) * BITS / 8;
-    rbp = rb + 16;
-    srb = uint32_t(tg.groups) * (a.st_in == kScaleF32 ? 4u : 2u);
-    const uint32_t s16 = align16(uint32_t(kR) * srb);
-    up_off = uint32_t(kR) * rbp;
-    gs_off = 2 * up_off;
-    gb_off = gs_off + s16;
-    us_off = gb_off + s16;
-    ub_off = us_off + s16;
-    per_part = (a.I + kR - 1) / kR;
-    const int total = a.parts * per_part;
-    mine = int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-  }
-  __device__ void locate(int i, int& q, int& r0) const {
-    const int t = int(blockIdx.x) + i * int(gridDim.x);
-    q = t / per_part;
-    r0 = (t - q * per_part) * kR;
-  }
+      : Base(args, r, b, bs, 8 * tc_geom(args.H, NW).rbt, BITS, 16), part(pt), tg(tc_geom(args.H, NW)) {}
   __device__ void issue(int i) {  // warp 0
-    int q, r0;
-    locate(i, q, r0);
-    const int p = part_at(a, q);
-    const size_t base = p < a.n ? bases[p] : size_t(0);
-    const Part& gm = p < a.n ? a.gate : a.sh_gate;
-    const Part& um = p < a.n ? a.up : a.sh_up;
-    const uint32_t nr = uint32_t(min(kR, a.I - r0));
-    const RowSet rows[2] = {{at<char>(base, gm.data) + size_t(r0) * rb, nr, 0},
-                            {at<char>(base, um.data) + size_t(r0) * rb, nr, up_off}};
-    const Range ex[4] = {{at<char>(base, gm.scales) + size_t(r0) * srb, nr * srb, gs_off},
-                         {at<char>(base, gm.biases) + size_t(r0) * srb, nr * srb, gb_off},
-                         {at<char>(base, um.scales) + size_t(r0) * srb, nr * srb, us_off},
-                         {at<char>(base, um.biases) + size_t(r0) * srb, nr * srb, ub_off}};
+    RowSet rows[2];
+    Range ex[4];
+    this->sources(i, rows, ex);
     issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rows, 2, rb, rbp, ex, 4);
   }
-  // Warp 0, before the ids are known: init, then the first tiles while they are the shared expert's.
+  // Warp 0, before the ids are known: init, then the shared expert's first tiles.
   __device__ void start() {
     if ((threadIdx.x & 31) == 0) ring_init(bars, S);
     __syncwarp();
-    const bool sh = a.parts > a.n;
-    while (issued < mine && issued < S && sh && (int(blockIdx.x) + issued * int(gridDim.x)) / per_part == 0)
-      issue(issued++);
-  }
-  __device__ void issue_upto(int limit) {  // warp 0
-    while (issued < mine && issued < limit) issue(issued++);
+    this->issue_shared();
   }
   // Every thread: the block's tiles, x staged in xt (stage_tc); act[p][r] into a.y.
   __device__ void compute(const unsigned char* xt) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int it = warp % tg.iters, rbk = warp / tg.iters, G = it * 4 + (lane & 3), n = lane >> 2;
-    const bool busy = rbk < tg.rbt;
-    TcFrags fr;
-    tc_load(xt, tg.groups, G, G < tg.groups, fr);
+    const int warp = threadIdx.x >> 5;
+    const TcWarp tw(xt, tg);
     for (int i = 0; i < mine; ++i) {
       stage_wait(bars + i % S, i / S);
       int q, r0;
       locate(i, q, r0);
       const int p = part_at(a, q);
       const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
-      if (busy) {
-        float dot[2], v[2];
-        tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
+      if (tw.busy) {
         const void* sc[2];
         const void* bi[2];
         int row[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {  // tile row rbk 16 + n + 8 k: gate's below kR, then up's
-          const int tr = rbk * 16 + n + 8 * k;
+          const int tr = tw.rbk * 16 + tw.n + 8 * k;
           const bool gate = tr < kR;
           sc[k] = st + (gate ? gs_off : us_off);
           bi[k] = st + (gate ? gb_off : ub_off);
           row[k] = gate ? tr : tr - kR;
         }
-        tc_fold(fr, dot, sc, bi, row, tg.groups, G, a.st_in, v);
-        if ((lane & 3) == 0) {
-          part[i & 1][warp * 16 + n] = v[0];
-          part[i & 1][warp * 16 + n + 8] = v[1];
-        }
+        tw.rows<BITS>(st, rbp, sc, bi, row, tg.groups, a.st_in, part[i & 1]);
       }
       __syncthreads();  // every warp is done with the stage; the parts are in
       if (warp == 0) {
@@ -1189,11 +1198,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
     }
   }
   pdl_wait_and_release();
-  if (threadIdx.x < unsigned(a.parts)) {
-    const int p = threadIdx.x;
-    bases[p] = part_base(a, p);
-    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
-  }
+  down_parts(a, bases, coefs);
   stage_tc<BITS>(xt, a.parts * a.I, [&](int i) { return a.x[i]; });
   tc_down_rows<BITS>(a, bases, coefs, xt, a.y, red);
 }
@@ -1432,8 +1437,17 @@ bool tc_shape(int cols, int gs, int bits, int nw) {
 }
 uint32_t scale_row_bytes(int cols, int gs, int st) { return uint32_t(cols / gs) * (st == kScaleF32 ? 4u : 2u); }
 
-template <int BITS, int NW>
-bool tc_multi_nw(MultiArgs a, cudaStream_t s) {
+// Launches a tensor-core kernel: kTcWarps warps a block, at most one block an SM.
+template <typename Args>
+void launch_tc(void (*kernel)(Args), int blocks, size_t smem, cudaStream_t s, const Args& a) {
+  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
+  launch(kernel, unsigned(std::min(blocks, sm_count())), kTcWarps * 32, smem, s, a);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+template <int BITS>
+bool tc_multi(MultiArgs a, cudaStream_t s) {
+  constexpr int NW = kTcWarps;
   if (!tc_shape(a.cols, a.gs, BITS, NW)) return false;
   // Fewer rows a tile (warps idle) where full tiles would leave SMs without one: a small matrix
   // (the router's 513 rows: 17 tiles of 32) then loads over more SMs.
@@ -1456,15 +1470,8 @@ bool tc_multi_nw(MultiArgs a, cudaStream_t s) {
     tiles += (a.seg[i].rows + TR - 1) / TR;
   }
   a.total_rg = tiles;
-  const auto kernel = tc_matvec_kernel<BITS, NW>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
-  SWIFTLET_CUDA_LAUNCHED();
+  launch_tc(tc_matvec_kernel<BITS, NW>, tiles, ring_smem(a), s, a);
   return true;
-}
-template <int BITS>
-bool tc_multi(const MultiArgs& a, cudaStream_t s) {
-  return tc_multi_nw<BITS, kTcWarps>(a, s);
 }
 
 // Rows of gate (and of up) in an ActStreamTc tile of nw warps; 0 when the act does not fit.
@@ -1484,35 +1491,20 @@ bool tc_down_fits(const ExpertArgs& a, int bits, size_t smem) {
          size_t(tc_staged_bytes(a.parts * a.I)) <= smem;
 }
 
-template <int BITS, int NW>
-bool tc_act_nw(ExpertArgs a, cudaStream_t s) {
-  const int kR = tc_act_rows(a, BITS, NW);
-  if (kR == 0 || !experts_aligned(a)) return false;
-  if (!plan_ring(a, size_t(tc_staged_bytes(a.H)), tc_act_stage_bytes(a, BITS, NW), kTcSmem)) return false;
-  const int tiles = a.parts * ((a.I + kR - 1) / kR);
-  const auto kernel = tc_act_kernel<BITS, NW>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
-  SWIFTLET_CUDA_LAUNCHED();
-  return true;
-}
 template <int BITS>
-bool tc_act(const ExpertArgs& a, cudaStream_t s) {
-  return tc_act_nw<BITS, kTcWarps>(a, s);
+bool tc_act(ExpertArgs a, cudaStream_t s) {
+  const int kR = tc_act_rows(a, BITS, kTcWarps);
+  if (kR == 0 || !experts_aligned(a)) return false;
+  if (!plan_ring(a, size_t(tc_staged_bytes(a.H)), tc_act_stage_bytes(a, BITS, kTcWarps), kTcSmem)) return false;
+  launch_tc(tc_act_kernel<BITS, kTcWarps>, a.parts * ((a.I + kR - 1) / kR), ring_smem(a), s, a);
+  return true;
 }
 
-template <int BITS, int NW>
-bool tc_down_nw(const ExpertArgs& a, cudaStream_t s) {
-  if (!tc_down_fits(a, BITS, kTcSmem)) return false;
-  const auto kernel = tc_down_kernel<BITS, NW>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, unsigned(std::min((a.H + 15) / 16, sm_count())), NW * 32, size_t(tc_staged_bytes(a.parts * a.I)), s,
-         a);
-  SWIFTLET_CUDA_LAUNCHED();
-  return true;
-}
 bool tc_down(const ExpertArgs& a, int bits, cudaStream_t s) {
-  return bits == 4 ? tc_down_nw<4, kTcWarps>(a, s) : tc_down_nw<8, kTcWarps>(a, s);
+  if (!tc_down_fits(a, bits, kTcSmem)) return false;
+  launch_tc(bits == 4 ? tc_down_kernel<4, kTcWarps> : tc_down_kernel<8, kTcWarps>, (a.H + 15) / 16,
+            size_t(tc_staged_bytes(a.parts * a.I)), s, a);
+  return true;
 }
 
 template <int RB, int EB, bool TC>

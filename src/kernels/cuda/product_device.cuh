@@ -251,26 +251,39 @@ __device__ __forceinline__ void ring_init(uint64_t* bars, int S) {
 #endif
 }
 
-// Thread 0: copies the ranges into `stage`, completing `bar`'s current phase when all have landed.
-__device__ __forceinline__ void issue_stage(unsigned char* stage, uint64_t* bar, const Range* r, int n) {
+// One bulk copy of `bytes` (a multiple of 16) from global src to shared dst, completing on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t total = 0;
-  for (int k = 0; k < n; ++k) total += r[k].bytes & ~15u;
-  // The block's generic-proxy reads of this stage's last use (ordered by a block barrier) come
-  // before the async proxy's writes.
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#endif
+}
+
+// Arms `bar`'s current phase for `total` bytes of bulk copies (with this thread's arrival). The
+// block's generic-proxy reads of the stage's last use (ordered by a block barrier) come first.
+__device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t total) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(total) : "memory");
-  for (int k = 0; k < n; ++k) {
-    const uint32_t b16 = r[k].bytes & ~15u;
-    if (b16)
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                       smem_u32(stage + r[k].dst_off)),
-                   "l"(r[k].src), "r"(b16), "r"(smem_u32(bar))
-                   : "memory");
-    for (uint32_t b = b16; b < r[k].bytes; ++b)  // visible to the block by the barriers before its use
-      stage[r[k].dst_off + b] = static_cast<const unsigned char*>(r[k].src)[b];
-  }
 #endif
+}
+
+// Range r into `stage`: its 16-byte multiple by a bulk copy (counted in expect_bytes), the rest
+// by this thread (visible to the block by the barriers before its use).
+__device__ __forceinline__ void copy_range(unsigned char* stage, uint64_t* bar, const Range& r) {
+  const uint32_t b16 = r.bytes & ~15u;
+  if (b16) bulk_copy(stage + r.dst_off, r.src, b16, bar);
+  for (uint32_t b = b16; b < r.bytes; ++b) stage[r.dst_off + b] = static_cast<const unsigned char*>(r.src)[b];
+}
+
+// Thread 0: copies the ranges into `stage`, completing `bar`'s current phase when all have landed.
+__device__ __forceinline__ void issue_stage(unsigned char* stage, uint64_t* bar, const Range* r, int n) {
+  uint32_t total = 0;
+  for (int k = 0; k < n; ++k) total += r[k].bytes & ~15u;
+  expect_bytes(bar, total);
+  for (int k = 0; k < n; ++k) copy_range(stage, bar, r[k]);
 }
 
 // Waits until the stage's copies for its use number `use` (0, 1, ...) have landed.
@@ -459,34 +472,21 @@ struct RowSet {
 // the ranges `extra` (lane 0), completing `bar`'s current phase when all have landed.
 __device__ __forceinline__ void issue_rows(unsigned char* stage, uint64_t* bar, const RowSet* sets, int n_sets,
                                            uint32_t rb, uint32_t rbp, const Range* extra, int n_extra) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int lane = threadIdx.x & 31;
   if (lane == 0) {
     uint32_t total = 0;
     for (int k = 0; k < n_sets; ++k) total += sets[k].nr * rb;
     for (int k = 0; k < n_extra; ++k) total += extra[k].bytes & ~15u;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(total) : "memory");
-    for (int k = 0; k < n_extra; ++k) {
-      const uint32_t b16 = extra[k].bytes & ~15u;
-      if (b16)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         smem_u32(stage + extra[k].dst_off)),
-                     "l"(extra[k].src), "r"(b16), "r"(smem_u32(bar))
-                     : "memory");
-      for (uint32_t b = b16; b < extra[k].bytes; ++b)
-        stage[extra[k].dst_off + b] = static_cast<const unsigned char*>(extra[k].src)[b];
-    }
+    expect_bytes(bar, total);
+    for (int k = 0; k < n_extra; ++k) copy_range(stage, bar, extra[k]);
   }
   __syncwarp();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
   for (int k = 0; k < n_sets; ++k)
     for (uint32_t r = uint32_t(lane); r < sets[k].nr; r += 32)
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                       smem_u32(stage + sets[k].dst_off + r * rbp)),
-                   "l"(sets[k].src + size_t(r) * rb), "r"(rb), "r"(smem_u32(bar))
-                   : "memory");
-#endif
+      bulk_copy(stage + sets[k].dst_off + r * rbp, sets[k].src + size_t(r) * rb, rb, bar);
 }
 
 // A barrier across the grid (every block resident: grid <= SMs, one block each). bar[0] counts
