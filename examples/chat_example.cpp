@@ -12,7 +12,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    auto engine = swiftlet::api::Engine::open({.model = argv[1]});
+    swiftlet::api::EngineOptions opts;  // every other option at its default
+    opts.model = argv[1];
+    auto engine = swiftlet::api::Engine::open(opts);
     std::cout << engine->describe() << "\n";
     swiftlet::api::Chat chat(*engine, {.system = "You are a helpful assistant."});
     swiftlet::api::GenerationOptions gen;
