@@ -956,6 +956,14 @@ struct TcWarp {
   }
 };
 
+// Tile row tr's product once every warp's rows are in `part` (TcWarp::rows): the sum of its 16-row
+// block's column parts, in order.
+__device__ __forceinline__ float tc_row_sum(const float* part, int tr, int iters) {
+  float sum = 0.0f;
+  for (int k = 0; k < iters; ++k) sum += part[((tr >> 4) * iters + k) * 16 + (tr & 15)];
+  return sum;
+}
+
 // y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
 template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
@@ -1018,9 +1026,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
     } else {
       const int tr = int(threadIdx.x) - 32;
       if (tr < TR && r0 + tr < sg.rows) {
-        const int rk = tr >> 4, row = tr & 15;
-        float sum = 0.0f;
-        for (int k = 0; k < tg.iters; ++k) sum += part[i & 1][(rk * tg.iters + k) * 16 + row];
+        const float sum = tc_row_sum(part[i & 1], tr, tg.iters);
         float* y = sg.y + r0 + tr;
         *y = sg.add ? *y + sum : sum;
       }
@@ -1084,13 +1090,8 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
         issue_upto(i + 1 + S);
       } else {
         const int tr = int(threadIdx.x) - 32;
-        if (tr < kR && r0 + tr < a.I) {
-          const int tu = kR + tr;  // up's tile row
-          float g = 0.0f, u = 0.0f;
-          for (int k = 0; k < tg.iters; ++k) {
-            g += part[i & 1][((tr >> 4) * tg.iters + k) * 16 + (tr & 15)];
-            u += part[i & 1][((tu >> 4) * tg.iters + k) * 16 + (tu & 15)];
-          }
+        if (tr < kR && r0 + tr < a.I) {  // gate's row tr, up's row kR + tr
+          const float g = tc_row_sum(part[i & 1], tr, tg.iters), u = tc_row_sum(part[i & 1], kR + tr, tg.iters);
           a.y[int64_t(p) * a.I + r0 + tr] = siluf_(g) * u;
         }
       }
