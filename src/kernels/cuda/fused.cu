@@ -163,19 +163,26 @@ __device__ __forceinline__ void segment_tile(const MultiArgs& a, int i, int rows
   r0 = (t - a.seg[si].rg0) * rows;
 }
 
-// Stages the products' input (see stage): a.x, or RMSNorm(a.x) when a.norm_w, which block 0 also
-// writes to a.x_out. `red`: 32 floats of shared memory.
+// The products' input value i: a.x[i], or RMSNorm(a.x)[i] when a.norm_w (inv: 1 / rms), which
+// block 0 also writes to a.x_out.
+__device__ __forceinline__ float input_value(const MultiArgs& a, float inv, int i) {
+  float v = a.x[i];
+  if (a.norm_w) {
+    v = v * inv * a.norm_w[i];
+    if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
+  }
+  return v;
+}
+// 1 / rms of a.x when a.norm_w (else 1), by the whole block. `red`: 32 floats of shared memory.
+__device__ __forceinline__ float input_rms_inv(const MultiArgs& a, float* red) {
+  return a.norm_w ? block_rms_inv(a.x, a.cols, a.eps, red) : 1.0f;
+}
+
+// Stages the products' input (see stage; input_value).
 template <int BITS>
 __device__ __forceinline__ void stage_input(float* xs, const MultiArgs& a, float* red) {
-  const float inv = a.norm_w ? block_rms_inv(a.x, a.cols, a.eps, red) : 1.0f;
-  stage<BITS>(xs, a.cols, [&](int i) {
-    float v = a.x[i];
-    if (a.norm_w) {
-      v = v * inv * a.norm_w[i];
-      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
-    }
-    return v;
-  });
+  const float inv = input_rms_inv(a, red);
+  stage<BITS>(xs, a.cols, [&](int i) { return input_value(a, inv, i); });
 }
 
 template <int BITS, int R, int J>
@@ -998,15 +1005,8 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
     for (int i = 0; i < mine && i < S; ++i) issue(i);
   }
   pdl_wait_and_release();
-  const float inv = a.norm_w ? block_rms_inv(a.x, cols, a.eps, red) : 1.0f;
-  stage_tc<BITS>(xt, cols, [&](int i) {
-    float v = a.x[i];
-    if (a.norm_w) {
-      v = v * inv * a.norm_w[i];
-      if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
-    }
-    return v;
-  });
+  const float inv = input_rms_inv(a, red);
+  stage_tc<BITS>(xt, cols, [&](int i) { return input_value(a, inv, i); });
   const TcWarp tw(xt, tg);
   for (int i = 0; i < mine; ++i) {
     stage_wait(bars + i % S, i / S);
