@@ -37,10 +37,16 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `red` is 32 floats of shared memory; the call synchronises the block.
+// A thread's index in its block and the block's warps (blockDim.x a multiple of 32; 1, 2 or 3-D).
+__device__ __forceinline__ int block_thread() {
+  return int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+}
+__device__ __forceinline__ int block_warps() { return int(blockDim.x * blockDim.y * blockDim.z) >> 5; }
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024 threads); every thread gets the
+// result. `red` is 32 floats of shared memory; the call synchronises the block.
 __device__ __forceinline__ float block_sum(float v, float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = block_thread() & 31, warp = block_thread() >> 5, nw = block_warps();
   v = warp_sum(v);
   __syncthreads();  // red may still be read by an earlier call
   if (lane == 0) red[warp] = v;
@@ -50,7 +56,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 }
 
 __device__ __forceinline__ float block_max(float v, float* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = block_thread() & 31, warp = block_thread() >> 5, nw = block_warps();
   v = warp_max(v);
   __syncthreads();
   if (lane == 0) red[warp] = v;

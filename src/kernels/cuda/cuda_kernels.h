@@ -289,6 +289,12 @@ void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_
 void attn_prep(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm, const float* d_k_norm,
                int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos, const int64_t* d_pos, float theta,
                float eps, float* d_q, float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s = nullptr);
+// attn_prep then attention_decode_at (n_pos = pos + 1, gate from P where gated) in one launch, a
+// block per query head: out [nh * hd]; writes the caches' row pos as attn_prep. hd <= 256.
+void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm,
+                    const float* d_k_norm, int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos,
+                    const int64_t* d_pos, float theta, float eps, float scale, float* d_k_cache, float* d_v_cache,
+                    float* d_out, GpuStream s = nullptr);
 // One query token against a KV cache of n_pos positions (rows of n_kv_heads * head_dim, as
 // LayerState::k/v). q: [n_heads][head_dim]; query head j reads kv head j / (n_heads / n_kv_heads);
 // softmax(q.k * scale) v; with d_gate non-null out *= sigmoid(gate) (gated attention, 3.2 step 6).
@@ -330,6 +336,24 @@ void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, 
                           const float* d_A_log, const float* d_dt_bias, float* d_S, const float* d_z,
                           const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, float* d_o,
                           GpuStream s = nullptr);
+// One token's DeltaNet inputs for deltanet_step: grouped (Qwen3-Next) x = the in_proj_qkvz row, b =
+// the in_proj_ba row (z, a unused); otherwise x = [q | k | v] (conv_dim), z [value_dim], b and a
+// [hv] (Qwen3.5's separate projections).
+struct DeltaNetIn {
+  bool grouped;
+  const float* x;
+  const float* z;
+  const float* b;
+  const float* a;
+};
+// The conv + SiLU, the q/k L2 norms (l2_eps, q scaled by q_scale; as deltanet_prep_grouped or
+// conv1d_silu_step + l2_norm_qk), then delta_rule_norm_step (gated RMSNorm with eps) in one launch,
+// without the u, z, b, a buffers: the hv / hk value heads of a key head run as one thread-block
+// cluster. Needs sm_90, hv / hk <= 8, dk <= 256, dv <= 128; returns false (nothing launched)
+// otherwise.
+bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
+                   const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
+                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s = nullptr);
 // o[h] <- w * rmsnorm(o[h]) * SiLU(z[h]) per head of dv (3.9; plain weight w [dv]).
 void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
                     GpuStream s = nullptr);

@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace swiftlet {
@@ -298,6 +299,9 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
     // The fused path (deltanet_prep_grouped + delta_rule_norm_step) on its own copy of the state.
     DevBuf<float> f_conv(conv.size()), f_S(S.size()), f_u(static_cast<size_t>(C)), f_o(static_cast<size_t>(vd)),
         f_mixed(static_cast<size_t>(C)), f_z(static_cast<size_t>(vd)), f_b(size_t(sh.hv)), f_a(size_t(sh.hv));
+    // deltanet_step (one launch, sm_90) from the grouped and from the split inputs, on their own states.
+    DevBuf<float> g_conv(conv.size()), g_S(S.size()), g_o(static_cast<size_t>(vd)), s_conv(conv.size()),
+        s_S(S.size()), s_o(static_cast<size_t>(vd));
     for (int step = 0; step < 4; ++step) {
       const std::vector<float> x = randn(rng, size_t(C)), z = randn(rng, size_t(vd)), b = randn(rng, size_t(sh.hv)),
                                a = randn(rng, size_t(sh.hv));
@@ -377,6 +381,19 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
       expect_close(f_conv.get(), conv, 0.0f, 0.0f, what + " fused conv state");
       expect_close(f_S.get(), S, 1e-4f, 1e-5f, what + " fused state");
       expect_close(f_o.get(), o, 1e-4f, 1e-4f, what + " fused output");
+
+      const cuda::DeltaNetIn grouped{true, dP.p, nullptr, dR.p, nullptr}, split{false, dx.p, dz.p, db.p, da.p};
+      const bool stepped = cuda::deltanet_step(grouped, d_conv_w.p, g_conv.p, d_A.p, d_dt.p, g_S.p, d_norm_w.p, eps,
+                                               q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, g_o.p);
+      EXPECT_EQ(stepped, cuda::deltanet_step(split, d_conv_w.p, s_conv.p, d_A.p, d_dt.p, s_S.p, d_norm_w.p, eps,
+                                             q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, s_o.p));
+      if (!stepped) continue;  // not sm_90: the two kernels above run instead
+      for (const auto& [tag, cv, st, out] : {std::tuple{" step (grouped)", &g_conv, &g_S, &g_o},
+                                             std::tuple{" step (split)", &s_conv, &s_S, &s_o}}) {
+        expect_close(cv->get(), conv, 0.0f, 0.0f, what + tag + " conv state");
+        expect_close(st->get(), S, 1e-4f, 1e-5f, what + tag + " state");
+        expect_close(out->get(), o, 1e-4f, 1e-4f, what + tag + " output");
+      }
     }
   }
 }
@@ -592,6 +609,26 @@ TEST(CudaKernels, AttnPrepMatchesReference) {
         if (gated) expect_close(dg.get(), wg, 0.0f, 0.0f, what + " gate");
         expect_close(dkc.get(), wk, 1e-5f, 1e-5f, what + " k");
         expect_close(dvc.get(), wv, 0.0f, 0.0f, what + " v");
+      }
+      // attention_step: the same prep inside the attention over the earlier positions (random rows).
+      std::vector<float> kc = randn(rng, size_t((pos + 1) * kvd)), vc = randn(rng, size_t((pos + 1) * kvd));
+      std::copy(wk.begin() + pos * kvd, wk.end(), kc.begin() + pos * kvd);
+      std::copy(wv.begin() + pos * kvd, wv.end(), vc.begin() + pos * kvd);
+      const std::vector<float> want = attention_ref(wq, kc, vc, pos + 1, nh, nkv, hd, gated ? &wg : nullptr);
+      for (bool on_device : {false, true}) {
+        std::vector<float> stale_k = kc, stale_v = vc;  // row pos must be overwritten
+        std::fill(stale_k.begin() + pos * kvd, stale_k.end(), 7.0f);
+        std::fill(stale_v.begin() + pos * kvd, stale_v.end(), 7.0f);
+        DevBuf<float> dP(P), dK(K), dV(V), dqn(qn), dkn(kn), dkc(stale_k), dvc(stale_v), dout(size_t(nh * hd));
+        DevBuf<int64_t> dpos(std::vector<int64_t>{pos});
+        cuda::attention_step(dP.p, dK.p, dV.p, dqn.p, dkn.p, nh, nkv, hd, gated, rot, on_device ? 0 : pos,
+                             on_device ? dpos.p : nullptr, theta, eps, 1.0f / std::sqrt(float(hd)), dkc.p, dvc.p,
+                             dout.p);
+        const std::string what = "attention_step hd=" + std::to_string(hd) + (gated ? " gated" : "") +
+                                 (on_device ? " device pos" : "");
+        expect_close(dout.get(), want, 1e-4f, 1e-5f, what + " out");
+        expect_close(dkc.get(), kc, 1e-5f, 1e-5f, what + " k cache");
+        expect_close(dvc.get(), vc, 0.0f, 0.0f, what + " v cache");
       }
     }
   }

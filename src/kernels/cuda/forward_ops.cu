@@ -30,6 +30,37 @@ __global__ void __launch_bounds__(kPrepThreads)
                          int(blockIdx.x));
 }
 
+// The gated-attention step of one token in one launch, a block per query head j: attn_prep's work
+// for head j and its kv head (recomputed by each of the group's blocks; the group's first block
+// writes the cache row pos), then attention_head with position pos taken from shared memory, so no
+// block reads a cache row another one writes.
+template <int DPL>
+__global__ void __launch_bounds__(detail::kAttnWarps * 32)
+    attention_step_kernel(const float* __restrict__ P, const float* __restrict__ Kp, const float* __restrict__ Vp,
+                          const float* __restrict__ qn, const float* __restrict__ kn, int nh, int nkv, int hd,
+                          bool gated, int rot, int64_t pos, const int64_t* __restrict__ d_pos, float theta, float eps,
+                          float scale, float* __restrict__ kcache, float* __restrict__ vcache,
+                          float* __restrict__ out) {
+  constexpr int kMaxHd = DPL * 32;
+  __shared__ float y[kMaxHd], q[kMaxHd], k[kMaxHd];
+  if (d_pos) pos = *d_pos;
+  const int j = blockIdx.x, group = nh / nkv, kh = j / group;
+  const float* qsrc = P + int64_t(j) * hd * (gated ? 2 : 1);
+  const float* vsrc = Vp + int64_t(kh) * hd;
+  detail::norm_rope_head(qsrc, qn, hd, rot, pos, theta, eps, y, q);
+  detail::norm_rope_head(Kp + int64_t(kh) * hd, kn, hd, rot, pos, theta, eps, y, k);
+  __syncthreads();
+  if (j % group == 0) {
+    const int64_t row = pos * int64_t(nkv) * hd + int64_t(kh) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+      kcache[row + i] = k[i];
+      vcache[row + i] = vsrc[i];
+    }
+  }
+  detail::attention_head<DPL>(q, kcache, vcache, pos + 1, hd, kh, nkv, scale, gated ? qsrc + hd : nullptr,
+                              out + int64_t(j) * hd, k, vsrc);
+}
+
 // One thread per element of the qkvz row (and of the ba row): in_proj_qkvz is per key head g [q_g
 // (dk) | k_g (dk) | v (r heads of dv) | z (r heads)], in_proj_ba per g [b (r) | a (r)].
 __global__ void unpack_grouped_kernel(const float* __restrict__ P, const float* __restrict__ R, int hk, int r, int dk,
@@ -208,6 +239,20 @@ void attn_prep(const float* d_P, const float* d_Kp, const float* d_Vp, const flo
   attn_prep_kernel<<<unsigned(nh + nkv), kPrepThreads, 0, s>>>(d_P, d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated,
                                                                rot_dim, pos, d_pos, theta, eps, d_q, d_gate, d_k_cache,
                                                                d_v_cache);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm,
+                    const float* d_k_norm, int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos,
+                    const int64_t* d_pos, float theta, float eps, float scale, float* d_k_cache, float* d_v_cache,
+                    float* d_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= 256 && rot_dim % 2 == 0 && rot_dim <= hd);
+  SWIFTLET_CUDA_REQUIRE(nkv >= 1 && nh % nkv == 0 && (d_pos || pos >= 0));
+  detail::with_dims_per_lane(hd, [&](auto dpl) {
+    attention_step_kernel<decltype(dpl)::value><<<unsigned(nh), detail::kAttnWarps * 32, 0, s>>>(
+        d_P, d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim, pos, d_pos, theta, eps, scale, d_k_cache,
+        d_v_cache, d_out);
+  });
   SWIFTLET_CUDA_LAUNCHED();
 }
 

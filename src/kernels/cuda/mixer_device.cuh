@@ -12,28 +12,17 @@ namespace swiftlet::cuda::detail {
 
 constexpr int kPrepMaxHeadDim = 1024;  // attn_prep_head's largest head_dim
 constexpr int kAttnWarps = 8;          // attention_head's warps per block
+constexpr int kAttnBatch = 4;          // positions a warp of attention_head loads at once
 
-// One block of attn_prep (3.2 steps 1-4) for one token at position pos: block b < nh is query head
-// b, block nh + j key/value head j. P, Kp, Vp, q and gate point at the token's rows; the caches
-// at row 0 (the token's row is pos). hd <= kPrepMaxHeadDim, even rot <= hd.
-__device__ __forceinline__ void attn_prep_head(const float* __restrict__ P, const float* __restrict__ Kp,
-                                               const float* __restrict__ Vp, const float* __restrict__ qn,
-                                               const float* __restrict__ kn, int nh, int nkv, int hd, bool gated,
-                                               int rot, int64_t pos, float theta, float eps, float* __restrict__ q,
-                                               float* __restrict__ gate, float* __restrict__ kcache,
-                                               float* __restrict__ vcache, int b) {
-  float* kdst = kcache + pos * int64_t(nkv) * hd;
-  float* vdst = vcache + pos * int64_t(nkv) * hd;
+// One head's RMSNorm (weight w) and RoPE on its first rot dims at position pos (3.2 steps 2-3), by
+// the whole block: dst[i] for i < hd from src. y: hd floats of shared memory (scratch); dst may be
+// shared or global memory (the caller synchronises before reading it from other threads).
+__device__ __forceinline__ void norm_rope_head(const float* __restrict__ src, const float* __restrict__ w, int hd,
+                                               int rot, int64_t pos, float theta, float eps, float* y, float* dst) {
   __shared__ float red[32];
-  __shared__ float y[kPrepMaxHeadDim];
-  const bool is_q = b < nh;
-  const int j = is_q ? b : b - nh;
-  const float* src = is_q ? P + int64_t(j) * hd * (gated ? 2 : 1) : Kp + int64_t(j) * hd;
-  const float* w = is_q ? qn : kn;
-  float* dst = is_q ? q + int64_t(j) * hd : kdst + int64_t(j) * hd;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) ss = fmaf(src[i], src[i], ss);
-  ss = block_sum(ss, red);
+  ss = block_sum(ss, red);  // also the barrier before y is written (an earlier call may read it)
   const float inv = rsqrtf(ss / float(hd) + eps);
   for (int i = threadIdx.x; i < hd; i += blockDim.x) y[i] = src[i] * inv * w[i];
   __syncthreads();
@@ -50,6 +39,24 @@ __device__ __forceinline__ void attn_prep_head(const float* __restrict__ P, cons
     }
     dst[i] = v;
   }
+}
+
+// One block of attn_prep (3.2 steps 1-4) for one token at position pos: block b < nh is query head
+// b, block nh + j key/value head j. P, Kp, Vp, q and gate point at the token's rows; the caches
+// at row 0 (the token's row is pos). hd <= kPrepMaxHeadDim, even rot <= hd.
+__device__ __forceinline__ void attn_prep_head(const float* __restrict__ P, const float* __restrict__ Kp,
+                                               const float* __restrict__ Vp, const float* __restrict__ qn,
+                                               const float* __restrict__ kn, int nh, int nkv, int hd, bool gated,
+                                               int rot, int64_t pos, float theta, float eps, float* __restrict__ q,
+                                               float* __restrict__ gate, float* __restrict__ kcache,
+                                               float* __restrict__ vcache, int b) {
+  float* kdst = kcache + pos * int64_t(nkv) * hd;
+  float* vdst = vcache + pos * int64_t(nkv) * hd;
+  __shared__ float y[kPrepMaxHeadDim];
+  const bool is_q = b < nh;
+  const int j = is_q ? b : b - nh;
+  const float* src = is_q ? P + int64_t(j) * hd * (gated ? 2 : 1) : Kp + int64_t(j) * hd;
+  norm_rope_head(src, is_q ? qn : kn, hd, rot, pos, theta, eps, y, is_q ? q + int64_t(j) * hd : kdst + int64_t(j) * hd);
   if (is_q && gated)
     for (int i = threadIdx.x; i < hd; i += blockDim.x) gate[int64_t(j) * hd + i] = src[hd + i];
   if (!is_q)
@@ -98,46 +105,62 @@ __device__ __forceinline__ void l2_norm_qk_block(float* x, int hk, int64_t n, fl
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] *= inv;
 }
 
-// Query head j of one token against cache positions [0, n_pos), one block of kAttnWarps warps.
-// Warp w takes positions w, w + 8, ...; lane l holds dims l + 32 i (i < DPL; dims past hd are
-// zero). Each warp keeps an online softmax (running max, sum, weighted V); the block merges them.
-// q, gate (or null) and out point at the token's rows [n_heads][hd].
+// One query head (q: its hd values) of one token against cache positions [0, n_pos) of kv head kh,
+// one block of kAttnWarps warps. Warp w takes positions w, w + 8, ...; lane l holds dims l + 32 i
+// (i < DPL; dims past hd are zero). Each warp keeps an online softmax (running max, sum, weighted
+// V); the block merges them. gate (or null) and out: the head's hd values. With k_last / v_last
+// non-null, position n_pos - 1 is read from them instead of the caches.
 template <int DPL>
-__device__ __forceinline__ void attention_head(const float* __restrict__ q, const float* __restrict__ kc,
-                                               const float* __restrict__ vc, int64_t n_pos, int hd, int n_heads,
-                                               int n_kv, float scale, const float* __restrict__ gate,
-                                               float* __restrict__ out, int j) {
+__device__ __forceinline__ void attention_head(const float* q, const float* __restrict__ kc,
+                                               const float* __restrict__ vc, int64_t n_pos, int hd, int kh, int n_kv,
+                                               float scale, const float* __restrict__ gate, float* __restrict__ out,
+                                               const float* k_last = nullptr, const float* v_last = nullptr) {
   constexpr int kMaxHd = DPL * 32;
   __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
   __shared__ float sm_acc[kAttnWarps][kMaxHd];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kh = j / (n_heads / n_kv);
   const int64_t kvd = int64_t(n_kv) * hd;
 
   float qr[DPL], acc[DPL];
 #pragma unroll
   for (int i = 0; i < DPL; ++i) {
     const int d = lane + 32 * i;
-    qr[i] = d < hd ? q[int64_t(j) * hd + d] : 0.0f;
+    qr[i] = d < hd ? q[d] : 0.0f;
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t p = warp; p < n_pos; p += kAttnWarps) {
-    const float* kp = kc + p * kvd + int64_t(kh) * hd;
-    float d = 0.0f;
+  // kAttnBatch positions at a time (p, p + 8, ...): their K and V rows are loaded before any is
+  // used, so the loads are in flight together; then the online softmax takes them in order.
+  for (int64_t p0 = warp; p0 < n_pos; p0 += kAttnWarps * kAttnBatch) {
+    float kr[kAttnBatch][DPL], vr[kAttnBatch][DPL];
 #pragma unroll
-    for (int i = 0; i < DPL; ++i)
-      if (lane + 32 * i < hd) d = fmaf(qr[i], kp[lane + 32 * i], d);
-    const float sc = warp_sum(d) * scale;
-    const float mn = fmaxf(m, sc);
-    const float corr = expf(m - mn);  // 0 on the first position (m = -inf)
-    const float e = expf(sc - mn);
-    const float* vp = vc + p * kvd + int64_t(kh) * hd;
+    for (int u = 0; u < kAttnBatch; ++u) {
+      const int64_t p = p0 + int64_t(u) * kAttnWarps;
+      const bool last = p == n_pos - 1;
+      const float* kp = last && k_last ? k_last : kc + p * kvd + int64_t(kh) * hd;
+      const float* vp = last && v_last ? v_last : vc + p * kvd + int64_t(kh) * hd;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i)
-      acc[i] = fmaf(e, lane + 32 * i < hd ? vp[lane + 32 * i] : 0.0f, acc[i] * corr);
-    l = l * corr + e;
-    m = mn;
+      for (int i = 0; i < DPL; ++i) {
+        const bool in = p < n_pos && lane + 32 * i < hd;
+        kr[u][i] = in ? kp[lane + 32 * i] : 0.0f;
+        vr[u][i] = in ? vp[lane + 32 * i] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kAttnBatch; ++u) {
+      if (p0 + int64_t(u) * kAttnWarps >= n_pos) break;
+      float d = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) d = fmaf(qr[i], kr[u][i], d);
+      const float sc = warp_sum(d) * scale;
+      const float mn = fmaxf(m, sc);
+      const float corr = expf(m - mn);  // 0 on the first position (m = -inf)
+      const float e = expf(sc - mn);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, vr[u][i], acc[i] * corr);
+      l = l * corr + e;
+      m = mn;
+    }
   }
   if (lane == 0) {
     sm_m[warp] = m;
@@ -156,9 +179,8 @@ __device__ __forceinline__ void attention_head(const float* __restrict__ q, cons
     for (int w = 0; w < kAttnWarps; ++w)
       if (sm_m[w] != -INFINITY) o = fmaf(sm_acc[w][d], expf(sm_m[w] - M), o);
     o /= L;
-    const int64_t oi = int64_t(j) * hd + d;
-    if (gate) o *= sigmoidf_(gate[oi]);
-    out[oi] = o;
+    if (gate) o *= sigmoidf_(gate[d]);
+    out[d] = o;
   }
 }
 

@@ -104,7 +104,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_decode_kernel(
     const int64_t* __restrict__ d_pos, int hd, int n_heads, int n_kv, float scale, const float* __restrict__ gate,
     float* __restrict__ out) {
   if (d_pos) n_pos = *d_pos + 1;
-  detail::attention_head<DPL>(q, kc, vc, n_pos, hd, n_heads, n_kv, scale, gate, out, int(blockIdx.x));
+  const int64_t j = blockIdx.x;
+  detail::attention_head<DPL>(q + j * hd, kc, vc, n_pos, hd, int(j / (n_heads / n_kv)), n_kv, scale,
+                              gate ? gate + j * hd : nullptr, out + j * hd);
 }
 
 // --- Gated DeltaNet ---------------------------------------------------------------------------

@@ -72,9 +72,9 @@ template <int DPL>
 __global__ void __launch_bounds__(detail::kAttnWarps * 32) attention_prefill_kernel(
     const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc, int64_t pos0, int hd,
     int n_heads, int n_kv, float scale, const float* __restrict__ gate, float* __restrict__ out) {
-  const int64_t t = blockIdx.y, row = int64_t(n_heads) * hd;
-  detail::attention_head<DPL>(q + t * row, kc, vc, pos0 + t + 1, hd, n_heads, n_kv, scale,
-                              gate ? gate + t * row : nullptr, out + t * row, int(blockIdx.x));
+  const int64_t t = blockIdx.y, j = blockIdx.x, at = t * int64_t(n_heads) * hd + j * hd;
+  detail::attention_head<DPL>(q + at, kc, vc, pos0 + t + 1, hd, int(j / (n_heads / n_kv)), n_kv, scale,
+                              gate ? gate + at : nullptr, out + at);
 }
 
 constexpr int kDeltaCols = 32;   // value columns per block (threadIdx.x)
