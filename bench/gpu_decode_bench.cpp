@@ -8,12 +8,17 @@
 // prefill's tok/s (second run; the first allocates), against decode's.
 //
 // Usage: swiftlet_bench_gpu_decode MODEL.qpack [--tokens N] [--gpu-cache-gb 4,8,all]
-// [--host-cache-gb G|all] [--prompt-tokens N] With random weights (the synthetic containers) routing is near uniform:
+// [--host-cache-gb G|all] [--prompt-tokens N] [--trace STEPS (default 8; 0: off; CUPTI builds)] With random weights (the synthetic containers) routing is near uniform:
 // the hit rate of a partial cache is a worst case; real models route with much more locality.
 #include "core/sys_stats.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "model/gpu_forward.h"
 #include "runtime/model_loader.h"
+#include "runtime/sampler.h"
+
+#ifdef SWIFTLET_HAVE_CUPTI
+#include "gpu_trace.h"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -149,7 +154,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string model = argv[1], caches = "4,8,all", host_cache;
-  int tokens = 64, prompt_tokens = 512;
+  int tokens = 64, prompt_tokens = 512, trace_steps = 8;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--tokens")
@@ -160,6 +165,8 @@ int main(int argc, char** argv) {
       host_cache = v;
     else if (k == "--prompt-tokens")
       prompt_tokens = std::atoi(v.c_str());
+    else if (k == "--trace")
+      trace_steps = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -211,11 +218,15 @@ int main(int argc, char** argv) {
       std::vector<int32_t> prompt;
       for (int i = 0; i < 8; ++i) prompt.push_back(int32_t((i * 7919 + 13) % c.vocab_size));
       f->run(st, prompt, LogitsMode::Last, logits);
-      // n greedy steps on fp from the logits at hand; the seconds they took.
+      // n greedy steps on fp from the logits at hand (picked by the CLI's sampler: a plain
+      // std::max_element over the vocabulary took ~0.5 ms a step); the seconds they took.
+      SamplingParams greedy_params;
+      greedy_params.greedy = true;
+      Sampler greedy(greedy_params, c.vocab_size);
       auto decode = [&](ForwardPass& fp, SessionState& s, int n) {
         const auto t0 = Clock::now();
         for (int i = 0; i < n; ++i) {
-          const int32_t t = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          const int32_t t = greedy.sample(logits, {});
           fp.run(s, std::span(&t, 1), LogitsMode::Last, logits);
         }
         return seconds_since(t0);
@@ -227,6 +238,7 @@ int main(int argc, char** argv) {
       size_t free_b = 0, total_b = 0;
       cu::device_memory(&free_b, &total_b);
       const double tok_s = tokens / dt;
+      const std::string host_timing = gpu_host_timing(*f);
       const uint64_t hits = after.hits - before.hits, misses = after.misses - before.misses;
       const double up_bytes = double(after.bytes_uploaded - before.bytes_uploaded);
       const double up_s = after.upload_seconds - before.upload_seconds;
@@ -246,6 +258,7 @@ int main(int argc, char** argv) {
             double(after.preload_bytes) / 1e9, after.preload_seconds,
             double(after.preload_bytes) / 1e9 / after.preload_seconds, after.preload_upload_seconds);
       std::printf(")\n");
+      if (!host_timing.empty()) std::printf("         %s", host_timing.c_str());
       // A fresh forward pass made with one environment switch set (read when it is made).
       auto forward_with = [&](const char* var, const char* value) {
         setenv(var, value, 1);
@@ -263,6 +276,13 @@ int main(int argc, char** argv) {
       for (int i = 0; i < std::max(prompt_tokens, 2); ++i)
         long_prompt.push_back(int32_t((i * 7919 + 101) % c.vocab_size));
       if (after.all_resident) {
+#ifdef SWIFTLET_HAVE_CUPTI
+        if (trace_steps > 0) {  // the kernel timeline of a few steps of the decode just measured
+          bench::trace_start();
+          decode(*f, st, trace_steps);
+          std::printf("\n%s\n", bench::trace_summary(bench::trace_stop(), trace_steps).c_str());
+        }
+#endif
         // The same decode launching kernel by kernel, no CUDA graph: what the graph saves.
         std::printf("         without CUDA graphs: %.2f tok/s\n",
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_GRAPHS", "0")));
@@ -274,6 +294,9 @@ int main(int argc, char** argv) {
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MOE_KERNEL", "1")));
         std::printf("         MoE as three kernels: %.2f tok/s\n",
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MOE_KERNEL", "0")));
+        // The token mixers' prep (DeltaNet conv/norms, attention q/k norms/RoPE) as kernels of its own.
+        std::printf("         mixer prep as its own kernels: %.2f tok/s\n",
+                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MIXER_STEP", "0")));
         // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
         // fresh forward pass (its own graph); the default comes last again.
         struct Variant {

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <tuple>
 
@@ -385,6 +386,7 @@ class GpuForward final : public ForwardPass {
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
   std::string profile_report() const;
+  std::string host_timing_report() const;
   size_t buffer_bytes() const override { return batch_.bytes; }
   void release_buffers() override {
     cu::gpu_sync(s_);
@@ -468,9 +470,22 @@ class GpuForward final : public ForwardPass {
   // 0 chooses; by default one kernel only when the products are not on the tensor cores (with
   // them the three kernels measured faster: 259 against 235 tok/s on the synthetic 80B, H200).
   unsigned* moe_barrier_ = nullptr;
+  // Each token mixer's prep inside its main kernel: the DeltaNet step (conv, norms, delta rule,
+  // gated norm) in one launch where the device allows (cu::deltanet_step), attention with its q/k
+  // norms, RoPE and cache write (cu::attention_step, head_dim <= 256). SWIFTLET_GPU_MIXER_STEP=0
+  // keeps the separate prep kernels (for comparison).
+  bool mixer_step_ = true;
   std::vector<cu::SharedExpert> shared_;
   float* logits_;                // [vocab]
   int32_t* h_ids_ = nullptr;     // pinned [k]
+  float* h_logits_ = nullptr;    // pinned [vocab]: the logits' download (pageable copies are slower)
+  // Host time of one-token runs (decode steps), for host_timing_report: enqueueing the step (the
+  // graph launch), waiting for the GPU and the logits, and the time between runs (the caller's).
+  struct HostTiming {
+    double enqueue_s = 0, wait_s = 0, between_s = 0;
+    int64_t steps = 0;
+    std::chrono::steady_clock::time_point last_return{};
+  } host_;
   // prefill's activations for up to `cap` tokens, rows per token (shapes as the one-token buffers
   // above); the experts' rows are per (token, choice) pair. Host side (pinned): the chosen ids, the
   // per-expert work list (group experts [E], group starts [E + 1], pairs [cap k]; uploaded to
@@ -554,6 +569,7 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
   act_ = buf(size_t((k + 1) * I));
   logits_ = buf(size_t(c.vocab_size));
   h_ids_ = static_cast<int32_t*>(cu::gpu_alloc_pinned(size_t(std::max(k, 1)) * sizeof(int32_t)));
+  h_logits_ = static_cast<float*>(cu::gpu_alloc_pinned(size_t(c.vocab_size) * sizeof(float)));
   d_tok_ = reinterpret_cast<int32_t*>(buf(1));
   d_pos_ = reinterpret_cast<int64_t*>(buf(2));
   const char* env = std::getenv("SWIFTLET_GPU_GRAPHS");  // 0: launch kernel by kernel (for comparison)
@@ -566,6 +582,8 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
     moe_barrier_ = reinterpret_cast<unsigned*>(buf(2));
     cu::gpu_memset(moe_barrier_, 0, 2 * sizeof(unsigned), s_);
   }
+  const char* ms = std::getenv("SWIFTLET_GPU_MIXER_STEP");
+  mixer_step_ = !(ms && std::string(ms) == "0");
   const char* prof = std::getenv("SWIFTLET_GPU_PROFILE");
   profile_ = prof && std::string(prof) == "1";
   if (profile_) use_graphs_ = false;
@@ -601,6 +619,7 @@ GpuForward::~GpuForward() {
     cu::gpu_free(d.v);
   }
   cu::gpu_free_pinned(h_ids_);
+  cu::gpu_free_pinned(h_logits_);
   for (cu::GpuEvent e : marks_) cu::event_destroy(e);
   cu::event_destroy(ids_ready_);
   cu::event_destroy(group_done_);
@@ -642,18 +661,29 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
     st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
     return;
   }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  const bool timed = T == 1 && host_.last_return != Clock::time_point{};
+  if (timed) host_.between_s += std::chrono::duration<double>(t0 - host_.last_return).count();
   if (mode == LogitsMode::All) logits.resize(size_t(T * c_.vocab_size));
   for (int64_t t = 0; t < T; ++t) {
     step(tokens[size_t(t)], pos_);
     ++pos_;
     if (mode == LogitsMode::All) logits_to(logits.data() + t * c_.vocab_size);
   }
+  const Clock::time_point t1 = Clock::now();
   if (mode == LogitsMode::Last) {
     logits.resize(size_t(c_.vocab_size));
     logits_to(logits.data());
   }
   profile_step_end();
   cu::gpu_sync(s_);
+  host_.last_return = Clock::now();
+  if (timed) {
+    host_.enqueue_s += std::chrono::duration<double>(t1 - t0).count();
+    host_.wait_s += std::chrono::duration<double>(host_.last_return - t1).count();
+    ++host_.steps;
+  }
   st.pos += T;
   st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
 }
@@ -663,7 +693,18 @@ void GpuForward::logits_to(float* host_row) { logits_of(h_, host_row); }
 void GpuForward::logits_of(const float* d_h_row, float* host_row) {
   project({{g_->lm_head, logits_}}, d_h_row, g_->final_norm);
   mark("final norm + lm_head");
-  cu::gpu_download(host_row, logits_, size_t(c_.vocab_size) * 4, s_);
+  const size_t bytes = size_t(c_.vocab_size) * sizeof(float);
+  cu::gpu_download(h_logits_, logits_, bytes, s_);
+  std::memcpy(host_row, h_logits_, bytes);
+}
+
+std::string GpuForward::host_timing_report() const {
+  if (host_.steps == 0) return "";
+  const double n = double(host_.steps);
+  return fmt::format(
+      "host per decode step ({} steps): enqueue {:.1f} us (the graph launch; without every expert resident the "
+      "layers with their uploads), wait for the GPU + logits {:.1f} us, between steps (the caller) {:.1f} us\n",
+      host_.steps, 1e6 * host_.enqueue_s / n, 1e6 * host_.wait_s / n, 1e6 * host_.between_s / n);
 }
 
 void GpuForward::free_batch() {
@@ -948,12 +989,19 @@ void GpuForward::gated_attention(int l) {
   LayerDev& d = dev_[size_t(l)];
   project({{w.q, p1_}, {w.k, p2_}, {w.v, p3_}}, h_, g_->layers[size_t(l)].in_norm);
   mark("attn: norm + q, k, v");
-  cu::attn_prep(p1_, p2_, p3_, w.q_norm, w.k_norm, nh, nkv, hd, c_.attn_output_gate, c_.rotary_dim(), 0, d_pos_,
-                c_.rope_theta, c_.rms_norm_eps, q_, gate_, d.k, d.v, s_);
-  mark("attn: q/k norm, rope, kv write");
-  cu::attention_decode_at(q_, d.k, d.v, 0, d_pos_, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
-                          c_.attn_output_gate ? gate_ : nullptr, core_, s_);
-  mark("attn: attention");
+  const float scale = 1.0f / std::sqrt(float(hd));
+  if (mixer_step_ && hd <= 256) {  // the prep inside the attention kernel
+    cu::attention_step(p1_, p2_, p3_, w.q_norm, w.k_norm, nh, nkv, hd, c_.attn_output_gate, c_.rotary_dim(), 0,
+                       d_pos_, c_.rope_theta, c_.rms_norm_eps, scale, d.k, d.v, core_, s_);
+    mark("attn: q/k norm, rope, kv write, attention");
+  } else {
+    cu::attn_prep(p1_, p2_, p3_, w.q_norm, w.k_norm, nh, nkv, hd, c_.attn_output_gate, c_.rotary_dim(), 0, d_pos_,
+                  c_.rope_theta, c_.rms_norm_eps, q_, gate_, d.k, d.v, s_);
+    mark("attn: q/k norm, rope, kv write");
+    cu::attention_decode_at(q_, d.k, d.v, 0, d_pos_, nh, nkv, hd, scale, c_.attn_output_gate ? gate_ : nullptr,
+                            core_, s_);
+    mark("attn: attention");
+  }
   project({{w.o, h_, true}}, core_, nullptr);  // h += o_proj(attention)
   mark("attn: h += o_proj");
 }
@@ -968,20 +1016,31 @@ void GpuForward::gated_delta_net(int l) {
   float* a = ba_ + hv;
   const float* in_norm = g_->layers[size_t(l)].in_norm;
   const float q_scale = 1.0f / std::sqrt(float(dk));
-  if (c_.family == Family::Qwen3Next) {
+  const bool grouped = c_.family == Family::Qwen3Next;
+  if (grouped)
     project({{w.qkvz, p1_}, {w.ba, p2_}}, h_, in_norm);
-    mark("gdn: norm + qkvz, ba");
-    cu::deltanet_prep_grouped(p1_, p2_, w.conv, d.conv, hk, hv / hk, dk, dv, c_.linear_conv_kernel_dim, 1e-6f,
-                              q_scale, mixed_, u_, z_, b, a, s_);
-  } else {
+  else
     project({{w.qkv, mixed_}, {w.z, z_}, {w.b, b}, {w.a, a}}, h_, in_norm);
-    cu::conv1d_silu_step(mixed_, w.conv, d.conv, C, c_.linear_conv_kernel_dim, u_, s_);
-    cu::l2_norm_qk(u_, hk, dk, 1e-6f, q_scale, s_);  // q then k: contiguous in u_
+  mark("gdn: norm + projections");
+  // The conv, the norms and the delta rule in one launch where the device allows.
+  const cu::DeltaNetIn in = grouped ? cu::DeltaNetIn{true, p1_, nullptr, p2_, nullptr}
+                                    : cu::DeltaNetIn{false, mixed_, z_, b, a};
+  if (mixer_step_ && cu::deltanet_step(in, w.conv, d.conv, w.A_log, w.dt_bias, d.ssm, w.norm, 1e-6f, q_scale,
+                                     c_.rms_norm_eps, hk, hv, dk, dv, c_.linear_conv_kernel_dim, core_, s_)) {
+    mark("gdn: conv, l2, delta rule + gated norm");
+  } else {
+    if (grouped) {
+      cu::deltanet_prep_grouped(p1_, p2_, w.conv, d.conv, hk, hv / hk, dk, dv, c_.linear_conv_kernel_dim, 1e-6f,
+                                q_scale, mixed_, u_, z_, b, a, s_);
+    } else {
+      cu::conv1d_silu_step(mixed_, w.conv, d.conv, C, c_.linear_conv_kernel_dim, u_, s_);
+      cu::l2_norm_qk(u_, hk, dk, 1e-6f, q_scale, s_);  // q then k: contiguous in u_
+    }
+    mark("gdn: unpack, conv, l2");
+    cu::delta_rule_norm_step(u_, u_ + kd, u_ + 2 * kd, b, a, w.A_log, w.dt_bias, d.ssm, z_, w.norm, c_.rms_norm_eps,
+                             hk, hv, dk, dv, core_, s_);
+    mark("gdn: delta rule + gated norm");
   }
-  mark("gdn: unpack, conv, l2");
-  cu::delta_rule_norm_step(u_, u_ + kd, u_ + 2 * kd, b, a, w.A_log, w.dt_bias, d.ssm, z_, w.norm, c_.rms_norm_eps,
-                           hk, hv, dk, dv, core_, s_);
-  mark("gdn: delta rule + gated norm");
   project({{w.out, h_, true}}, core_, nullptr);  // h += out_proj(core)
   mark("gdn: h += out_proj");
 }
@@ -1146,6 +1205,11 @@ std::string gpu_decode_profile(const ForwardPass& f) {
   return g ? g->profile_report() : "";
 }
 
+std::string gpu_host_timing(const ForwardPass& f) {
+  const auto* g = dynamic_cast<const GpuForward*>(&f);
+  return g ? g->host_timing_report() : "";
+}
+
 std::string gpu_summary(const GpuModel& g) {
   const GpuStats s = g.stats();
   return fmt::format(
@@ -1180,6 +1244,7 @@ std::shared_ptr<GpuModel> make_gpu_model(const Model&, const GpuOptions&, std::s
 std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel>) { return nullptr; }
 GpuStats gpu_stats(const GpuModel&) { return {}; }
 std::string gpu_decode_profile(const ForwardPass&) { return ""; }
+std::string gpu_host_timing(const ForwardPass&) { return ""; }
 std::string gpu_summary(const GpuModel&) { return ""; }
 
 }  // namespace swiftlet

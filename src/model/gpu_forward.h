@@ -66,6 +66,9 @@ GpuStats gpu_stats(const GpuModel& g);
 // kernel, no CUDA graph, and a timing event follows each part of each layer): lines "part
 // us/token share", a table each. Empty otherwise.
 std::string gpu_decode_profile(const ForwardPass& f);
+// The host's share of one-token runs (decode steps), averaged: enqueueing a step, waiting for the
+// GPU and the logits, and the time between runs. Empty before two such runs.
+std::string gpu_host_timing(const ForwardPass& f);
 // "NVIDIA H200 (sm_90, ...): dense 1.23 GB, expert cache 8.00 GB (4520 slots of 1.77 MB)"
 std::string gpu_summary(const GpuModel& g);
 
