@@ -9,6 +9,8 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
+#include <vector>
 
 #include "core/error.h"
 
@@ -71,6 +73,32 @@ TEST(Sampler, GreedyIsArgmaxWithLowestIdOnTies) {
   EXPECT_EQ(t.sample(l, {}), 1);
   l = {-INFINITY, -INFINITY, -5.0f, -INFINITY, -6.0f, NAN};
   EXPECT_EQ(t.sample(l, {}), 2);
+}
+
+// A real vocabulary's size (not a multiple of 8): the maximum in every lane of the 8-wide pass and
+// in its tail, ties, and NaNs, against a plain first-maximum loop.
+TEST(Sampler, GreedyOverALargeVocabularyMatchesAPlainArgmax) {
+  const int V = 151936 + 5;
+  SamplingParams p = plain();
+  p.greedy = true;
+  Sampler s(p, V);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (int at : {0, 3, 7, 8, 12345, 151935, 151936, V - 1}) {
+    std::vector<float> l(static_cast<size_t>(V));
+    for (float& x : l) x = nd(rng);
+    for (int i = 1; i < V; i += 997) l[static_cast<size_t>(i)] = NAN;
+    l[static_cast<size_t>(at)] = 50.0f;
+    if (at + 9 < V) l[static_cast<size_t>(at + 9)] = 50.0f;  // a tie in another lane: the lower id wins
+    int want = -1;
+    float best = -INFINITY;
+    for (int i = 0; i < V; ++i) {
+      const float x = std::isnan(l[static_cast<size_t>(i)]) ? -INFINITY : l[static_cast<size_t>(i)];
+      if (x > best) best = x, want = i;
+    }
+    ASSERT_EQ(want, at);
+    EXPECT_EQ(s.sample(l, {}), want) << "maximum at " << at;
+  }
 }
 
 TEST(Sampler, RepetitionPenaltyFollowsHf) {
