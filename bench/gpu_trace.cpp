@@ -101,13 +101,14 @@ std::string trace_summary(const std::vector<KernelSpan>& spans, int steps) {
     ++r.n;
     r.grid = k.grid;
     const double dur = double(k.end - k.start) / 1e3;
-    // What this kernel adds to the step: from the later of its start and its predecessor's end.
-    const double adds = i ? double(k.end - std::max(spans[i - 1].end, k.start)) / 1e3 : dur;
+    // What this kernel adds to the step: its end past its predecessor's (the idle gap before it
+    // included; nothing where it ends first).
+    const double adds = i ? std::max(0.0, (double(k.end) - double(spans[i - 1].end)) / 1e3) : dur;
     const double gap = i ? (double(k.start) - double(spans[i - 1].end)) / 1e3 : 0.0;
     r.dur_us += dur;
-    r.adds_us += std::max(adds, 0.0) + std::max(gap, 0.0);
+    r.adds_us += adds;
     r.start_gap_us += gap;
-    total_adds += std::max(adds, 0.0) + std::max(gap, 0.0);
+    total_adds += adds;
     total_dur += dur;
   }
   std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());

@@ -1626,7 +1626,7 @@ constexpr int kDnMaxDv = 128;
 constexpr int kDnMaxDk = 256;
 
 // Rows of a state column per thread: ROWS = 16 for dk <= 128, 32 for dk <= 256.
-int delta_rows(int dk) { return dk <= 8 * kDnSlices * 2 ? 16 : 32; }
+int delta_rows(int dk) { return dk <= 16 * kDnSlices ? 16 : kDnMaxDk / kDnSlices; }
 
 // Thread (j, y) of a delta-rule block loads rows y, y + 8, ... of column j of the head's state Sh
 // ([dk][dv]) into registers, every load issued before any is used, so they are in flight together.
