@@ -19,6 +19,9 @@
 #ifdef SWIFTLET_HAVE_CUPTI
 #include "gpu_trace.h"
 #endif
+#ifdef SWIFTLET_GPU_PROBE
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -281,6 +284,13 @@ int main(int argc, char** argv) {
           bench::trace_start();
           decode(*f, st, trace_steps);
           std::printf("\n%s\n", bench::trace_summary(bench::trace_stop(), trace_steps).c_str());
+        }
+#endif
+#ifdef SWIFTLET_GPU_PROBE
+        for (int rep = 0; rep < 2; ++rep) {  // phase timestamps of one step (the last layer's kernels)
+          swiftlet::cuda::probe_begin();
+          decode(*f, st, 1);
+          std::printf("%s\n", swiftlet::cuda::probe_end().c_str());
         }
 #endif
         // The same decode launching kernel by kernel, no CUDA graph: what the graph saves.

@@ -1026,7 +1026,8 @@ void GpuForward::gated_delta_net(int l) {
   const cu::DeltaNetIn in = grouped ? cu::DeltaNetIn{true, p1_, nullptr, p2_, nullptr}
                                     : cu::DeltaNetIn{false, mixed_, z_, b, a};
   if (mixer_step_ && cu::deltanet_step(in, w.conv, d.conv, w.A_log, w.dt_bias, d.ssm, w.norm, 1e-6f, q_scale,
-                                     c_.rms_norm_eps, hk, hv, dk, dv, c_.linear_conv_kernel_dim, core_, s_)) {
+                                     c_.rms_norm_eps, hk, hv, dk, dv, c_.linear_conv_kernel_dim, core_, s_,
+                                     /*state_early=*/true)) {  // the predecessor: the projections above
     mark("gdn: conv, l2, delta rule + gated norm");
   } else {
     if (grouped) {

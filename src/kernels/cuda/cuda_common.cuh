@@ -88,6 +88,25 @@ __device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
   return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
 }
 
+// Programmatic Dependent Launch (sm_90): a kernel launched with the PDL attribute may start while
+// its predecessor finishes; it prefetches what does not depend on the predecessor (its weights)
+// and then waits (griddepcontrol.wait: the predecessor has completed and its writes are visible).
+// Each fused kernel lets its successor start only after its own wait, so when a kernel starts,
+// the kernel two back has completed (expert_down reads the top-k ids that way before waiting).
+// Without the attribute both instructions are no-ops.
+__device__ __forceinline__ void pdl_wait_and_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// The lanes of a warp prefetch [p, p + bytes) into the L2, one 128-byte line each.
+__device__ __forceinline__ void prefetch_lines(const void* p, int64_t bytes, int lane) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = int64_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(c + o);
+}
+
 }  // namespace swiftlet::cuda::detail
 
 #define SWIFTLET_CUDA_CHECK(call)                                                               \

@@ -179,6 +179,13 @@ void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d
 // into the L2 before waiting for the predecessor's results), and blocks per SM of the products
 // (0: by register use). Not thread-safe; set before launching.
 void set_fused_launch(bool pdl, int blocks_per_sm);
+#ifdef SWIFTLET_GPU_PROBE
+// Phase timestamps of the decode kernels (fused.cu; a development build, -DSWIFTLET_GPU_PROBE=ON):
+// probe_begin() arms them, probe_end() synchronises, disarms and reports, per probed kernel and
+// mark, when its blocks passed the mark.
+void probe_begin();
+std::string probe_end();
+#endif
 // The streamed products (sm_90+, on by default there; SWIFTLET_GPU_STREAM=0 turns them off):
 // fused_matvec, expert_act(_routed) and expert_down_add bring each block's weight rows into shared
 // memory by bulk copies (TMA) kept in flight ahead of the arithmetic, the first ones before the
@@ -290,7 +297,8 @@ void attn_prep(const float* d_P, const float* d_Kp, const float* d_Vp, const flo
                int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos, const int64_t* d_pos, float theta,
                float eps, float* d_q, float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s = nullptr);
 // attn_prep then attention_decode_at (n_pos = pos + 1, gate from P where gated) in one launch, a
-// block per query head: out [nh * hd]; writes the caches' row pos as attn_prep. hd <= 256.
+// block per query head: out [nh * hd]; writes the caches' row pos as attn_prep. hd <= 256. *d_pos
+// is read before the PDL wait: the previous launch on s must not write it.
 void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm,
                     const float* d_k_norm, int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos,
                     const int64_t* d_pos, float theta, float eps, float scale, float* d_k_cache, float* d_v_cache,
@@ -350,10 +358,13 @@ struct DeltaNetIn {
 // conv1d_silu_step + l2_norm_qk), then delta_rule_norm_step (gated RMSNorm with eps) in one launch,
 // without the u, z, b, a buffers: the hv / hk value heads of a key head run as one thread-block
 // cluster. Needs sm_90, hv / hk <= 8, dk <= 256, dv <= 128; returns false (nothing launched)
-// otherwise.
+// otherwise. state_early: the previous launch on s does not write d_S and waits for its own
+// predecessor (a decode layer's projection qualifies; another step on the same state does not), so
+// the state loads may start while it finishes.
 bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
                    const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
-                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s = nullptr);
+                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s = nullptr,
+                   bool state_early = false);
 // o[h] <- w * rmsnorm(o[h]) * SiLU(z[h]) per head of dv (3.9; plain weight w [dv]).
 void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
                     GpuStream s = nullptr);

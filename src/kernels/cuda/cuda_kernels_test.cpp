@@ -385,8 +385,11 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
       const cuda::DeltaNetIn grouped{true, dP.p, nullptr, dR.p, nullptr}, split{false, dx.p, dz.p, db.p, da.p};
       const bool stepped = cuda::deltanet_step(grouped, d_conv_w.p, g_conv.p, d_A.p, d_dt.p, g_S.p, d_norm_w.p, eps,
                                                q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, g_o.p);
+      // The split step with its state loaded before the PDL wait: its predecessor (the grouped
+      // step) writes other buffers, as a decode layer's projection does.
       EXPECT_EQ(stepped, cuda::deltanet_step(split, d_conv_w.p, s_conv.p, d_A.p, d_dt.p, s_S.p, d_norm_w.p, eps,
-                                             q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, s_o.p));
+                                             q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, s_o.p, nullptr,
+                                             /*state_early=*/true));
       if (!stepped) continue;  // not sm_90: the two kernels above run instead
       for (const auto& [tag, cv, st, out] : {std::tuple{" step (grouped)", &g_conv, &g_S, &g_o},
                                              std::tuple{" step (split)", &s_conv, &s_S, &s_o}}) {

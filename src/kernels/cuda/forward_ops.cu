@@ -4,6 +4,7 @@
 // (3.10). Each mirrors a loop of model/qwen3_hybrid.cpp; fp32 throughout.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mixer_device.cuh"
 
 #include <cuda_fp16.h>
@@ -33,7 +34,8 @@ __global__ void __launch_bounds__(kPrepThreads)
 // The gated-attention step of one token in one launch, a block per query head j: attn_prep's work
 // for head j and its kv head (recomputed by each of the group's blocks; the group's first block
 // writes the cache row pos), then attention_head with position pos taken from shared memory, so no
-// block reads a cache row another one writes.
+// block reads a cache row another one writes. Launched with PDL: before the wait, the group's
+// blocks share out the earlier positions' K and V rows (earlier tokens wrote them) into the L2.
 template <int DPL>
 __global__ void __launch_bounds__(detail::kAttnWarps * 32)
     attention_step_kernel(const float* __restrict__ P, const float* __restrict__ Kp, const float* __restrict__ Vp,
@@ -43,8 +45,17 @@ __global__ void __launch_bounds__(detail::kAttnWarps * 32)
                           float* __restrict__ out) {
   constexpr int kMaxHd = DPL * 32;
   __shared__ float y[kMaxHd], q[kMaxHd], k[kMaxHd];
-  if (d_pos) pos = *d_pos;
+  if (d_pos) pos = *d_pos;  // not the predecessor's (attention_step)
   const int j = blockIdx.x, group = nh / nkv, kh = j / group;
+  {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t kvd = int64_t(nkv) * hd, first = int64_t(j % group) * detail::kAttnWarps + warp;
+    for (int64_t p = first; p < pos; p += int64_t(group) * detail::kAttnWarps) {
+      detail::prefetch_lines(kcache + p * kvd + int64_t(kh) * hd, int64_t(hd) * 4, lane);
+      detail::prefetch_lines(vcache + p * kvd + int64_t(kh) * hd, int64_t(hd) * 4, lane);
+    }
+  }
+  detail::pdl_wait_and_release();
   const float* qsrc = P + int64_t(j) * hd * (gated ? 2 : 1);
   const float* vsrc = Vp + int64_t(kh) * hd;
   detail::norm_rope_head(qsrc, qn, hd, rot, pos, theta, eps, y, q);
@@ -249,9 +260,9 @@ void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, cons
   SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= 256 && rot_dim % 2 == 0 && rot_dim <= hd);
   SWIFTLET_CUDA_REQUIRE(nkv >= 1 && nh % nkv == 0 && (d_pos || pos >= 0));
   detail::with_dims_per_lane(hd, [&](auto dpl) {
-    attention_step_kernel<decltype(dpl)::value><<<unsigned(nh), detail::kAttnWarps * 32, 0, s>>>(
-        d_P, d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim, pos, d_pos, theta, eps, scale, d_k_cache,
-        d_v_cache, d_out);
+    detail::launch(attention_step_kernel<decltype(dpl)::value>, unsigned(nh), detail::kAttnWarps * 32, 0, s, d_P,
+                   d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim, pos, d_pos, theta, eps, scale,
+                   d_k_cache, d_v_cache, d_out);
   });
   SWIFTLET_CUDA_LAUNCHED();
 }

@@ -3,12 +3,14 @@
 // the shared-memory tile ring and the grid barrier they use are in product_device.cuh.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/product_device.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -18,6 +20,27 @@
 namespace swiftlet::cuda {
 
 using namespace detail;  // cuda_common.cuh's helpers and product_device.cuh's product loop
+
+// Phase timestamps of the decode kernels, a development tool (cmake -DSWIFTLET_GPU_PROBE=ON; off
+// by default, and then probe() is empty). Thread 0 of each block of a kernel of kind `kind` writes
+// %globaltimer and clock64 at mark m into the buffer probe_begin() installs; probe_end() reports
+// per mark when the blocks passed it. The last launch of a kind in the step is what remains.
+enum ProbeKind { kProbeAct, kProbeDown, kProbeProduct, kProbeDeltaNet, kProbeKinds };
+#ifdef SWIFTLET_GPU_PROBE
+constexpr int kProbeBlocks = 256, kProbeMarks = 16;
+__device__ unsigned long long* g_probe;  // [kind][block][kProbeMarks timers, kProbeMarks clocks]
+__device__ __forceinline__ void probe(int kind, int mark) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && g_probe && blockIdx.x < kProbeBlocks) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    unsigned long long* b = g_probe + (size_t(kind) * kProbeBlocks + blockIdx.x) * 2 * kProbeMarks;
+    b[mark] = t;
+    b[kProbeMarks + mark] = clock64();
+  }
+}
+#else
+__device__ __forceinline__ void probe(int, int) {}
+#endif
 
 namespace {
 
@@ -37,98 +60,9 @@ int fixed_chunks(int64_t cols, int R) {
   return 0;
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
-    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
-
-// Launch settings (set_fused_launch): PDL on sm_90+, and blocks per SM of the products. Every block
-// of a product stays resident and stages its x once; its warps then take row groups grid-stride.
-// Fewer blocks per SM leave room for the successor's blocks to start early and prefetch.
-struct Tuning {
-  bool capable = false;  // sm_90+
-  bool pdl = false;
-  bool stream = false;  // the streamed products (sm_90+; SWIFTLET_GPU_STREAM=0 turns them off)
-  int stream_warps = 16;  // warps per block of the streamed products (8 or 16)
-  bool tc = false;  // the streamed products on the tensor cores where they fit (SWIFTLET_GPU_TC=0: off)
-  int blocks_per_sm = 0;  // 0: by registers (R = 1, 2, 4 use ~45, ~80, ~115 per thread)
-};
-Tuning& tuning() {
-  static Tuning t = [] {
-    Tuning v;
-    int dev = 0, major = 0;
-    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
-    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    v.capable = v.pdl = major >= 9;
-    const char* env = std::getenv("SWIFTLET_GPU_STREAM");
-    v.stream = v.capable && !(env && std::string(env) == "0");
-    const char* tc = std::getenv("SWIFTLET_GPU_TC");
-    v.tc = v.capable && !(tc && std::string(tc) == "0");
-    return v;
-  }();
-  return t;
-}
 int blocks_per_sm(int R) {
   if (tuning().blocks_per_sm > 0) return tuning().blocks_per_sm;
   return R >= 4 ? 2 : R == 2 ? 3 : 4;
-}
-
-// Blocks of `kernel` (256 threads, `smem` dynamic shared memory) that fit on one SM, asked once per
-// kernel.
-int occupancy(const void* kernel, size_t smem) {
-  static std::mutex mu;
-  static std::vector<std::pair<const void*, int>> known;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [k, n] : known)
-    if (k == kernel) return n;
-  int n = 0;
-  SWIFTLET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
-  known.emplace_back(kernel, n > 0 ? n : 1);
-  return known.back().second;
-}
-
-// Launches kernel<<<grid, block, smem, s>>>(args...), with the PDL attribute when enabled. A
-// grid-stride product kernel (resident) gets at most the blocks that are resident at once. With
-// cluster > 0, blocks [c cluster, (c + 1) cluster) of grid.x form a thread-block cluster (sm_90).
-template <typename... Params, typename... Args>
-void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool resident,
-                    unsigned cluster, Args&&... args) {
-  if (resident) {
-    const unsigned cap = unsigned(occupancy(reinterpret_cast<const void*>(kernel), smem) * sm_count());
-    if (grid.x > cap) grid.x = cap;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (tuning().pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 0) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n++].val.clusterDim = {cluster, 1, 1};
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  SWIFTLET_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-template <typename... Params, typename... Args>
-void launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool resident,
-               Args&&... args) {
-  launch_cluster(kernel, grid, block, smem, s, resident, 0, std::forward<Args>(args)...);
-}
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  launch_ex(kernel, grid, block, smem, s, false, std::forward<Args>(args)...);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -395,10 +329,18 @@ __global__ void __launch_bounds__(kTopkThreads) router_sort_kernel(const float* 
 // The same top k by one warp, with no block barrier (expert_act_routed runs it in warp 0 while the
 // other warps stage x): lane l holds logits l, l + 32, ... (PER of them, E <= 32 PER). The same
 // softmax and order (ties to the lower index) as block_topk; the softmax sum runs in another
-// order, so the weights may differ from router_topk's in the last bits. Lane 0 writes ids/weights.
+// order, so the weights may differ from router_topk's in the last bits. Lane 0 writes ids, lanes
+// < k the weights.
+//
+// A probability p >= 0 orders as its bits, so each is a key (bits + 1; 0: no expert, or taken) and
+// a round of the selection is two warp reductions (__reduce_max_sync of the lanes' best keys, then
+// __reduce_min_sync of the indices holding that key) and the winner lane's new best, by a tree
+// over its PER keys that keeps the lower index on ties. (Ten rounds of shuffle argmax over all
+// PER values took ~5 us of the act kernel's critical path.)
 template <int PER>
 __device__ __forceinline__ void warp_topk(const float* __restrict__ lr, int E, int k, bool renormalise, int32_t* ids,
                                           float* weights) {
+  static_assert((PER & (PER - 1)) == 0, "PER: a power of two");
   const int lane = threadIdx.x & 31;
   float p[PER];
   float m = -INFINITY;
@@ -417,38 +359,51 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ lr, int E, i
     s += e;
   }
   const float inv = 1.0f / warp_sum(s);
+  uint32_t key[PER];
 #pragma unroll
-  for (int j = 0; j < PER; ++j) p[j] = lane + 32 * j < E ? p[j] * inv : -1.0f;
+  for (int j = 0; j < PER; ++j) key[j] = lane + 32 * j < E ? __float_as_uint(p[j] * inv) + 1u : 0u;
+  // The lane's best key and its j (the lowest j among equal keys).
+  auto best_of = [&](uint32_t& best, int& bj) {
+    uint32_t kk[PER];
+    int jj[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      kk[j] = key[j];
+      jj[j] = j;
+    }
+#pragma unroll
+    for (int w = 1; w < PER; w *= 2)
+#pragma unroll
+      for (int j = 0; j < PER; j += 2 * w)
+        if (kk[j + w] > kk[j]) {  // ties keep the lower block
+          kk[j] = kk[j + w];
+          jj[j] = jj[j + w];
+        }
+    best = kk[0];
+    bj = jj[0];
+  };
+  uint32_t best;
+  int bj;
+  best_of(best, bj);
   float sum = 0.0f;
   for (int r = 0; r < k; ++r) {
-    float bv = -2.0f;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int j = 0; j < PER; ++j)
-      if (beats(p[j], lane + 32 * j, bv, bi)) {
-        bv = p[j];
-        bi = lane + 32 * j;
-      }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (beats(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < PER; ++j)
-      if (lane + 32 * j == bi) p[j] = -2.0f;  // taken
-    sum += bv;
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+    const uint32_t win = __reduce_min_sync(0xffffffffu, best == top ? uint32_t(lane + 32 * bj) : 0xffffffffu);
+    const float pv = __uint_as_float(top - 1u);
+    sum += pv;
     if (lane == 0) {
-      ids[r] = bi;
-      weights[r] = bv;
+      ids[r] = int32_t(win);
+      weights[r] = pv;
+    }
+    if (lane == int(win & 31u)) {
+#pragma unroll
+      for (int j = 0; j < PER; ++j)
+        if (j == bj) key[j] = 0u;  // taken
+      best_of(best, bj);
     }
   }
-  if (lane == 0 && renormalise)
-    for (int r = 0; r < k; ++r) weights[r] /= sum;
+  __syncwarp();
+  if (renormalise && lane < k) weights[lane] /= sum;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -756,8 +711,8 @@ __device__ __forceinline__ int part_at(const ExpertArgs& a, int q) {
 }
 
 // The act's tiles, as ActStream and ActStreamTc (below) share them: kR rows of gate, then the same
-// rows of up, of one part, rows rbp bytes apart, then gate's scales and biases and up's (16-byte
-// aligned); block b takes tiles b, b + grid, ... Derived::issue(i) brings tile i into its stage.
+// rows of up, of one part, then gate's scales and biases and up's (16-byte aligned); block b takes
+// tiles b, b + grid, ... Derived::issue(i) brings tile i into its stage.
 template <typename Derived>
 struct ActTiles {
   const ExpertArgs& a;
@@ -765,19 +720,17 @@ struct ActTiles {
   uint64_t* bars;
   const size_t* bases;  // slot base of each routed part
   int kR, groups, S, per_part, mine;
-  uint32_t rb, rbp, srb, up_off, gs_off, gb_off, us_off, ub_off;
+  uint32_t rb, srb, up_off, gs_off, gb_off, us_off, ub_off;
   int issued = 0;  // the issuing thread's (or warp's) count of tiles issued
 
-  __device__ ActTiles(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs, int rows, int bits,
-                      uint32_t pad)
+  __device__ ActTiles(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs, int rows, int bits)
       : a(args), ring(r), bars(b), bases(bs), kR(rows) {
     groups = a.H / a.gs_in;
     S = a.stages;
     rb = uint32_t(a.H) * uint32_t(bits) / 8;
-    rbp = rb + pad;
     srb = uint32_t(groups) * (a.st_in == kScaleF32 ? 4u : 2u);
     const uint32_t s16 = align16(uint32_t(kR) * srb);
-    up_off = uint32_t(kR) * rbp;
+    up_off = uint32_t(kR) * rb;
     gs_off = 2 * up_off;
     gb_off = gs_off + s16;
     us_off = gb_off + s16;
@@ -832,7 +785,7 @@ struct ActStream : ActTiles<ActStream<BITS, NW>> {
       Base::us_off, Base::ub_off, Base::groups, Base::locate, Base::issue_upto;
 
   __device__ ActStream(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs)
-      : Base(args, r, b, bs, NW, BITS, 0) {}
+      : Base(args, r, b, bs, NW, BITS) {}
   __device__ void issue(int i) {  // thread 0
     RowSet rows[2];
     Range ex[4];
@@ -880,6 +833,7 @@ struct ActStream : ActTiles<ActStream<BITS, NW>> {
 // shared expert; block 0 writes the routed ids and weights out.
 __device__ __forceinline__ void route_warp(const ExpertArgs& a, int32_t* ids, float* wts, size_t* bases) {
   if (a.logits) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);  // lane 0 writes
+  probe(kProbeAct, 3);  // the top-k
   __syncwarp();
   const int p = threadIdx.x & 31;
   if (p < a.n) {
@@ -893,6 +847,7 @@ __device__ __forceinline__ void route_warp(const ExpertArgs& a, int32_t* ids, fl
     bases[p] = 0;  // the shared expert: its offsets are addresses
   }
   __syncwarp();
+  probe(kProbeAct, 4);  // the slot bases
 }
 
 template <int BITS, int NW>
@@ -916,7 +871,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __gr
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core streamed products (product_device.cuh's tc_* functions): the same tiles and ring,
-// rows padded to rbp = rb + 16 bytes in the stage (one bulk copy a row, issued by warp 0's lanes).
+// a tile's rows of a matrix one bulk copy (issued by warp 0), contiguous in the stage as in memory.
 // Warp w takes column part w % iters of 16-row block w / iters of every tile, so its B fragments
 // stay in registers for the whole kernel; a tile's rows are summed over the parts in shared memory
 // (`part`, double-buffered by tile) by the threads of warps 1.. after the tile's barrier.
@@ -963,13 +918,13 @@ struct TcWarp {
     busy = rbk < tg.rbt;
     tc_load(xt, tg.groups, G, G < tg.groups, fr);
   }
-  // The warp's 16 rows of the stage `st` (rows rbp bytes apart) times its columns of x, scaled
+  // The warp's 16 rows of the stage `st` (rows rb bytes apart) times its columns of x, scaled
   // (tc_fold: the lane's rows are rows[k] of scales sc[k] / biases bi[k]), into part[warp 16 + r].
   template <int BITS>
-  __device__ void rows(const unsigned char* st, uint32_t rbp, const void* const (&sc)[2], const void* const (&bi)[2],
+  __device__ void rows(const unsigned char* st, uint32_t rb, const void* const (&sc)[2], const void* const (&bi)[2],
                        const int (&row)[2], int groups, int st_type, float* part) const {
     float dot[2], v[2];
-    tc_rows<BITS>(st + size_t(rbk) * 16 * rbp, rbp, fr, G, dot);
+    tc_rows<BITS>(st + size_t(rbk) * 16 * rb, rb, fr, G, dot);
     tc_fold(fr, dot, sc, bi, row, groups, G, st_type, v);
     if ((threadIdx.x & 3) == 0) {
       part[(threadIdx.x >> 5) * 16 + n] = v[0];
@@ -986,6 +941,43 @@ __device__ __forceinline__ float tc_row_sum(const float* part, int tr, int iters
   return sum;
 }
 
+// stage_tc of the products' input (input_value). With a norm, where each warp's groups fit in one
+// batch (a row of up to 4 groups a warp), x and the norm's weights are read once, into registers,
+// for both the sum of squares and the staging: one round of reads after the PDL wait, not two.
+template <int BITS>
+__device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArgs& a, float* red) {
+  constexpr int kBatch = 4;
+  const int groups = a.cols / kTcGs, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (!a.norm_w || groups > kBatch * nw) {
+    const float inv = input_rms_inv(a, red);
+    stage_tc<BITS>(xt, a.cols, [&](int i) { return input_value(a, inv, i); });
+    return;
+  }
+  float v[kBatch][2], w[kBatch][2], ss = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int G = warp + u * nw, i = G * kTcGs + 32 * h + lane;
+      v[u][h] = G < groups ? a.x[i] : 0.0f;
+      w[u][h] = G < groups ? a.norm_w[i] : 0.0f;
+      ss = fmaf(v[u][h], v[u][h], ss);
+    }
+  const float inv = rsqrtf(block_sum(ss, red) / float(a.cols) + a.eps);
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int G = warp + u * nw;
+    if (G >= groups) break;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      v[u][h] = v[u][h] * inv * w[u][h];
+      if (blockIdx.x == 0 && a.x_out) a.x_out[G * kTcGs + 32 * h + lane] = v[u][h];
+    }
+    stage_tc_group<BITS>(xt, tc_info(xt, a.cols), G, v[u]);
+  }
+  __syncthreads();
+}
+
 // y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
 template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
@@ -999,8 +991,8 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
   TcGeom tg = tc_geom(cols, NW);
   tg.rbt = a.tc_rbt;
   const int TR = 16 * tg.rbt;
-  const uint32_t rb = uint32_t(cols) * BITS / 8, rbp = rb + 16, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
-  const uint32_t sc_off = uint32_t(TR) * rbp, bi_off = sc_off + align16(uint32_t(TR) * srb);
+  const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
+  const uint32_t sc_off = uint32_t(TR) * rb, bi_off = sc_off + align16(uint32_t(TR) * srb);
   const int mine = block_tiles(a.total_rg);
   auto locate = [&](int i, int& si, int& r0) { segment_tile(a, i, TR, si, r0); };
   auto issue = [&](int i) {  // warp 0
@@ -1011,20 +1003,30 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
     const RowSet rows{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0};
     const Range ex[2] = {{static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
                          {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
-    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, rbp, ex, 2);
+    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, ex, 2);
   };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Probed: products of 300 to 1000 tiles (the 80B's in_proj_qkvz: 386), not the lm_head.
+  const bool pr = a.total_rg >= 300 && a.total_rg <= 1000;
+  if (pr) probe(kProbeProduct, 0);
   if (warp == 0) {
     if (lane == 0) ring_init(bars, S);
     __syncwarp();
-    for (int i = 0; i < mine && i < S; ++i) issue(i);
+    for (int i = 0; i < mine && i < S; ++i) {
+      issue(i);
+      if (pr && i == 0) probe(kProbeProduct, 1);
+    }
   }
+  if (pr) probe(kProbeProduct, 2);
   pdl_wait_and_release();
-  const float inv = input_rms_inv(a, red);
-  stage_tc<BITS>(xt, cols, [&](int i) { return input_value(a, inv, i); });
+  if (pr) probe(kProbeProduct, 3);
+  stage_tc_input<BITS>(xt, a, red);
+  if (pr) probe(kProbeProduct, 4);
   const TcWarp tw(xt, tg);
   for (int i = 0; i < mine; ++i) {
     stage_wait(bars + i % S, i / S);
+    if (pr && i == 0) probe(kProbeProduct, 5);
+    if (pr && i == mine - 1) probe(kProbeProduct, 6);
     int si, r0;
     locate(i, si, r0);
     const Segment& sg = a.seg[si];
@@ -1033,7 +1035,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
       const void* const sc[2] = {st + sc_off, st + sc_off};
       const void* const bi[2] = {st + bi_off, st + bi_off};
       const int row[2] = {tw.rbk * 16 + tw.n, tw.rbk * 16 + tw.n + 8};
-      tw.rows<BITS>(st, rbp, sc, bi, row, tg.groups, a.st, part[i & 1]);
+      tw.rows<BITS>(st, rb, sc, bi, row, tg.groups, a.st, part[i & 1]);
     }
     __syncthreads();  // every warp is done with the stage; the parts are in
     if (warp == 0) {
@@ -1047,6 +1049,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
       }
     }
   }
+  if (pr) probe(kProbeProduct, 7);
 }
 
 // expert_act on the tensor cores: a tile is kR = 8 rbt rows of gate and the same rows of up of one
@@ -1056,19 +1059,19 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
 template <int BITS, int NW>
 struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
   using Base = ActTiles<ActStreamTc<BITS, NW>>;
-  using Base::a, Base::ring, Base::bars, Base::S, Base::mine, Base::rb, Base::rbp, Base::kR, Base::gs_off,
+  using Base::a, Base::ring, Base::bars, Base::S, Base::mine, Base::rb, Base::kR, Base::gs_off,
       Base::gb_off, Base::us_off, Base::ub_off, Base::locate, Base::issue_upto;
   float (*part)[NW * 16];
   TcGeom tg;
 
   __device__ ActStreamTc(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs,
                          float (*pt)[NW * 16])
-      : Base(args, r, b, bs, 8 * tc_geom(args.H, NW).rbt, BITS, 16), part(pt), tg(tc_geom(args.H, NW)) {}
+      : Base(args, r, b, bs, 8 * tc_geom(args.H, NW).rbt, BITS), part(pt), tg(tc_geom(args.H, NW)) {}
   __device__ void issue(int i) {  // warp 0
     RowSet rows[2];
     Range ex[4];
     this->sources(i, rows, ex);
-    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rows, 2, rb, rbp, ex, 4);
+    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rows, 2, rb, ex, 4);
   }
   // Warp 0, before the ids are known: init, then the shared expert's first tiles.
   __device__ void start() {
@@ -1082,6 +1085,8 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
     const TcWarp tw(xt, tg);
     for (int i = 0; i < mine; ++i) {
       stage_wait(bars + i % S, i / S);
+      if (i == 0) probe(kProbeAct, 7);
+      if (i == mine - 1) probe(kProbeAct, 8);
       int q, r0;
       locate(i, q, r0);
       const int p = part_at(a, q);
@@ -1098,7 +1103,7 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
           bi[k] = st + (gate ? gb_off : ub_off);
           row[k] = gate ? tr : tr - kR;
         }
-        tw.rows<BITS>(st, rbp, sc, bi, row, tg.groups, a.st_in, part[i & 1]);
+        tw.rows<BITS>(st, rb, sc, bi, row, tg.groups, a.st_in, part[i & 1]);
       }
       __syncthreads();  // every warp is done with the stage; the parts are in
       if (warp == 0) {
@@ -1192,31 +1197,130 @@ __device__ __forceinline__ void tc_down_rows(const ExpertArgs& a, const size_t* 
   }
 }
 
-// expert_down_add on the tensor cores. The ids two kernels back (ids_early): the block's rows of
-// every part into the L2 before the wait.
+// expert_down_add on the tensor cores, a block per 16 output rows (grid-stride). Each part's 16 rows
+// and their scales and biases come into shared memory by bulk copies (part p at p a.stage_bytes
+// past a.ring_off; one copy a range, so the copy engine is not fed row by row): the shared
+// expert's before the PDL wait, the routed experts' once the ids are known (before the wait too
+// where they are two kernels back, ids_early). The items and their sums are tc_down_rows' (same
+// order, same result), read from shared memory.
 template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_constant__ ExpertArgs a) {
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
+  unsigned char* st = xt + a.ring_off;
+  __shared__ uint64_t bars[2];  // the shared expert's rows, the routed experts'
   __shared__ size_t bases[kMaxParts];
   __shared__ float coefs[kMaxParts];
   __shared__ float red[NW * 16];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (a.ids_early && warp < a.parts) {
-    const size_t base = part_base(a, warp);
-    const Part& m = warp < a.n ? a.down : a.sh_down;
-    const int64_t rb = int64_t(a.I) * BITS / 8, srb = int64_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4 : 2);
-    for (int rbk = int(blockIdx.x); rbk < (a.H + 15) / 16; rbk += int(gridDim.x)) {
-      const int64_t nr = min(16, a.H - rbk * 16);
-      prefetch_lines(at<char>(base, m.data) + rbk * 16 * rb, nr * rb, lane);
-      prefetch_lines(at<char>(base, m.scales) + rbk * 16 * srb, nr * srb, lane);
-      prefetch_lines(at<char>(base, m.biases) + rbk * 16 * srb, nr * srb, lane);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = NW;
+  const int t = lane & 3, n = lane >> 2;
+  const uint32_t rb = uint32_t(a.I) * BITS / 8, srb = uint32_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4u : 2u);
+  const uint32_t sc_off = 16 * rb, bi_off = sc_off + align16(16 * srb);
+  const int n_rb = (a.H + 15) / 16;
+  const bool sh = a.parts > a.n;
+  // Part p's ranges for row block rbk (slot base `base`), and their bulk-copied bytes.
+  auto ranges = [&](int p, size_t base, int rbk, Range (&r)[3]) {
+    const Part& m = p < a.n ? a.down : a.sh_down;
+    const uint32_t nr = uint32_t(min(16, a.H - rbk * 16)), off = uint32_t(p) * uint32_t(a.stage_bytes);
+    r[0] = {at<char>(base, m.data) + size_t(rbk) * 16 * rb, nr * rb, off};
+    r[1] = {at<char>(base, m.scales) + size_t(rbk) * 16 * srb, nr * srb, off + sc_off};
+    r[2] = {at<char>(base, m.biases) + size_t(rbk) * 16 * srb, nr * srb, off + bi_off};
+  };
+  auto part_bytes = [&](int rbk) {
+    const uint32_t nr = uint32_t(min(16, a.H - rbk * 16));
+    return ((nr * rb) & ~15u) + 2 * ((nr * srb) & ~15u);
+  };
+  // Warp 0: the shared expert's ranges (lane 0), and the routed parts' (lane p, from its base).
+  auto issue_shared = [&](int rbk) {
+    if (lane == 0 && sh) {
+      Range r[3];
+      ranges(a.n, 0, rbk, r);
+      expect_bytes(&bars[0], part_bytes(rbk));
+      for (const Range& x : r) copy_range(st, &bars[0], x);
+    }
+  };
+  auto issue_routed = [&](int rbk, size_t base) {
+    if (lane == 0 && a.n > 0) expect_bytes(&bars[1], uint32_t(a.n) * part_bytes(rbk));
+    __syncwarp();
+    if (lane < a.n) {
+      Range r[3];
+      ranges(lane, base, rbk, r);
+      for (const Range& x : r) copy_range(st, &bars[1], x);
+    }
+  };
+  probe(kProbeDown, 0);
+  const int rbk0 = int(blockIdx.x);
+  if (warp == 0) {
+    if (lane == 0) ring_init(bars, 2);
+    __syncwarp();
+    if (rbk0 < n_rb) {
+      issue_shared(rbk0);
+      if (a.ids_early) issue_routed(rbk0, lane < a.n ? part_base(a, lane) : size_t(0));
     }
   }
+  probe(kProbeDown, 1);
   pdl_wait_and_release();
-  down_parts(a, bases, coefs);
-  stage_tc<BITS>(xt, a.parts * a.I, [&](int i) { return a.x[i]; });
-  tc_down_rows<BITS>(a, bases, coefs, xt, a.y, red);
+  probe(kProbeDown, 2);
+  if (warp == 0) {
+    const size_t base = lane < a.parts ? part_base(a, lane) : size_t(0);
+    if (lane < a.parts) {
+      bases[lane] = base;
+      coefs[lane] = lane < a.n ? a.w[lane] : sigmoidf_(*a.sh_gate_logit);
+    }
+    if (!a.ids_early && rbk0 < n_rb) issue_routed(rbk0, base);
+  }
+  probe(kProbeDown, 3);
+  stage_tc<BITS>(xt, a.parts * a.I, [&](int i) { return a.x[i]; }, 1);  // warp 0 issued; ends with a barrier
+  probe(kProbeDown, 4);
+  const int gpp = a.I / kTcGs, ipp = (gpp + 3) / 4, items = a.parts * ipp, groups = a.parts * gpp;
+  int use = 0;
+  for (int rbk = rbk0; rbk < n_rb; rbk += int(gridDim.x), ++use) {
+    if (use > 0) {  // the stages are free (the barrier ending the last row block)
+      if (warp == 0) {
+        issue_shared(rbk);
+        issue_routed(rbk, lane < a.n ? bases[lane] : size_t(0));
+      }
+      __syncthreads();  // copy_range's tail bytes (stored by their lane)
+    }
+    if (sh) stage_wait(&bars[0], use);
+    if (a.n > 0) stage_wait(&bars[1], use);
+    float acc[2] = {0.0f, 0.0f};
+    for (int item = warp; item < items; item += nw) {
+      const int p = item / ipp, gi = (item - p * ipp) * 4 + t;
+      const bool v = gi < gpp;
+      TcFrags fr;
+      tc_load(xt, groups, p * gpp + gi, v, fr);
+      const unsigned char* rows = st + size_t(p) * uint32_t(a.stage_bytes);
+      float dot[2];
+      tc_rows<BITS>(rows, rb, fr, gi, dot);
+      if (v) {
+        const float c = coefs[p];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t i = int64_t(n + 8 * r) * gpp + gi;
+          acc[r] = fmaf(c, fmaf(smem_scale(rows + sc_off, i, a.st_out), dot[r], smem_scale(rows + bi_off, i, a.st_out) * fr.xsum),
+                        acc[r]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+    }
+    if (t == 0) {
+      red[warp * 16 + n] = acc[0];
+      red[warp * 16 + n + 8] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && rbk * 16 + int(threadIdx.x) < a.H) {
+      float sum = 0.0f;
+      for (int w = 0; w < nw; ++w) sum += red[w * 16 + threadIdx.x];
+      a.y[rbk * 16 + threadIdx.x] += sum;
+    }
+    __syncthreads();
+  }
+  probe(kProbeDown, 5);
 }
 
 template <int BITS, int NW>
@@ -1229,14 +1333,22 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_act_kernel(const __grid_c
   __shared__ size_t bases[kMaxParts];
   __shared__ float part[2][NW * 16];
   ActStreamTc<BITS, NW> act(a, xt + a.ring_off, bars, bases, part);
+  probe(kProbeAct, 0);
   if (threadIdx.x < 32) act.start();
+  probe(kProbeAct, 1);
   pdl_wait_and_release();
+  probe(kProbeAct, 2);
   if (threadIdx.x < 32) {
     route_warp(a, ids, wts, bases);
     act.issue_upto(act.S);
   }
-  stage_tc<BITS>(xt, a.H, [&](int i) { return a.x[i]; });
+  probe(kProbeAct, 5);
+  stage_tc<BITS>(xt, a.H, [&](int i) { return a.x[i]; }, 1);  // warp 0 routed; ends with a barrier
+  probe(kProbeAct, 6);
+  // The successor's down rows into the L2 while this kernel's tiles stream in (the ids are known
+  // now; expert_down_add cannot read them before its wait).
   act.compute(xt);
+  probe(kProbeAct, 9);
 }
 
 // The MoE half of a decode layer with every expert resident, in one launch (moe_decode):
@@ -1476,7 +1588,7 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
   while (a.tc_rbt > 1 && tiles_of(a.tc_rbt) < sm_count()) --a.tc_rbt;
   const int TR = 16 * a.tc_rbt;
   const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = scale_row_bytes(a.cols, a.gs, a.st);
-  if (!plan_ring(a, size_t(tc_staged_bytes(a.cols)), uint32_t(TR) * (rb + 16) + 2 * align16(uint32_t(TR) * srb),
+  if (!plan_ring(a, size_t(tc_staged_bytes(a.cols)), uint32_t(TR) * rb + 2 * align16(uint32_t(TR) * srb),
                  kTcSmem))
     return false;
   int tiles = 0;
@@ -1497,7 +1609,7 @@ int tc_act_rows(const ExpertArgs& a, int bits, int nw) {
 }
 uint32_t tc_act_stage_bytes(const ExpertArgs& a, int bits, int nw) {
   const uint32_t kR = uint32_t(tc_act_rows(a, bits, nw)), rb = uint32_t(a.H) * uint32_t(bits) / 8;
-  return 2 * kR * (rb + 16) + 4 * align16(kR * scale_row_bytes(a.H, a.gs_in, a.st_in));
+  return 2 * kR * rb + 4 * align16(kR * scale_row_bytes(a.H, a.gs_in, a.st_in));
 }
 
 // The down products on the tensor cores: groups of 64 that do not straddle parts, x staged in
@@ -1516,10 +1628,15 @@ bool tc_act(ExpertArgs a, cudaStream_t s) {
   return true;
 }
 
-bool tc_down(const ExpertArgs& a, int bits, cudaStream_t s) {
-  if (!tc_down_fits(a, bits, kTcSmem)) return false;
-  launch_tc(bits == 4 ? tc_down_kernel<4, kTcWarps> : tc_down_kernel<8, kTcWarps>, (a.H + 15) / 16,
-            size_t(tc_staged_bytes(a.parts * a.I)), s, a);
+bool tc_down(ExpertArgs a, int bits, cudaStream_t s) {
+  if (!tc_down_fits(a, bits, kTcSmem) || !experts_aligned(a)) return false;
+  // x staged, then each part's 16 rows with their scales and biases (tc_down_kernel).
+  a.ring_off = int((size_t(tc_staged_bytes(a.parts * a.I)) + 127) & ~size_t(127));
+  const uint32_t rb = uint32_t(a.I) * uint32_t(bits) / 8;
+  a.stage_bytes = int(16 * rb + 2 * align16(16 * scale_row_bytes(a.I, a.gs_out, a.st_out)));
+  const size_t smem = size_t(a.ring_off) + size_t(a.parts) * size_t(a.stage_bytes);
+  if (smem > kTcSmem) return false;
+  launch_tc(bits == 4 ? tc_down_kernel<4, kTcWarps> : tc_down_kernel<8, kTcWarps>, (a.H + 15) / 16, smem, s, a);
   return true;
 }
 
@@ -1630,7 +1747,8 @@ int delta_rows(int dk) { return dk <= 16 * kDnSlices ? 16 : kDnMaxDk / kDnSlices
 
 // Thread (j, y) of a delta-rule block loads rows y, y + 8, ... of column j of the head's state Sh
 // ([dk][dv]) into registers, every load issued before any is used, so they are in flight together.
-// (Not before the PDL wait: the predecessor may be the previous token's step, which writes Sh.)
+// (Before the PDL wait only where the caller knows the predecessor does not write Sh: the
+// previous token's step may be it, as in a scan of steps.)
 template <int ROWS>
 __device__ __forceinline__ void load_state(const float* Sh, int dk, int dv, float (&s_reg)[ROWS]) {
   const int j = threadIdx.x, ty = threadIdx.y;
@@ -1739,7 +1857,7 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices)
     deltanet_step_kernel(const __grid_constant__ DeltaNetIn in, const float* __restrict__ conv_w, float* state,
                          const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* S,
                          const float* __restrict__ norm_w, float l2_eps, float q_scale, float eps, int hk, int r,
-                         int dk, int dv, int K, float* __restrict__ o) {
+                         int dk, int dv, int K, bool state_early, float* __restrict__ o) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float qk[2 * kDnMaxDk];  // rank 0: q_g then k_g, normalised
   __shared__ float ks[kDnMaxDk], qs[kDnMaxDk], vs[kDnMaxDv];
@@ -1747,9 +1865,13 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices)
   namespace cg = cooperative_groups;
   const cg::cluster_group cluster = cg::this_cluster();
   const int h = blockIdx.x, g = h / r, rank = h % r;  // rank == cluster.block_rank()
+  float s_reg[ROWS];  // in flight during the conv (and, state_early, the predecessor's tail)
+  probe(kProbeDeltaNet, 0);
+  if (state_early) load_state(S + int64_t(h) * dk * dv, dk, dv, s_reg);
+  const float alog = A_log[h], dtb = dt_bias[h];  // weights: not the predecessor's
   pdl_wait_and_release();
-  float s_reg[ROWS];  // in flight during the conv
-  load_state(S + int64_t(h) * dk * dv, dk, dv, s_reg);
+  probe(kProbeDeltaNet, 1);
+  if (!state_early) load_state(S + int64_t(h) * dk * dv, dk, dv, s_reg);
   const int tid = block_thread(), nt = block_warps() * 32;
   const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv, C = 2 * kd + hk * rdv;
   // This head's inputs: q_g, k_g (dk each), v_h, z_h (dv each), b_h, a_h.
@@ -1796,6 +1918,7 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices)
     const float iq = rsqrtf(ssq + l2_eps) * q_scale, ik = rsqrtf(ssk + l2_eps);
     for (int t = tid; t < 2 * dk; t += nt) qk[t] *= t < dk ? iq : ik;
   }
+  probe(kProbeDeltaNet, 2);
   cluster.sync();  // rank 0's q_g, k_g are ready
   const float* qk0 = cluster.map_shared_rank(qk, 0);
   for (int i = tid; i < dk; i += nt) {
@@ -1803,9 +1926,11 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices)
     ks[i] = qk0[dk + i];
   }
   cluster.sync();  // rank 0's shared memory is read: it may exit
+  probe(kProbeDeltaNet, 3);
   delta_norm_head(
       s_reg, ks, qs, [&](int j) { return vs[j]; }, [&](int j) { return z_in[j]; }, sigmoidf_(b_in),
-      delta_alpha(a_in, A_log[h], dt_bias[h]), S + int64_t(h) * dk * dv, norm_w, eps, dk, dv, o + int64_t(h) * dv);
+      delta_alpha(a_in, alog, dtb), S + int64_t(h) * dk * dv, norm_w, eps, dk, dv, o + int64_t(h) * dv);
+  probe(kProbeDeltaNet, 4);
 #endif
 }
 
@@ -2110,13 +2235,13 @@ void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, 
 
 bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
                    const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
-                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s) {
+                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s, bool state_early) {
   SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && hv % hk == 0);
   const int r = hv / hk;
   if (!tuning().capable || r > int(kMaxCluster) || dk > kDnMaxDk || dv > kDnMaxDv) return false;
   const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
   launch_cluster(delta_rows(dk) == 16 ? deltanet_step_kernel<16> : deltanet_step_kernel<32>, unsigned(hv), block, 0, s, false, unsigned(r), in, d_conv_w, d_conv_state,
-                 d_A_log, d_dt_bias, d_S, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, d_o);
+                 d_A_log, d_dt_bias, d_S, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, state_early, d_o);
   SWIFTLET_CUDA_LAUNCHED();
   return true;
 }
@@ -2135,3 +2260,73 @@ void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renorm
 }
 
 }  // namespace swiftlet::cuda
+
+#ifdef SWIFTLET_GPU_PROBE
+namespace swiftlet::cuda {
+namespace {
+unsigned long long* probe_buf = nullptr;
+constexpr size_t kProbeWords = size_t(kProbeKinds) * kProbeBlocks * 2 * kProbeMarks;
+}  // namespace
+
+void probe_begin() {
+  if (!probe_buf) SWIFTLET_CUDA_CHECK(cudaMalloc(&probe_buf, kProbeWords * 8));
+  SWIFTLET_CUDA_CHECK(cudaMemset(probe_buf, 0, kProbeWords * 8));
+  SWIFTLET_CUDA_CHECK(cudaMemcpyToSymbol(g_probe, &probe_buf, sizeof(probe_buf)));
+}
+
+std::string probe_end() {
+  SWIFTLET_CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned long long* none = nullptr;
+  SWIFTLET_CUDA_CHECK(cudaMemcpyToSymbol(g_probe, &none, sizeof(none)));
+  std::vector<unsigned long long> h(kProbeWords);
+  SWIFTLET_CUDA_CHECK(cudaMemcpy(h.data(), probe_buf, kProbeWords * 8, cudaMemcpyDeviceToHost));
+  struct Kind {
+    const char* name;
+    int wait;  // the mark after the PDL wait: time 0 is the first block's
+    std::vector<const char*> marks;
+  };
+  const Kind kinds[kProbeKinds] = {
+      {"tc_act (top-k + experts gate/up)", 2,
+       {"entry", "shared tiles issued", "PDL wait", "top-k", "slot bases", "routed tiles issued", "x staged",
+        "first tile in", "last tile in", "end"}},
+      {"tc_down", 2, {"entry", "shared rows issued", "PDL wait", "routed rows issued", "act staged", "end"}},
+      {"tc_matvec (300-1000 tiles: qkvz)", 3,
+       {"entry", "first tile issued", "tiles issued", "PDL wait", "x normed + staged", "first tile in",
+        "last tile in", "end"}},
+      {"deltanet_step", 1, {"entry", "PDL wait", "conv + q/k norms", "q/k shared", "end"}},
+  };
+  std::string out;
+  char line[256];
+  for (int k = 0; k < kProbeKinds; ++k) {
+    auto at = [&](int b) { return &h[(size_t(k) * kProbeBlocks + size_t(b)) * 2 * kProbeMarks]; };
+    std::vector<int> blocks;
+    for (int b = 0; b < kProbeBlocks; ++b)
+      if (at(b)[0]) blocks.push_back(b);
+    if (blocks.empty()) continue;
+    unsigned long long t0 = ~0ull;
+    for (int b : blocks) t0 = std::min(t0, at(b)[kinds[k].wait]);
+    std::snprintf(line, sizeof line,
+                  "probe %s, %zu blocks: us after the first block's PDL wait returned (min / median / max), "
+                  "kcycles since the block's entry (median)\n",
+                  kinds[k].name, blocks.size());
+    out += line;
+    for (size_t m = 0; m < kinds[k].marks.size(); ++m) {
+      std::vector<double> us, kc;
+      for (int b : blocks) {
+        const unsigned long long* e = at(b);
+        if (!e[m]) continue;
+        us.push_back((double(e[m]) - double(t0)) / 1000.0);
+        kc.push_back(double(e[kProbeMarks + m] - e[kProbeMarks]) / 1000.0);
+      }
+      if (us.empty()) continue;
+      std::sort(us.begin(), us.end());
+      std::sort(kc.begin(), kc.end());
+      std::snprintf(line, sizeof line, "  %-22s %7.2f %7.2f %7.2f us   %7.2f kcyc\n", kinds[k].marks[m], us.front(),
+                    us[us.size() / 2], us.back(), kc[kc.size() / 2]);
+      out += line;
+    }
+  }
+  return out;
+}
+}  // namespace swiftlet::cuda
+#endif

@@ -1,7 +1,7 @@
-// The device code of the fused decode products (fused.cu), shared by its kernels: PDL and L2
-// prefetch helpers, the dequantising dot product over rows in global or shared memory with its
-// staged input, the ring of shared-memory stages filled by TMA bulk copies, and a grid-wide
-// barrier. Not part of the API.
+// The device code of the fused decode products (fused.cu), shared by its kernels: the dequantising
+// dot product over rows in global or shared memory with its staged input, the ring of shared-memory
+// stages filled by TMA bulk copies, and a grid-wide barrier (the PDL and L2 prefetch helpers are in
+// cuda_common.cuh). Not part of the API.
 //
 // The product loop. A block stages its input x once in shared memory, already multiplied per
 // column by a power of two (below) and with the sum of every 16-byte chunk's x values beside it;
@@ -22,25 +22,6 @@
 #include <cstdint>
 
 namespace swiftlet::cuda::detail {
-
-// Programmatic Dependent Launch (sm_90): a kernel launched with the PDL attribute may start while
-// its predecessor finishes; it prefetches what does not depend on the predecessor (its weights)
-// and then waits (griddepcontrol.wait: the predecessor has completed and its writes are visible).
-// Each fused kernel lets its successor start only after its own wait, so when a kernel starts,
-// the kernel two back has completed (expert_down reads the top-k ids that way before waiting).
-// Without the attribute both instructions are no-ops.
-__device__ __forceinline__ void pdl_wait_and_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// The lanes of a warp prefetch [p, p + bytes) into the L2, one 128-byte line each.
-__device__ __forceinline__ void prefetch_lines(const void* p, int64_t bytes, int lane) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = int64_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(c + o);
-}
 
 // Values per 16-byte chunk.
 template <int BITS>
@@ -320,8 +301,11 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, int use) {
 // codes: no lane exchanges anything, and the group's affine map (scale sum q x + bias sum x) is
 // applied per lane. A 16-row block is one warp's 16 x 8 MMAs a group (8 codes a lane a step).
 //
-// Row layout in shared memory: rows rbp = rb + 16 bytes apart, so the 8 lanes of a 16-byte load
-// phase (rows n, n + 1; t = 0..3 at 32 bytes apart) hit distinct banks (4-bit).
+// Row layout in shared memory: as in global memory (rows rb bytes apart, rb a multiple of 128 at
+// the models' widths), so a tile's rows of a matrix come in one bulk copy: per-row copies into
+// padded rows cost ~1.5 us of issue a tile (the copy engine takes them one by one). The lanes of odd
+// rows read their 16-byte chunks in rotated order instead (tc_rows), so the 8 lanes of a 16-byte
+// load phase (rows n, n + 1; t = 0..3 at 32 bytes apart) still hit distinct banks (4-bit).
 
 constexpr int kTcGs = 64;  // the group size the tensor-core path takes (MLX's default)
 
@@ -338,41 +322,65 @@ __host__ __device__ __forceinline__ TcGeom tc_geom(int cols, int nw) {
 // (2^-e, sum x) a group.
 __host__ __device__ constexpr int tc_staged_bytes(int n) { return n / kTcGs * (256 + 8); }
 
-// Stages value(i), i < n (a multiple of 64), as digit fragments (above): per group G and step j (8
-// values) two 16-byte entries, p = 0: {d0 lo, d0 hi, d2 lo, d2 hi} and p = 1: {d1 lo, d1 hi, 0, 0},
-// where lo / hi are the 4 bytes of a lane's k slots 4t.. and 16+4t..: values 2b and 2b + 1 of the
-// step for 4-bit codes (a word's low and high nibbles), b and 4 + b for 8-bit. A warp takes a group
-// (two values a lane). Call from every thread; ends with a barrier.
+// Stages one group G of x (v: the lane's values G 64 + lane and G 64 + 32 + lane) as digit
+// fragments (above): per step j (8 values) two 16-byte entries, p = 0: {d0 lo, d0 hi, d2 lo, d2 hi}
+// and p = 1: {d1 lo, d1 hi, 0, 0}, where lo / hi are the 4 bytes of a lane's k slots 4t.. and
+// 16+4t..: values 2b and 2b + 1 of the step for 4-bit codes (a word's low and high nibbles), b and
+// 4 + b for 8-bit; and the group's (2^-e, sum x) in info[G]. Every lane of the warp calls it.
+template <int BITS>
+__device__ __forceinline__ void stage_tc_group(unsigned char* xt, float2* info, int G, const float (&v)[2]) {
+  const int lane = threadIdx.x & 31;
+  float m = fmaxf(fabsf(v[0]), fabsf(v[1])), s = v[0] + v[1];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+  }
+  int E = 0;
+  frexpf(m, &E);  // m = f 2^E, f in [0.5, 1)
+  const int e = m > 0.0f ? max(-100, min(126, 22 - E)) : 0;
+  if (lane == 0) info[G] = make_float2(__uint_as_float(uint32_t(127 - e) << 23), s);
+  const float up = __uint_as_float(uint32_t(127 + e) << 23);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int c = lane + 32 * h, xi = __float2int_rn(v[h] * up);
+    const int d0 = int(int8_t(xi & 0xff)), r1 = (xi - d0) >> 8;
+    const int d1 = int(int8_t(r1 & 0xff)), d2 = (r1 - d1) >> 8;
+    const int e8 = c & 7;
+    const int slot = BITS == 4 ? (e8 & 1) : (e8 >> 2), b = BITS == 4 ? (e8 >> 1) : (e8 & 3);
+    unsigned char* f = xt + (size_t(G) * 8 + size_t(c >> 3)) * 32;
+    f[slot * 4 + b] = static_cast<unsigned char>(d0);
+    f[8 + slot * 4 + b] = static_cast<unsigned char>(d2);
+    f[16 + slot * 4 + b] = static_cast<unsigned char>(d1);
+    if (e8 == 0) *reinterpret_cast<uint2*>(f + 24) = make_uint2(0, 0);
+  }
+}
+// The info entries (2^-e, sum x) after the n / 64 groups' fragments.
+__device__ __forceinline__ float2* tc_info(unsigned char* xt, int n) {
+  return reinterpret_cast<float2*>(xt + size_t(n / kTcGs) * 256);
+}
+
+// Stages value(i), i < n (a multiple of 64), one group a warp at a time (stage_tc_group), the
+// warps from first_warp on (an earlier warp may be busy issuing copies meanwhile); each warp reads
+// up to kBatch groups' values before it uses any (the reads come right after the PDL wait, on the
+// critical path). Call from every thread; ends with a barrier.
 template <int BITS, typename F>
-__device__ __forceinline__ void stage_tc(unsigned char* xt, int n, F value) {
-  const int groups = n / kTcGs;
-  float2* info = reinterpret_cast<float2*>(xt + size_t(groups) * 256);
-  const int lane = threadIdx.x & 31, nw = int(blockDim.x) >> 5;
-  for (int G = int(threadIdx.x) >> 5; G < groups; G += nw) {
-    const float v[2] = {value(G * kTcGs + lane), value(G * kTcGs + 32 + lane)};
-    float m = fmaxf(fabsf(v[0]), fabsf(v[1])), s = v[0] + v[1];
+__device__ __forceinline__ void stage_tc(unsigned char* xt, int n, F value, int first_warp = 0) {
+  constexpr int kBatch = 4;
+  const int groups = n / kTcGs, lane = threadIdx.x & 31;
+  const int w = int(threadIdx.x >> 5) - first_warp, nw = int(blockDim.x >> 5) - first_warp;
+  for (int G0 = w; w >= 0 && G0 < groups; G0 += kBatch * nw) {  // warp-uniform
+    float vb[kBatch][2];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int u = 0; u < kBatch; ++u) {
+      const int G = G0 + u * nw;
+      vb[u][0] = G < groups ? value(G * kTcGs + lane) : 0.0f;
+      vb[u][1] = G < groups ? value(G * kTcGs + 32 + lane) : 0.0f;
     }
-    int E = 0;
-    frexpf(m, &E);  // m = f 2^E, f in [0.5, 1)
-    const int e = m > 0.0f ? max(-100, min(126, 22 - E)) : 0;
-    if (lane == 0) info[G] = make_float2(__uint_as_float(uint32_t(127 - e) << 23), s);
-    const float up = __uint_as_float(uint32_t(127 + e) << 23);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int c = lane + 32 * h, xi = __float2int_rn(v[h] * up);
-      const int d0 = int(int8_t(xi & 0xff)), r1 = (xi - d0) >> 8;
-      const int d1 = int(int8_t(r1 & 0xff)), d2 = (r1 - d1) >> 8;
-      const int e8 = c & 7;
-      const int slot = BITS == 4 ? (e8 & 1) : (e8 >> 2), b = BITS == 4 ? (e8 >> 1) : (e8 & 3);
-      unsigned char* f = xt + (size_t(G) * 8 + size_t(c >> 3)) * 32;
-      f[slot * 4 + b] = static_cast<unsigned char>(d0);
-      f[8 + slot * 4 + b] = static_cast<unsigned char>(d2);
-      f[16 + slot * 4 + b] = static_cast<unsigned char>(d1);
-      if (e8 == 0) *reinterpret_cast<uint2*>(f + 24) = make_uint2(0, 0);
+    for (int u = 0; u < kBatch; ++u) {
+      if (G0 + u * nw >= groups) break;
+      stage_tc_group<BITS>(xt, tc_info(xt, n), G0 + u * nw, vb[u]);
     }
   }
   __syncthreads();
@@ -445,33 +453,39 @@ __device__ __forceinline__ void tc_mma(const uint4 (&w0)[tc_loads<BITS>()], cons
   dot[1] = fmaf(65536.0f, float(c2[2]), fmaf(256.0f, float(c1[3]), float(c1[2]))) * fr.xinv;
 }
 
-// tc_mma for the lane's group G of the 16-row block at `rows` in shared memory (rbp bytes apart).
+// tc_mma for the lane's group G of the 16-row block at `rows` in shared memory (rb bytes apart).
+// Odd rows load chunk q ^ 1 at step q and swap the pair back (see the row layout above).
 template <int BITS>
-__device__ __forceinline__ void tc_rows(const unsigned char* rows, uint32_t rbp, const TcFrags& fr, int G,
+__device__ __forceinline__ void tc_rows(const unsigned char* rows, uint32_t rb, const TcFrags& fr, int G,
                                         float (&dot)[2]) {
   constexpr int kQ = tc_loads<BITS>();
-  const int n = (threadIdx.x & 31) >> 2;
-  uint4 w0[kQ], w8[kQ];
-  const uint4* p0 = reinterpret_cast<const uint4*>(rows + size_t(n) * rbp + size_t(G) * (kTcGs * BITS / 8));
-  const uint4* p8 = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(p0) + 8 * size_t(rbp));
+  const int n = (threadIdx.x & 31) >> 2, odd = n & 1;
+  uint4 r0[kQ], r8[kQ], w0[kQ], w8[kQ];
+  const uint4* p0 = reinterpret_cast<const uint4*>(rows + size_t(n) * rb + size_t(G) * (kTcGs * BITS / 8));
+  const uint4* p8 = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned char*>(p0) + 8 * size_t(rb));
 #pragma unroll
   for (int q = 0; q < kQ; ++q) {
-    w0[q] = fr.valid ? p0[q] : make_uint4(0, 0, 0, 0);
-    w8[q] = fr.valid ? p8[q] : make_uint4(0, 0, 0, 0);
+    r0[q] = fr.valid ? p0[q ^ odd] : make_uint4(0, 0, 0, 0);
+    r8[q] = fr.valid ? p8[q ^ odd] : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int q = 0; q < kQ; ++q) {
+    w0[q] = odd ? r0[q ^ 1] : r0[q];
+    w8[q] = odd ? r8[q ^ 1] : r8[q];
   }
   tc_mma<BITS>(w0, w8, fr, dot);
 }
 
-// Rows of a tile for tc_rows: nr rows of rb bytes from src (contiguous) to dst_off, rbp apart.
+// Rows of a tile for tc_rows: nr rows of rb bytes from src to dst_off (contiguous in both).
 struct RowSet {
   const char* src;
   uint32_t nr, dst_off;
 };
 
-// Warp 0, every lane: the row sets into `stage` one bulk copy a row (lanes share them out), and
-// the ranges `extra` (lane 0), completing `bar`'s current phase when all have landed.
+// Warp 0, every lane: the row sets into `stage`, one bulk copy a set (lane k takes set k), and the
+// ranges `extra` (lane 0), completing `bar`'s current phase when all have landed.
 __device__ __forceinline__ void issue_rows(unsigned char* stage, uint64_t* bar, const RowSet* sets, int n_sets,
-                                           uint32_t rb, uint32_t rbp, const Range* extra, int n_extra) {
+                                           uint32_t rb, const Range* extra, int n_extra) {
   const int lane = threadIdx.x & 31;
   if (lane == 0) {
     uint32_t total = 0;
@@ -484,9 +498,8 @@ __device__ __forceinline__ void issue_rows(unsigned char* stage, uint64_t* bar, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
-  for (int k = 0; k < n_sets; ++k)
-    for (uint32_t r = uint32_t(lane); r < sets[k].nr; r += 32)
-      bulk_copy(stage + sets[k].dst_off + r * rbp, sets[k].src + size_t(r) * rb, rb, bar);
+  if (lane < n_sets && sets[lane].nr > 0)
+    bulk_copy(stage + sets[lane].dst_off, sets[lane].src, sets[lane].nr * rb, bar);
 }
 
 // A barrier across the grid (every block resident: grid <= SMs, one block each). bar[0] counts

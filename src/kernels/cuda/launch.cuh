@@ -1,0 +1,108 @@
+// Host-side launch helpers of the CUDA kernels (fused.cu, forward_ops.cu): the device's SM count,
+// the launch settings (PDL, streamed and tensor-core products, chosen once from the device and the
+// environment), and cudaLaunchKernelEx with the PDL attribute and optional thread-block clusters.
+// A kernel launched here with PDL on must run griddepcontrol.wait (pdl_wait_and_release,
+// product_device.cuh) before it reads what its predecessor writes. Not part of the API.
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace swiftlet::cuda::detail {
+
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
+    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v > 0 ? v : 1;
+  }();
+  return n;
+}
+
+// Launch settings (set_fused_launch, set_streamed_products): PDL on sm_90+, and blocks per SM of the products. Every block
+// of a product stays resident and stages its x once; its warps then take row groups grid-stride.
+// Fewer blocks per SM leave room for the successor's blocks to start early and prefetch.
+struct Tuning {
+  bool capable = false;  // sm_90+
+  bool pdl = false;
+  bool stream = false;  // the streamed products (sm_90+; SWIFTLET_GPU_STREAM=0 turns them off)
+  int stream_warps = 16;  // warps per block of the streamed products (8 or 16)
+  bool tc = false;  // the streamed products on the tensor cores where they fit (SWIFTLET_GPU_TC=0: off)
+  int blocks_per_sm = 0;  // 0: by registers (R = 1, 2, 4 use ~45, ~80, ~115 per thread)
+};
+inline Tuning& tuning() {
+  static Tuning t = [] {
+    Tuning v;
+    int dev = 0, major = 0;
+    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
+    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    v.capable = v.pdl = major >= 9;
+    const char* env = std::getenv("SWIFTLET_GPU_STREAM");
+    v.stream = v.capable && !(env && std::string(env) == "0");
+    const char* tc = std::getenv("SWIFTLET_GPU_TC");
+    v.tc = v.capable && !(tc && std::string(tc) == "0");
+    return v;
+  }();
+  return t;
+}
+
+// Blocks of `kernel` (`threads` a block, `smem` dynamic shared memory) that fit on one SM, asked
+// once per kernel.
+inline int occupancy(const void* kernel, size_t smem, int threads = 256) {
+  static std::mutex mu;
+  static std::vector<std::pair<const void*, int>> known;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [k, n] : known)
+    if (k == kernel) return n;
+  int n = 0;
+  SWIFTLET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  known.emplace_back(kernel, n > 0 ? n : 1);
+  return known.back().second;
+}
+
+// Launches kernel<<<grid, block, smem, s>>>(args...), with the PDL attribute when enabled. A
+// grid-stride product kernel (resident) gets at most the blocks that are resident at once. With
+// cluster > 0, blocks [c cluster, (c + 1) cluster) of grid.x form a thread-block cluster (sm_90).
+template <typename... Params, typename... Args>
+void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool resident,
+                    unsigned cluster, Args&&... args) {
+  if (resident) {
+    const unsigned cap = unsigned(occupancy(reinterpret_cast<const void*>(kernel), smem, int(block.x * block.y * block.z)) * sm_count());
+    if (grid.x > cap) grid.x = cap;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (tuning().pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {cluster, 1, 1};
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  SWIFTLET_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+template <typename... Params, typename... Args>
+void launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool resident,
+               Args&&... args) {
+  launch_cluster(kernel, grid, block, smem, s, resident, 0, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_ex(kernel, grid, block, smem, s, false, std::forward<Args>(args)...);
+}
+
+}  // namespace swiftlet::cuda::detail
