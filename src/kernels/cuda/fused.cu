@@ -1119,6 +1119,29 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
   }
 };
 
+// The end of a tc_down row block: each warp's sums for rows n and n + 8 of the block (lanes 4n)
+// over its items, then h[16 rbk + r] += the warps' sums in order (deterministic). red: 16 floats a
+// warp; synchronises the block twice.
+__device__ __forceinline__ void tc_down_finish(float (&acc)[2], float* red, float* h, int rbk, int H) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = int(blockDim.x) >> 5, n = lane >> 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
+    acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
+  }
+  if ((lane & 3) == 0) {
+    red[warp * 16 + n] = acc[0];
+    red[warp * 16 + n + 8] = acc[1];
+  }
+  __syncthreads();
+  if (threadIdx.x < 16 && rbk * 16 + int(threadIdx.x) < H) {
+    float sum = 0.0f;
+    for (int w = 0; w < nw; ++w) sum += red[w * 16 + threadIdx.x];
+    h[rbk * 16 + threadIdx.x] += sum;
+  }
+  __syncthreads();
+}
+
 // h[r] += sum_p coefs[p] down_p[r] act[p] on the tensor cores, act staged by stage_tc (parts x I
 // values; I % 64 == 0, so groups do not straddle parts). Block b takes the 16-row blocks b, b + grid,
 // ...; its warps take the block's items (part p, column part it: a 16 x 256 product) straight from
@@ -1178,22 +1201,7 @@ __device__ __forceinline__ void tc_down_rows(const ExpertArgs& a, const size_t* 
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
-    }
-    if (t == 0) {
-      red[warp * 16 + n] = acc[0];
-      red[warp * 16 + n + 8] = acc[1];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16 && rbk * 16 + int(threadIdx.x) < a.H) {
-      float sum = 0.0f;
-      for (int w = 0; w < nw; ++w) sum += red[w * 16 + threadIdx.x];
-      h[rbk * 16 + threadIdx.x] += sum;
-    }
-    __syncthreads();
+    tc_down_finish(acc, red, h, rbk, a.H);
   }
 }
 
@@ -1303,22 +1311,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 1);
-      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], 2);
-    }
-    if (t == 0) {
-      red[warp * 16 + n] = acc[0];
-      red[warp * 16 + n + 8] = acc[1];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16 && rbk * 16 + int(threadIdx.x) < a.H) {
-      float sum = 0.0f;
-      for (int w = 0; w < nw; ++w) sum += red[w * 16 + threadIdx.x];
-      a.y[rbk * 16 + threadIdx.x] += sum;
-    }
-    __syncthreads();
+    tc_down_finish(acc, red, a.y, rbk, a.H);
   }
   probe(kProbeDown, 5);
 }
