@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <utility>
@@ -63,6 +64,54 @@ float sanitize_and_max(std::span<float> logits) {
   if (avx2) return sanitize_and_max_avx2(logits);
 #endif
   return sanitize_and_max_base(logits);
+}
+
+// The same pass for greedy decoding, also keeping where each lane's maximum first appeared, so the
+// first maximum (lowest id on ties) needs no second pass over the vocabulary: returns its id, and
+// the maximum in *max.
+[[gnu::always_inline]] inline uint32_t sanitize_and_argmax_body(std::span<float> logits, float* max) {
+  float lane[8];
+  uint32_t at[8] = {};
+  std::fill(std::begin(lane), std::end(lane), kNegInf);
+  float* p = logits.data();
+  const size_t n = logits.size();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (size_t j = 0; j < 8; ++j) {
+      const float x = p[i + j] == p[i + j] ? p[i + j] : kNegInf;
+      p[i + j] = x;
+      const bool up = x > lane[j];  // strict: a lane keeps its first maximum
+      lane[j] = up ? x : lane[j];
+      at[j] = up ? static_cast<uint32_t>(i) : at[j];
+    }
+  }
+  float best = *std::max_element(std::begin(lane), std::end(lane));
+  uint32_t arg = UINT32_MAX;
+  for (size_t j = 0; j < 8; ++j)
+    if (lane[j] == best && lane[j] != kNegInf) arg = std::min(arg, at[j] + static_cast<uint32_t>(j));
+  for (; i < n; ++i) {  // the tail comes after every lane's ids: only a larger value wins
+    const float x = p[i] == p[i] ? p[i] : kNegInf;
+    p[i] = x;
+    if (x > best || (arg == UINT32_MAX && x == best)) {
+      best = x;
+      arg = static_cast<uint32_t>(i);
+    }
+  }
+  *max = best;
+  return arg == UINT32_MAX ? 0 : arg;
+}
+uint32_t sanitize_and_argmax_base(std::span<float> logits, float* max) { return sanitize_and_argmax_body(logits, max); }
+#if defined(__x86_64__)
+[[gnu::target("avx2")]] uint32_t sanitize_and_argmax_avx2(std::span<float> logits, float* max) {
+  return sanitize_and_argmax_body(logits, max);
+}
+#endif
+uint32_t sanitize_and_argmax(std::span<float> logits, float* max) {
+#if defined(__x86_64__)
+  static const bool avx2 = avx2::cpu_has_avx2();
+  if (avx2) return sanitize_and_argmax_avx2(logits, max);
+#endif
+  return sanitize_and_argmax_base(logits, max);
 }
 
 }  // namespace
@@ -231,11 +280,14 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
                  logits.size(), vocab_);
   apply_penalties(logits, history);
 
+  if (params_.greedy || params_.temperature <= 0) {  // the first maximum: lowest id on ties
+    float max_logit = kNegInf;
+    const uint32_t id = sanitize_and_argmax(logits, &max_logit);
+    SWIFTLET_CHECK(std::isfinite(max_logit), "all {} logits are -inf or NaN (max {})", vocab_, max_logit);
+    return static_cast<int32_t>(id);
+  }
   const float max_logit = sanitize_and_max(logits);
   SWIFTLET_CHECK(std::isfinite(max_logit), "all {} logits are -inf or NaN (max {})", vocab_, max_logit);
-  if (params_.greedy || params_.temperature <= 0) {  // the first maximum: lowest id on ties
-    return static_cast<int32_t>(std::find(logits.begin(), logits.end(), max_logit) - logits.begin());
-  }
 
   const float inv_temp = 1.0f / params_.temperature;
   const auto prob = [&](int32_t id) { return std::exp((logits[id] - max_logit) * inv_temp); };

@@ -90,6 +90,7 @@ TEST(Sampler, GreedyOverALargeVocabularyMatchesAPlainArgmax) {
     for (int i = 1; i < V; i += 997) l[static_cast<size_t>(i)] = NAN;
     l[static_cast<size_t>(at)] = 50.0f;
     if (at + 9 < V) l[static_cast<size_t>(at + 9)] = 50.0f;  // a tie in another lane: the lower id wins
+    if (at + 15 < V) l[static_cast<size_t>(at + 15)] = 50.0f;  // and in a lower lane further on
     int want = -1;
     float best = -INFINITY;
     for (int i = 0; i < V; ++i) {
