@@ -303,7 +303,7 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, int use) {
 //
 // Row layout in shared memory: as in global memory (rows rb bytes apart, rb a multiple of 128 at
 // the models' widths), so a tile's rows of a matrix come in one bulk copy: per-row copies into
-// padded rows cost ~1.5 us of issue a tile (the copy engine takes them one by one). The lanes of odd
+// padded rows cost ~1.5 us of issue a tile (measured with the phase probe). The lanes of odd
 // rows read their 16-byte chunks in rotated order instead (tc_rows), so the 8 lanes of a 16-byte
 // load phase (rows n, n + 1; t = 0..3 at 32 bytes apart) still hit distinct banks (4-bit).
 
