@@ -285,6 +285,13 @@ int main(int argc, char** argv) {
   bench_matvec("q4", WeightFormat::Affine, 4, 151936, 2048, iters, copy_gbs);
   bench_matvec("q4", WeightFormat::Affine, 4, 12288, 2048, iters, copy_gbs);
   bench_expert(200);
+  // The floor a chain of dependent kernels puts under a decode step (~290 launches).
+  const SyncCost sc = measure_sync_cost();
+  std::printf("\na dependent step across the GPU (read 8 KB written by the step before, write a share):\n"
+              "  kernel boundary with PDL %5.2f us, without %5.2f us; grid barrier in one kernel %5.2f us"
+              " (acquire/release, no sleep: %5.2f us; a growing count: %5.2f us); results %s\n",
+              sc.boundary_pdl_us, sc.boundary_us, sc.barrier_us, sc.barrier_ar_us, sc.barrier_count_us,
+              sc.ok ? "match the host's" : "WRONG");
   // The kernels before the streamed products, then those (warps per block), then on the tensor cores.
   for (int warps : {0, 8, 16, -16}) {
     set_streamed_products(warps != 0, warps < 0 ? -warps : warps);

@@ -201,6 +201,17 @@ bool streamed_products();  // on, and the device can
 // rows of at most 4096 columns; other shapes keep the streamed kernels. Not thread-safe.
 void set_tensor_core_products(bool on);
 bool tensor_core_products();  // on, with the streamed products
+// A development measurement (swiftlet_bench_cuda; sync_cost.cu): microseconds a step of `steps`
+// dependent steps (even), each reading a hidden-size vector its predecessor wrote and writing its
+// share of the next, one block of 512 threads an SM, best of `reps` runs of a CUDA graph: as kernels
+// chained with PDL (sm_90), as kernels without it, and as grid barriers inside one persistent
+// kernel (the grid_barrier moe_decode uses; one by acquire/release atomics with a busy spin; one on
+// a count that only grows). ok: every variant's result matched the host's.
+struct SyncCost {
+  double boundary_pdl_us, boundary_us, barrier_us, barrier_ar_us, barrier_count_us;
+  bool ok;
+};
+SyncCost measure_sync_cost(int steps = 256, int reps = 10);
 // Asks the driver once for what the fused kernels' launches need (occupancy, device facts), so no
 // query happens later inside a CUDA graph capture. Idempotent.
 void prepare_fused_kernels();

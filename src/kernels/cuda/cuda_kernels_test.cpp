@@ -868,6 +868,18 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
 // moe_decode (the MoE half of a decode layer in one launch, grid barriers between its phases)
 // against the three kernels it replaces: fused_matvec (norm, router, shared gate) +
 // expert_act_routed + expert_down_add. Twice in a row: the barrier's words are reused.
+// The dependent steps of measure_sync_cost (the benchmark of a kernel boundary against grid
+// barriers, moe_decode's among them) compute what the host does: no block reads a stale vector.
+TEST(CudaKernels, SyncStepsSeeTheirPredecessors) {
+  REQUIRE_GPU();
+  const cuda::SyncCost c = cuda::measure_sync_cost(64, 2);
+  EXPECT_TRUE(c.ok);
+  for (double us : {c.boundary_pdl_us, c.boundary_us, c.barrier_us, c.barrier_ar_us, c.barrier_count_us}) {
+    EXPECT_GT(us, 0.0);
+    EXPECT_LT(us, 1e4);
+  }
+}
+
 TEST(CudaKernels, MoeDecodeMatchesItsThreeKernels) {
   REQUIRE_GPU();
   if (!cuda::streamed_products()) GTEST_SKIP() << "moe_decode needs the streamed products (sm_90)";
