@@ -299,11 +299,6 @@ int main(int argc, char** argv) {
         // The top-k as a kernel of its own (router_topk) instead of inside expert_act.
         std::printf("         top-k as its own kernel: %.2f tok/s\n",
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_ROUTE_IN_ACT", "0")));
-        // The MoE half as one kernel with grid barriers, and as three kernels (router, act, down).
-        std::printf("         MoE as one kernel: %.2f tok/s\n",
-                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MOE_KERNEL", "1")));
-        std::printf("         MoE as three kernels: %.2f tok/s\n",
-                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MOE_KERNEL", "0")));
         // The token mixers' prep (DeltaNet conv/norms, attention q/k norms/RoPE) as kernels of its own.
         std::printf("         mixer prep as its own kernels: %.2f tok/s\n",
                     fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MIXER_STEP", "0")));

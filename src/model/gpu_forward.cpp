@@ -465,11 +465,6 @@ class GpuForward final : public ForwardPass {
   // Decode with every expert resident takes the top-k inside expert_act (expert_act_routed), one
   // launch fewer per layer; SWIFTLET_GPU_ROUTE_IN_ACT=0 keeps router_topk (for comparison).
   bool route_in_act_ = false;
-  // With the top-k inside expert_act: the MoE half as one kernel (cu::moe_decode) and its grid
-  // barrier's two words. Null: off, three kernels (router, act, down). SWIFTLET_GPU_MOE_KERNEL=1 or
-  // 0 chooses; by default one kernel only when the products are not on the tensor cores (with
-  // them the three kernels measured faster: 259 against 235 tok/s on the synthetic 80B, H200).
-  unsigned* moe_barrier_ = nullptr;
   // Each token mixer's prep inside its main kernel: the DeltaNet step (conv, norms, delta rule,
   // gated norm) in one launch where the device allows (cu::deltanet_step), attention with its q/k
   // norms, RoPE and cache write (cu::attention_step, head_dim <= 256). SWIFTLET_GPU_MIXER_STEP=0
@@ -576,12 +571,6 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g) : g_(std::move(g)), c_(g_->c
   use_graphs_ = !(env && std::string(env) == "0");
   const char* rt = std::getenv("SWIFTLET_GPU_ROUTE_IN_ACT");
   route_in_act_ = cu::expert_act_routes(c.num_experts, k) && !(rt && std::string(rt) == "0");
-  const char* mk = std::getenv("SWIFTLET_GPU_MOE_KERNEL");
-  const bool moe_kernel = mk ? std::string(mk) == "1" : !cu::tensor_core_products();
-  if (route_in_act_ && moe_kernel) {
-    moe_barrier_ = reinterpret_cast<unsigned*>(buf(2));
-    cu::gpu_memset(moe_barrier_, 0, 2 * sizeof(unsigned), s_);
-  }
   const char* ms = std::getenv("SWIFTLET_GPU_MIXER_STEP");
   mixer_step_ = !(ms && std::string(ms) == "0");
   const char* prof = std::getenv("SWIFTLET_GPU_PROFILE");
@@ -1056,13 +1045,6 @@ void GpuForward::sparse_moe(int l) {
   const cu::ExpertLayout& lay = g_->layout();
   const void* const* table = g_->table(l);
   const cu::SharedExpert* sh = shared_fused_ ? &shared_[size_t(l)] : nullptr;
-  // Every expert resident: the whole MoE half in one launch where the device and shapes allow.
-  if (on_device && experts_fused_ && sh && route_in_act_ && moe_barrier_ &&
-      cu::moe_decode(w.router, w.sh_expert_gate, w.post_norm, c_.rms_norm_eps, lay, table, k, c_.norm_topk_prob, *sh,
-                     h_, x_, router_, sg_, ids_, w_, act_, moe_barrier_, s_)) {
-    mark("moe: router, top-k, experts (one kernel)");
-    return;
-  }
   project({{w.router, router_}, {w.sh_expert_gate, sg_}}, h_, w.post_norm);
   mark("moe: norm + router, shared gate");
   if (on_device && experts_fused_ && sh && route_in_act_) {  // the top-k inside the experts' first kernel

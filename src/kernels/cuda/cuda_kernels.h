@@ -197,7 +197,7 @@ bool streamed_products();  // on, and the device can
 // The streamed products' arithmetic on the tensor cores (on by default with them;
 // SWIFTLET_GPU_TC=0 turns it off): integer MMAs of the weights' codes with x split into three
 // 8-bit digits per group of 64 (exact sums; x rounded to 2^-22 of its group's largest value).
-// fused_matvec, expert_act(_routed) and moe_decode's act, for 4/8-bit weights in groups of 64 and
+// fused_matvec, expert_act(_routed) and expert_down_add, for 4/8-bit weights in groups of 64 and
 // rows of at most 4096 columns; other shapes keep the streamed kernels. Not thread-safe.
 void set_tensor_core_products(bool on);
 bool tensor_core_products();  // on, with the streamed products
@@ -205,7 +205,7 @@ bool tensor_core_products();  // on, with the streamed products
 // dependent steps (even), each reading a hidden-size vector its predecessor wrote and writing its
 // share of the next, one block of 512 threads an SM, best of `reps` runs of a CUDA graph: as kernels
 // chained with PDL (sm_90), as kernels without it, and as grid barriers inside one persistent
-// kernel (the grid_barrier moe_decode uses; one by acquire/release atomics with a busy spin; one on
+// kernel (the one the removed moe_decode used; one by acquire/release atomics with a busy spin; one on
 // a count that only grows). ok: every variant's result matched the host's.
 struct SyncCost {
   double boundary_pdl_us, boundary_us, barrier_us, barrier_ar_us, barrier_count_us;
@@ -240,17 +240,6 @@ bool expert_act_routes(int E, int k);
 void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
                        bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
                        float* d_act, GpuStream s = nullptr);
-// The MoE half of a decode layer with every expert resident in one launch (sm_90, streamed
-// products on): x = RMSNorm(h) (into d_x_out), the router's logits and the shared expert's gate
-// logit, the top-k (ids and weights into d_ids / d_w), act as expert_act_routed, and h += the
-// routed and shared experts' down products, with two grid-wide barriers between the phases
-// (d_barrier: 2 words of device memory, zero to begin with, one per stream of launches). The
-// same results as fused_matvec + expert_act_routed + expert_down_add, up to the order of sums.
-// False (nothing launched) when the shapes or the device do not allow it.
-bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_norm_w, float eps,
-                const ExpertLayout& l, const void* const* d_table, int k, bool renormalise, const SharedExpert& sh,
-                float* d_h, float* d_x_out, float* d_logits, float* d_gate_logit, int32_t* d_ids, float* d_w,
-                float* d_act, unsigned* d_barrier, GpuStream s = nullptr);
 // h[d] += sum_i w[i] (down_i act[i])[d] (+ sigmoid(*sh->d_gate_logit) (down_sh act[n])[d]), one launch:
 // a warp owns output rows and sums over the experts itself (deterministic, no atomics). ids_early:
 // the ids were complete one kernel before the previous one (router_topk, then expert_act), so the

@@ -865,11 +865,8 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
   restore_product_mode(streamed_default, tc_default);
 }
 
-// moe_decode (the MoE half of a decode layer in one launch, grid barriers between its phases)
-// against the three kernels it replaces: fused_matvec (norm, router, shared gate) +
-// expert_act_routed + expert_down_add. Twice in a row: the barrier's words are reused.
-// The dependent steps of measure_sync_cost (the benchmark of a kernel boundary against grid
-// barriers, moe_decode's among them) compute what the host does: no block reads a stale vector.
+// The dependent steps of measure_sync_cost (the benchmark of a kernel boundary against three grid
+// barriers) compute what the host does: no block reads a stale vector.
 TEST(CudaKernels, SyncStepsSeeTheirPredecessors) {
   REQUIRE_GPU();
   const cuda::SyncCost c = cuda::measure_sync_cost(64, 2);
@@ -878,100 +875,6 @@ TEST(CudaKernels, SyncStepsSeeTheirPredecessors) {
     EXPECT_GT(us, 0.0);
     EXPECT_LT(us, 1e4);
   }
-}
-
-TEST(CudaKernels, MoeDecodeMatchesItsThreeKernels) {
-  REQUIRE_GPU();
-  if (!cuda::streamed_products()) GTEST_SKIP() << "moe_decode needs the streamed products (sm_90)";
-  std::mt19937 rng(47);
-  struct Case {
-    int rbits, ebits;
-    int64_t H, I;
-    int E, k;
-  };
-  const bool tc_default = cuda::tensor_core_products();
-  for (const Case& c : {Case{4, 4, 2048, 512, 64, 10}, Case{8, 4, 2048, 512, 512, 10}, Case{8, 8, 1024, 256, 40, 8},
-                        Case{4, 8, 256, 128, 16, 4}}) {
-    const std::string what0 = "router " + std::to_string(c.rbits) + "-bit, experts " + std::to_string(c.ebits) +
-                              "-bit, H " + std::to_string(c.H) + " E " + std::to_string(c.E);
-    const int64_t H = c.H, I = c.I;
-    const HostMatrix router = random_matrix(rng, WeightFormat::Affine, c.E, H, c.rbits, 64, DType::BF16);
-    const HostMatrix gate = random_matrix(rng, WeightFormat::Affine, 1, H, c.rbits, 64, DType::BF16);
-    std::vector<HostMatrix> eg, eu, ed;
-    for (int e = 0; e <= c.E; ++e) {  // expert E: the shared one
-      eg.push_back(random_matrix(rng, WeightFormat::Affine, I, H, c.ebits, 64, DType::BF16));
-      eu.push_back(random_matrix(rng, WeightFormat::Affine, I, H, c.ebits, 64, DType::BF16));
-      ed.push_back(random_matrix(rng, WeightFormat::Affine, H, I, c.ebits, 64, DType::BF16));
-    }
-    const size_t slot = cuda::matrix_device_bytes(eg[0].m) + cuda::matrix_device_bytes(eu[0].m) +
-                        cuda::matrix_device_bytes(ed[0].m);
-    auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * size_t(c.E)));
-    std::vector<const void*> table(static_cast<size_t>(c.E));
-    cuda::ExpertLayout lay;
-    for (int e = 0; e < c.E; ++e) {
-      table[size_t(e)] = arena + size_t(e) * slot;
-      lay = cuda::upload_expert_to(eg[size_t(e)].m, eu[size_t(e)].m, ed[size_t(e)].m, arena + size_t(e) * slot);
-    }
-    auto* d_table = static_cast<const void**>(cuda::gpu_alloc(size_t(c.E) * sizeof(void*)));
-    cuda::gpu_upload(d_table, table.data(), size_t(c.E) * sizeof(void*));
-    std::vector<void*> owners;
-    auto upload = [&](const HostMatrix& w) {
-      void* o = nullptr;
-      const cuda::GpuMatrix g = cuda::upload_matrix(w.m, &o);
-      owners.push_back(o);
-      return g;
-    };
-    const cuda::GpuMatrix g_router = upload(router), g_gate = upload(gate);
-    const std::vector<float> h0 = randn(rng, size_t(H), 2.0f), nw = randn(rng, size_t(H));
-    DevBuf<float> dnw(nw);
-    struct Out {
-      DevBuf<float> h, x, logits, sg, w, act;
-      DevBuf<int32_t> ids;
-      Out(const std::vector<float>& h0, const Case& c)
-          : h(h0), x(size_t(c.H)), logits(size_t(c.E)), sg(1), w(size_t(c.k)), act(size_t((c.k + 1) * c.I)),
-            ids(size_t(c.k)) {}
-    };
-    for (bool tc : {true, false}) {  // the experts' act on the tensor cores, and not
-      cuda::set_tensor_core_products(tc);
-      const std::string what = what0 + (cuda::tensor_core_products() ? " tensor cores" : "");
-      Out want(h0, c), got(h0, c);
-      const cuda::SharedExpert sh_want{upload(eg[size_t(c.E)]), upload(eu[size_t(c.E)]), upload(ed[size_t(c.E)]),
-                                       want.sg.p};
-      cuda::SharedExpert sh_got = sh_want;  // the same matrices, its own gate logit
-      sh_got.d_gate_logit = got.sg.p;
-      DevBuf<uint32_t> bar(std::vector<uint32_t>{0, 0});
-      for (int rep = 0; rep < 2; ++rep) {
-        // moe_decode takes the router rows with the FP32 loop (one row a warp), so the router here
-        // too: logits of ~1e3-sized terms that cancel differ by ~1e-4 between the two arithmetics,
-        // and the ids, weights and h after them would follow.
-        const cuda::MatvecSegment segs[2] = {{g_router, want.logits.p, false}, {g_gate, want.sg.p, false}};
-        cuda::set_tensor_core_products(false);
-        cuda::fused_matvec(segs, 2, want.h.p, dnw.p, 1e-6f, want.x.p);
-        cuda::set_tensor_core_products(tc);
-        cuda::expert_act_routed(lay, d_table, want.logits.p, c.E, c.k, true, &sh_want, want.x.p, want.ids.p, want.w.p,
-                                want.act.p);
-        cuda::expert_down_add(lay, d_table, want.ids.p, want.w.p, c.k, &sh_want, want.act.p, want.h.p, nullptr, false);
-        ASSERT_TRUE(cuda::moe_decode(g_router, g_gate, dnw.p, 1e-6f, lay, d_table, c.k, true, sh_got, got.h.p, got.x.p,
-                                     got.logits.p, got.sg.p, got.ids.p, got.w.p, got.act.p, bar.p))
-            << what;
-        const std::string r = what + " run " + std::to_string(rep);
-        expect_close(got.x.get(), want.x.get(), 1e-5f, 1e-5f, r + " normed x");
-        expect_close(got.logits.get(), want.logits.get(), 1e-4f, 1e-4f, r + " router logits");
-        expect_close(got.sg.get(), want.sg.get(), 1e-4f, 1e-4f, r + " gate logit");
-        EXPECT_EQ(got.ids.get(), want.ids.get()) << r << ": ids";
-        expect_close(got.w.get(), want.w.get(), 1e-5f, 1e-6f, r + " weights");
-        expect_close(got.act.get(), want.act.get(), 1e-4f, 1e-3f, r + " act");
-        float big = 0.0f;
-        for (float v : want.h.get()) big = std::max(big, std::fabs(v));
-        expect_close(got.h.get(), want.h.get(), 1e-4f, 1e-3f + 1e-5f * big, r + " h");
-      }
-      EXPECT_EQ(bar.get(), (std::vector<uint32_t>{0, 4})) << what << ": barrier words after 2 launches of 2 barriers";
-    }
-    for (void* o : owners) cuda::gpu_free(o);
-    cuda::gpu_free(d_table);
-    cuda::gpu_free(arena);
-  }
-  cuda::set_tensor_core_products(tc_default);
 }
 
 }  // namespace

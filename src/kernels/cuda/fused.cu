@@ -347,7 +347,7 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ lr, int E, i
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
     const int i = lane + 32 * j;
-    p[j] = i < E ? __ldcg(lr + i) : -INFINITY;  // L2: moe_decode_kernel writes them in the same launch
+    p[j] = i < E ? __ldcg(lr + i) : -INFINITY;
     m = fmaxf(m, p[j]);
   }
   m = detail::warp_max(m);
@@ -776,7 +776,7 @@ struct ActTiles {
 
 // expert_act streamed: a tile is NW rows of gate and the same rows of up of one part; warp w
 // computes act[p][r0 + w] = SiLU(gate row) * up row. The block's part of the work, as device
-// functions shared by stream_act_kernel and moe_decode_kernel (below): the tiles are issued by
+// functions of stream_act_kernel (below): the tiles are issued by
 // thread 0 (the shared expert's before the PDL wait, the routed ones once `bases` holds their slots).
 template <int BITS, int NW>
 struct ActStream : ActTiles<ActStream<BITS, NW>> {
@@ -1054,8 +1054,8 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
 
 // expert_act on the tensor cores: a tile is kR = 8 rbt rows of gate and the same rows of up of one
 // part, gate's then up's (its 16-row blocks: gate's, then up's; with rbt = 1 the one block holds 8
-// of each). Issued by warp 0 (start, issue_upto), computed by every warp (compute). Shared by
-// tc_act_kernel and moe_decode_kernel.
+// of each). Issued by warp 0 (start, issue_upto), computed by every warp (compute): tc_act_kernel's
+// body.
 template <int BITS, int NW>
 struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
   using Base = ActTiles<ActStreamTc<BITS, NW>>;
@@ -1142,75 +1142,13 @@ __device__ __forceinline__ void tc_down_finish(float (&acc)[2], float* red, floa
   __syncthreads();
 }
 
-// h[r] += sum_p coefs[p] down_p[r] act[p] on the tensor cores, act staged by stage_tc (parts x I
-// values; I % 64 == 0, so groups do not straddle parts). Block b takes the 16-row blocks b, b + grid,
-// ...; its warps take the block's items (part p, column part it: a 16 x 256 product) straight from
-// global memory, two at a time with every load issued before any MMA, each warp summing its own in
-// order, then the warps' sums in a fixed order (deterministic). red: 16 floats a warp.
-template <int BITS>
-__device__ __forceinline__ void tc_down_rows(const ExpertArgs& a, const size_t* bases, const float* coefs,
-                                             const unsigned char* xt, float* h, float* red) {
-  constexpr int kQ = tc_loads<BITS>();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = int(blockDim.x) >> 5;
-  const int t = lane & 3, n = lane >> 2;
-  const int gpp = a.I / kTcGs, ipp = (gpp + 3) / 4, items = a.parts * ipp, groups = a.parts * gpp;
-  const size_t rb = size_t(a.I) * BITS / 8;
-  const int n_rb = (a.H + 15) / 16;
-  for (int rbk = int(blockIdx.x); rbk < n_rb; rbk += int(gridDim.x)) {
-    const int r0 = rbk * 16 + n, r8 = r0 + 8;
-    float acc[2] = {0.0f, 0.0f};
-    for (int i0 = warp; i0 < items; i0 += 2 * nw) {
-      uint4 w0[2][kQ], w8[2][kQ];
-      float sc[2][2], bi[2][2];
-      int pk[2], gk[2];
-      bool vk[2];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int item = i0 + k * nw;
-        const int p = item < items ? item / ipp : 0, gi = (item - p * ipp) * 4 + t;  // group in the part's row
-        const bool v = item < items && gi < gpp;
-        pk[k] = p;
-        gk[k] = p * gpp + gi;
-        vk[k] = v;
-        const size_t base = bases[p];
-        const Part& m = p < a.n ? a.down : a.sh_down;
-        const bool v0 = v && r0 < a.H, v8 = v && r8 < a.H;
-        const uint4* d0 = at<uint4>(base, m.data + size_t(r0) * rb + size_t(gi) * (kTcGs * BITS / 8));
-        const uint4* d8 = at<uint4>(base, m.data + size_t(r8) * rb + size_t(gi) * (kTcGs * BITS / 8));
-#pragma unroll
-        for (int q = 0; q < kQ; ++q) {
-          w0[k][q] = v0 ? __ldg(d0 + q) : make_uint4(0, 0, 0, 0);
-          w8[k][q] = v8 ? __ldg(d8 + q) : make_uint4(0, 0, 0, 0);
-        }
-        sc[k][0] = v0 ? load_scale(at<void>(base, m.scales), int64_t(r0) * gpp + gi, a.st_out) : 0.0f;
-        bi[k][0] = v0 ? load_scale(at<void>(base, m.biases), int64_t(r0) * gpp + gi, a.st_out) : 0.0f;
-        sc[k][1] = v8 ? load_scale(at<void>(base, m.scales), int64_t(r8) * gpp + gi, a.st_out) : 0.0f;
-        bi[k][1] = v8 ? load_scale(at<void>(base, m.biases), int64_t(r8) * gpp + gi, a.st_out) : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        if (i0 + k * nw >= items) break;  // warp-uniform
-        TcFrags fr;
-        tc_load(xt, groups, gk[k], vk[k], fr);
-        float dot[2];
-        tc_mma<BITS>(w0[k], w8[k], fr, dot);
-        if (vk[k]) {
-          const float c = coefs[pk[k]];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) acc[r] = fmaf(c, fmaf(sc[k][r], dot[r], bi[k][r] * fr.xsum), acc[r]);
-        }
-      }
-    }
-    tc_down_finish(acc, red, h, rbk, a.H);
-  }
-}
-
 // expert_down_add on the tensor cores, a block per 16 output rows (grid-stride). Each part's 16 rows
 // and their scales and biases come into shared memory by bulk copies (part p at p a.stage_bytes
 // past a.ring_off; one copy a range, so the copy engine is not fed row by row): the shared
 // expert's before the PDL wait, the routed experts' once the ids are known (before the wait too
-// where they are two kernels back, ids_early). The items and their sums are tc_down_rows' (same
-// order, same result), read from shared memory.
+// where they are two kernels back, ids_early). Warp w takes the items (part p, column part: a
+// 16 x 256 product) w, w + NW, ..., each warp summing its own in order, then the warps' sums in a
+// fixed order (tc_down_finish): deterministic.
 template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_constant__ ExpertArgs a) {
   extern __shared__ float4 smem4[];
@@ -1338,129 +1276,9 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_act_kernel(const __grid_c
   probe(kProbeAct, 5);
   stage_tc<BITS>(xt, a.H, [&](int i) { return a.x[i]; }, 1);  // warp 0 routed; ends with a barrier
   probe(kProbeAct, 6);
-  // The successor's down rows into the L2 while this kernel's tiles stream in (the ids are known
-  // now; expert_down_add cannot read them before its wait).
   act.compute(xt);
   probe(kProbeAct, 9);
 }
-
-// The MoE half of a decode layer with every expert resident, in one launch (moe_decode):
-//   1. every block: x = RMSNorm(h); warp w of block b: router row b + w * grid (the E router rows,
-//      then the shared expert's gate row);                                         grid barrier
-//   2. every block: the top-k of the logits (warp 0), then its expert_act tiles (ActStream),
-//      with its down rows prefetched into the L2 as soon as the ids are known;     grid barrier
-//   3. every block: h += its rows of the experts' down products (down_rows).
-// Two grid barriers instead of two kernel boundaries, and the down rows' prefetch overlaps the
-// act phase.
-struct MoeArgs {
-  ExpertArgs e;           // e.logits: the router's output; e.y: act; e.sh_gate_logit: the gate's output
-  Segment router, gate;   // E rows; 1 row
-  int r_gs, r_st;         // the router's (and gate's) group size and scale type
-  float* h;               // read in phase 1, added to in phase 3
-  const float* norm_w;
-  float eps;
-  float* x_out;           // block 0 writes the normed x here
-  unsigned* barrier;      // 2 words, zero to begin with
-  int xr_off;             // floats: the router's staged x after the experts'
-};
-
-template <int RB, int EB, int NW, bool TC>
-__global__ void __launch_bounds__(NW * 32, 1) moe_decode_kernel(const __grid_constant__ MoeArgs m) {
-  const ExpertArgs& a = m.e;
-  extern __shared__ float4 smem4[];
-  float* xe = reinterpret_cast<float*>(smem4);  // the experts' x: staged floats, or stage_tc's digits
-  float* xr = xe + m.xr_off;
-  unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + a.ring_off;
-  __shared__ uint64_t bars[kMaxStages];
-  __shared__ int32_t ids[kMaxTopk];
-  __shared__ float wts[kMaxTopk];
-  __shared__ size_t bases[kMaxParts];
-  __shared__ float coefs[kMaxParts];
-  __shared__ float red[32];
-  __shared__ float part[TC ? 2 : 1][TC ? kTcWarps * 16 : 1];
-  const int H = a.H, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  auto act = [&] {
-    if constexpr (TC) {
-      static_assert(NW == kTcWarps, "the tensor-core act takes kTcWarps warps");
-      return ActStreamTc<EB, kTcWarps>(a, ring, bars, bases, part);
-    } else {
-      return ActStream<EB, NW>(a, ring, bars, bases);
-    }
-  }();
-  const int rrow = int(blockIdx.x) + warp * int(gridDim.x);
-  const bool has_row = rrow <= m.router.rows;  // rows 0..E-1: router; E: the gate
-  const Segment& rs = rrow < m.router.rows ? m.router : m.gate;
-  const int rr = rrow < m.router.rows ? rrow : 0;
-  const int64_t r_rb = int64_t(H) * RB / 8, r_groups = H / m.r_gs;
-  const int64_t r_srb = r_groups * (m.r_st == kScaleF32 ? 4 : 2);
-  if (has_row) {  // weights do not depend on the predecessor: into the L2 during its tail
-    prefetch_lines(reinterpret_cast<const char*>(rs.data) + rr * r_rb, r_rb, lane);
-    prefetch_lines(static_cast<const char*>(rs.scales) + rr * r_srb, r_srb, lane);
-    prefetch_lines(static_cast<const char*>(rs.biases) + rr * r_srb, r_srb, lane);
-  }
-  if constexpr (TC) {
-    if (warp == 0) act.start();
-  } else {
-    if (threadIdx.x == 0) act.start();
-  }
-  pdl_wait_and_release();
-
-  // 1. RMSNorm and the router.
-  const float inv = block_rms_inv(m.h, H, m.eps, red);
-  stage<RB>(xr, H, [&](int i) {
-    const float v = m.h[i] * inv * m.norm_w[i];
-    if (blockIdx.x == 0 && m.x_out) m.x_out[i] = v;
-    return v;
-  });
-  if constexpr (TC)
-    stage_tc<EB>(reinterpret_cast<unsigned char*>(xe), H, [&](int i) { return m.h[i] * inv * m.norm_w[i]; });
-  else
-    stage<EB>(xe, H, [&](int i) { return m.h[i] * inv * m.norm_w[i]; });
-  if (has_row) {
-    const uint4* data[1] = {rs.data + int64_t(rr) * (H / per_chunk<RB>())};
-    const void* scales[1] = {rs.scales};
-    const void* biases[1] = {rs.biases};
-    const int64_t g0[1] = {int64_t(rr) * r_groups};
-    const bool valid[1] = {true};
-    float acc[1] = {0.0f};
-    rows_dot<RB, 1>(data, scales, biases, g0, valid, H / per_chunk<RB>(), m.r_gs, m.r_st, xr,
-                    xr + H + (H + 31) / 32 * 4, acc);
-    const float v = warp_sum(acc[0]);
-    if (lane == 0) rs.y[rr] = v;
-  }
-  grid_barrier(m.barrier);
-
-  // 2. Top-k, experts gate/up/SiLU; the down rows into the L2 meanwhile.
-  if (threadIdx.x < 32) {
-    route_warp(a, ids, wts, bases);
-    if (threadIdx.x < unsigned(a.n)) coefs[threadIdx.x] = wts[threadIdx.x];
-    if (threadIdx.x == 0 && a.parts > a.n) coefs[a.n] = sigmoidf_(__ldcg(a.sh_gate_logit));
-    if constexpr (TC) {
-      act.issue_upto(act.S);
-    } else {
-      if (threadIdx.x == 0) act.issue_upto(act.S);
-    }
-  }
-  __syncthreads();
-  prefetch_down_rows<EB, 1>(a, [&](int p) { return p < a.n ? bases[p] : size_t(0); });
-  if constexpr (TC)
-    act.compute(reinterpret_cast<const unsigned char*>(xe));
-  else
-    act.compute(xe);
-  grid_barrier(m.barrier);
-
-  // 3. h += the experts' down products (act staged where the tiles were).
-  if constexpr (TC) {
-    stage_tc<EB>(ring, a.parts * a.I, [&](int i) { return __ldcg(a.y + i); });
-    tc_down_rows<EB>(a, bases, coefs, ring, m.h, &part[0][0]);
-  } else {
-    float* xd = reinterpret_cast<float*>(ring);
-    stage<EB>(xd, a.parts * a.I, [&](int i) { return __ldcg(a.y + i); });
-    down_rows<EB, 1>(a, bases, coefs, xd, m.h);
-  }
-}
-
-constexpr int kMoeWarps = 16;
 
 // Shared memory a streamed kernel may take (beyond the default 48 KB), granted once per kernel.
 void stream_opt_in(const void* kernel, size_t bytes = kStreamSmem) {
@@ -1631,14 +1449,6 @@ bool tc_down(ExpertArgs a, int bits, cudaStream_t s) {
   if (smem > kTcSmem) return false;
   launch_tc(bits == 4 ? tc_down_kernel<4, kTcWarps> : tc_down_kernel<8, kTcWarps>, (a.H + 15) / 16, smem, s, a);
   return true;
-}
-
-template <int RB, int EB, bool TC>
-void launch_moe(const MoeArgs& m, size_t smem, cudaStream_t s) {
-  const auto kernel = moe_decode_kernel<RB, EB, kMoeWarps, TC>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel), TC ? kTcSmem : kStreamSmem);
-  launch(kernel, unsigned(sm_count()), kMoeWarps * 32, smem, s, m);
-  SWIFTLET_CUDA_LAUNCHED();
 }
 
 Part part_of(const GpuMatrix& m) {
@@ -2012,16 +1822,7 @@ void prepare_fused_kernels() {
                         reinterpret_cast<const void*>(stream_act_kernel<4, 16>), reinterpret_cast<const void*>(stream_act_kernel<8, 16>),
 })
     if (tuning().capable) stream_opt_in(k);
-  for (const void* k : {reinterpret_cast<const void*>(moe_decode_kernel<4, 4, kMoeWarps, false>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<4, 8, kMoeWarps, false>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<8, 4, kMoeWarps, false>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<8, 8, kMoeWarps, false>)})
-    if (tuning().capable) stream_opt_in(k);
-  for (const void* k : {reinterpret_cast<const void*>(moe_decode_kernel<4, 4, kMoeWarps, true>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<4, 8, kMoeWarps, true>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<8, 4, kMoeWarps, true>),
-                        reinterpret_cast<const void*>(moe_decode_kernel<8, 8, kMoeWarps, true>),
-                        reinterpret_cast<const void*>(tc_matvec_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_matvec_kernel<8, kTcWarps>),
+  for (const void* k : {reinterpret_cast<const void*>(tc_matvec_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_matvec_kernel<8, kTcWarps>),
                         reinterpret_cast<const void*>(tc_act_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_act_kernel<8, kTcWarps>),
                         reinterpret_cast<const void*>(tc_down_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_down_kernel<8, kTcWarps>)})
     if (tuning().capable) stream_opt_in(k, kTcSmem);
@@ -2142,57 +1943,6 @@ void expert_down_add(const ExpertLayout& l, const void* const* d_table, const in
   else
     launch_ex(two ? expert_down_kernel<8, 2> : expert_down_kernel<8, 1>, grid, kThreads, smem, s, true, a);
   SWIFTLET_CUDA_LAUNCHED();
-}
-
-bool moe_decode(const GpuMatrix& router, const GpuMatrix& gate, const float* d_norm_w, float eps,
-                const ExpertLayout& l, const void* const* d_table, int k, bool renormalise, const SharedExpert& sh,
-                float* d_h, float* d_x_out, float* d_logits, float* d_gate_logit, int32_t* d_ids, float* d_w,
-                float* d_act, unsigned* d_barrier, GpuStream s) {
-  if (!streaming() || !d_barrier) return false;
-  const int E = int(router.rows);
-  if (!expert_act_routes(E, k) || !experts_fusable(l, k, &sh)) return false;
-  if (!affine_fusable(router) || !affine_fusable(gate) || !same_shape_kind(router, gate) || gate.rows != 1 ||
-      router.cols != l.gate.cols)
-    return false;
-  ExpertArgs a = routed_args(l, d_table, d_logits, E, k, renormalise, &sh, d_ids, d_w, d_act);
-  if (!experts_aligned(a)) return false;
-  a.sh_gate_logit = d_gate_logit;
-  const int H = a.H, RB = router.bits, EB = l.gate.bits;
-  auto floats = [](int bits, int n) { return bits == 4 ? staged_floats<4>(n) : staged_floats<8>(n); };
-  const bool tc = tc_on() && tc_act_rows(a, EB, kTcWarps) > 0 && tc_down_fits(a, EB, kTcSmem);  // on the tensor cores
-  const int xe_floats = tc ? tc_staged_bytes(H) / 4 : floats(EB, H);
-  const int xr_off = (xe_floats + 3) & ~3, xs = xr_off + floats(RB, H);
-  if (!(tc ? plan_ring(a, size_t(xs) * 4, tc_act_stage_bytes(a, EB, kTcWarps), kTcSmem)
-           : plan_ring(a, size_t(xs) * 4, act_stage_bytes(a, EB, kMoeWarps))))
-    return false;
-  // Phase 3 stages the act where the tiles were.
-  const size_t act_bytes = tc ? size_t(tc_staged_bytes(a.parts * a.I)) : size_t(floats(EB, a.parts * a.I)) * 4;
-  if (size_t(a.stages) * size_t(a.stage_bytes) < act_bytes) return false;
-  if (E + 1 > sm_count() * kMoeWarps) return false;  // one router row per warp
-  MoeArgs m{};
-  m.e = a;
-  m.router = segment_of(router, d_logits, false);
-  m.gate = segment_of(gate, d_gate_logit, false);
-  m.r_gs = router.group_size;
-  m.r_st = scale_type(router.scale_dtype);
-  m.h = d_h;
-  m.norm_w = d_norm_w;
-  m.eps = eps;
-  m.x_out = d_x_out;
-  m.barrier = d_barrier;
-  m.xr_off = xr_off;
-  const size_t smem = ring_smem(a);
-  if (tc) {
-    if (RB == 4)
-      EB == 4 ? launch_moe<4, 4, true>(m, smem, s) : launch_moe<4, 8, true>(m, smem, s);
-    else
-      EB == 4 ? launch_moe<8, 4, true>(m, smem, s) : launch_moe<8, 8, true>(m, smem, s);
-  } else if (RB == 4) {
-    EB == 4 ? launch_moe<4, 4, false>(m, smem, s) : launch_moe<4, 8, false>(m, smem, s);
-  } else {
-    EB == 4 ? launch_moe<8, 4, false>(m, smem, s) : launch_moe<8, 8, false>(m, smem, s);
-  }
-  return true;
 }
 
 void deltanet_prep_grouped(const float* d_qkvz, const float* d_ba, const float* d_conv_w, float* d_conv_state, int hk,

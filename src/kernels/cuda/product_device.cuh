@@ -1,7 +1,7 @@
 // The device code of the fused decode products (fused.cu), shared by its kernels: the dequantising
 // dot product over rows in global or shared memory with its staged input, the ring of shared-memory
-// stages filled by TMA bulk copies, and a grid-wide barrier (the PDL and L2 prefetch helpers are in
-// cuda_common.cuh). Not part of the API.
+// stages filled by TMA bulk copies (the PDL and L2 prefetch helpers are in cuda_common.cuh). Not
+// part of the API.
 //
 // The product loop. A block stages its input x once in shared memory, already multiplied per
 // column by a power of two (below) and with the sum of every 16-byte chunk's x values beside it;
@@ -500,32 +500,6 @@ __device__ __forceinline__ void issue_rows(unsigned char* stage, uint64_t* bar, 
 #endif
   if (lane < n_sets && sets[lane].nr > 0)
     bulk_copy(stage + sets[lane].dst_off, sets[lane].src, sets[lane].nr * rb, bar);
-}
-
-// A barrier across the grid (every block resident: grid <= SMs, one block each). bar[0] counts
-// arrivals, bar[1] is the generation; both persist across launches (the count returns to 0).
-// Writes before the barrier are visible to every block after it (fences around the atomics; read
-// such data with __ldcg, not the non-coherent path).
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned gen;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-    __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      unsigned g = gen;
-      while (g == gen) {
-        __nanosleep(32);
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
-      }
-    }
-    __threadfence();
-  }
-  __syncthreads();
 }
 
 }  // namespace swiftlet::cuda::detail

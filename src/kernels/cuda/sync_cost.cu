@@ -12,7 +12,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/product_device.cuh"
+#include "kernels/cuda/cuda_common.cuh"
 
 namespace swiftlet::cuda {
 namespace {
@@ -21,7 +21,34 @@ using namespace detail;
 constexpr int kSyncThreads = 512;
 constexpr int kSyncN = 2048;  // a hidden size
 
-// Two other grid barriers, to compare with product_device.cuh's grid_barrier.
+// Three grid barriers. The first is the one the MoE half in one launch used (moe_decode, removed in
+// session 9: slower than its three kernels, 280-297 against 366-394 tok/s).
+
+// A barrier across the grid (every block resident: grid <= SMs, one block each). bar[0] counts
+// arrivals, bar[1] is the generation; both persist across launches (the count returns to 0).
+// Writes before the barrier are visible to every block after it (fences around the atomics; read
+// such data with __ldcg, not the non-coherent path).
+__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned gen;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      unsigned g = gen;
+      while (g == gen) {
+        __nanosleep(32);
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
 
 // grid_barrier by acquire/release atomics (no separate fences) and a busy spin (no sleep).
 __device__ __forceinline__ void grid_barrier_ar(unsigned* bar) {
