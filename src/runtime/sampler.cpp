@@ -254,14 +254,11 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
                  logits.size(), vocab_);
   apply_penalties(logits, history);
 
-  if (params_.greedy || params_.temperature <= 0) {  // the first maximum: lowest id on ties
-    uint32_t id = 0;
-    const float max_logit = sanitize_and_max(logits, &id);
-    SWIFTLET_CHECK(std::isfinite(max_logit), "all {} logits are -inf or NaN (max {})", vocab_, max_logit);
-    return static_cast<int32_t>(id);
-  }
-  const float max_logit = sanitize_and_max(logits);
+  const bool greedy = params_.greedy || params_.temperature <= 0;
+  uint32_t first_max = 0;  // greedy: the first maximum, lowest id on ties
+  const float max_logit = sanitize_and_max(logits, greedy ? &first_max : nullptr);
   SWIFTLET_CHECK(std::isfinite(max_logit), "all {} logits are -inf or NaN (max {})", vocab_, max_logit);
+  if (greedy) return static_cast<int32_t>(first_max);
 
   const float inv_temp = 1.0f / params_.temperature;
   const auto prob = [&](int32_t id) { return std::exp((logits[id] - max_logit) * inv_temp); };
