@@ -19,9 +19,6 @@
 #ifdef SWIFTLET_HAVE_CUPTI
 #include "gpu_trace.h"
 #endif
-#ifdef SWIFTLET_GPU_PROBE
-#include "kernels/cuda/cuda_kernels.h"
-#endif
 
 #include <algorithm>
 #include <chrono>

@@ -1,6 +1,6 @@
 // Fused decode kernels (issue 8): the products of a decoder layer in a few fat launches instead of
-// one launch per matrix, for affine 4/8-bit weights (MLX, model-spec.md 5.1). The product loop,
-// the shared-memory tile ring and the grid barrier they use are in product_device.cuh.
+// one launch per matrix, for affine 4/8-bit weights (MLX, model-spec.md 5.1). The product loop
+// and the shared-memory tile ring they use are in product_device.cuh.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
@@ -832,7 +832,7 @@ struct ActStream : ActTiles<ActStream<BITS, NW>> {
 // part's slot base, one lane per part (parallel loads, not a chain in thread 0), and 0 for the
 // shared expert; block 0 writes the routed ids and weights out.
 __device__ __forceinline__ void route_warp(const ExpertArgs& a, int32_t* ids, float* wts, size_t* bases) {
-  if (a.logits) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);  // lane 0 writes
+  if (a.logits) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);
   probe(kProbeAct, 3);  // the top-k
   __syncwarp();
   const int p = threadIdx.x & 31;

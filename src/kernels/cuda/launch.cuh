@@ -2,7 +2,7 @@
 // the launch settings (PDL, streamed and tensor-core products, chosen once from the device and the
 // environment), and cudaLaunchKernelEx with the PDL attribute and optional thread-block clusters.
 // A kernel launched here with PDL on must run griddepcontrol.wait (pdl_wait_and_release,
-// product_device.cuh) before it reads what its predecessor writes. Not part of the API.
+// cuda_common.cuh) before it reads what its predecessor writes. Not part of the API.
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
