@@ -1654,9 +1654,10 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices) delta_norm_kernel(
 // per value head h, and the r value heads of key head g as one thread-block cluster (sm_90). Block
 // rank 0 runs the conv + SiLU and L2 norms of q_g and k_g (it alone shifts their conv state); the
 // others read them from its shared memory. Each block runs the conv of its own v channels. Inputs
-// as DeltaNetIn.
+// as DeltaNetIn. One block an SM (the `, 1`): without it ptxas may aim at two and give the state rows
+// 32 registers (ROWS 32: 740 B of spills a thread against 304).
 template <int ROWS>
-__global__ void __launch_bounds__(kDnMaxDv * kDnSlices)
+__global__ void __launch_bounds__(kDnMaxDv * kDnSlices, 1)
     deltanet_step_kernel(const __grid_constant__ DeltaNetIn in, const float* __restrict__ conv_w, float* state,
                          const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* S,
                          const float* __restrict__ norm_w, float l2_eps, float q_scale, float eps, int hk, int r,
