@@ -292,6 +292,35 @@ int main(int argc, char** argv) {
               " (acquire/release, no sleep: %5.2f us; a growing count: %5.2f us); results %s\n",
               sc.boundary_pdl_us, sc.boundary_us, sc.barrier_us, sc.barrier_ar_us, sc.barrier_count_us,
               sc.ok ? "match the host's" : "WRONG");
+  // The 80B's DeltaNet layer as its chain of phases, by the bytes each reads (4-bit rows with a bf16
+  // scale and bias a group of 64: 9/16 of a byte a weight; the router 8-bit: 68/64), streamed ahead
+  // of the chain or not: what the persistent design could reach before any arithmetic.
+  auto q4 = [](int64_t rows, int64_t cols) { return rows * cols * 9 / 16; };
+  const std::vector<int64_t> phases = {
+      q4(12288 + 64, 2048),         // in_proj_qkvz + in_proj_ba
+      int64_t(32) * 128 * 128 * 4,  // the DeltaNet step's state (read; its write-back not counted)
+      q4(2048, 4096),               // out_proj
+      (512 + 1) * 2048 * 68 / 64,   // router + the shared expert's gate, 8-bit
+      11 * 2 * q4(512, 2048),       // act: gate and up of 10 experts and the shared one
+      11 * q4(2048, 512)};          // down
+  // Then the same bytes in n equal phases: what a link costs while the copies stream.
+  const int chain_layers = 48;
+  int64_t layer_bytes = 0;
+  for (int64_t b : phases) layer_bytes += b;
+  std::printf("\nthe 80B's DeltaNet layer as a chain of phases (%.1f MB, 16 KB tiles, 192 KB of ring an SM), us a"
+              " layer\n(a token of %d such layers at that rate, tok/s); the bytes alone / a kernel a phase with PDL"
+              " (the\npresent shape) / one persistent kernel whose copies run ahead:\n",
+              double(layer_bytes) / 1e6, chain_layers);
+  for (int n : {0, 1, 3, 12, 24}) {  // 0: the six real phases
+    const std::vector<int64_t> ph = n == 0 ? phases : std::vector<int64_t>(size_t(n), layer_bytes / n);
+    const StreamChain ch = measure_stream_chain(ph, chain_layers);
+    if (ch.layer_bytes == 0) break;  // below sm_90
+    auto tok_s = [&](double us) { return 1e6 / (us * chain_layers); };
+    std::printf("  %2zu phases%-9s %6.2f (%4.0f)  %6.2f (%4.0f)  %6.2f (%4.0f)  results %s\n", ph.size(),
+                n == 0 ? " (real)" : " (equal)", ch.stream_us, tok_s(ch.stream_us), ch.kernels_us,
+                tok_s(ch.kernels_us), ch.persistent_us, tok_s(ch.persistent_us),
+                ch.ok ? "match the host's" : "WRONG");
+  }
   // The kernels before the streamed products, then those (warps per block), then on the tensor cores.
   for (int warps : {0, 8, 16, -16}) {
     set_streamed_products(warps != 0, warps < 0 ? -warps : warps);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 struct CUstream_st;  // = cudaStream_t's pointee, so a cudaStream_t converts to GpuStream
 struct CUevent_st;   // = cudaEvent_t's pointee
@@ -212,6 +213,18 @@ struct SyncCost {
   bool ok;
 };
 SyncCost measure_sync_cost(int steps = 256, int reps = 10);
+// A development measurement (swiftlet_bench_cuda; stream_chain.cu): `layers` layers of phases of
+// phase_bytes[p] weight bytes each (multiples of 16 after rounding up), every phase reading the
+// vector its predecessor wrote, the bytes streamed through 192 KB of shared memory a block in 16 KB
+// bulk copies and only summed. Microseconds a layer, best of `reps` graph runs: the bytes alone (no
+// chain), a kernel a phase with PDL (the decode's present shape), and one persistent kernel whose
+// copies run ahead of its chain. layer_bytes: the bytes a layer reads. ok: the chain's result and
+// the sum of every word matched the host's. All zero (ok false) below sm_90.
+struct StreamChain {
+  double layer_bytes, stream_us, kernels_us, persistent_us;
+  bool ok;
+};
+StreamChain measure_stream_chain(const std::vector<int64_t>& phase_bytes, int layers, int reps = 5);
 // Asks the driver once for what the fused kernels' launches need (occupancy, device facts), so no
 // query happens later inside a CUDA graph capture. Idempotent.
 void prepare_fused_kernels();
