@@ -1,12 +1,13 @@
 // Fused decode kernels (issue 8): the products of a decoder layer in a few fat launches instead of
-// one launch per matrix, for affine 4/8-bit weights (MLX, model-spec.md 5.1). The product loop
-// and the shared-memory tile ring they use are in product_device.cuh.
+// one launch per matrix, for affine 4/8-bit weights (MLX, model-spec.md 5.1), and the router's
+// top-k. The product loop and the shared-memory tile ring they use are in product_device.cuh; the
+// DeltaNet step's kernels in deltanet.cu.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/probe.cuh"
 #include "kernels/cuda/product_device.cuh"
 
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -21,27 +22,6 @@ namespace swiftlet::cuda {
 
 using namespace detail;  // cuda_common.cuh's helpers and product_device.cuh's product loop
 
-// Phase timestamps of the decode kernels, a development tool (cmake -DSWIFTLET_GPU_PROBE=ON; off
-// by default, and then probe() is empty). Thread 0 of each block of a kernel of kind `kind` writes
-// %globaltimer and clock64 at mark m into the buffer probe_begin() installs; probe_end() reports
-// per mark when the blocks passed it. The last launch of a kind in the step is what remains.
-enum ProbeKind { kProbeAct, kProbeDown, kProbeProduct, kProbeDeltaNet, kProbeKinds };
-#ifdef SWIFTLET_GPU_PROBE
-constexpr int kProbeBlocks = 256, kProbeMarks = 16;
-__device__ unsigned long long* g_probe;  // [kind][block][kProbeMarks timers, kProbeMarks clocks]
-__device__ __forceinline__ void probe(int kind, int mark) {
-  if (threadIdx.x == 0 && threadIdx.y == 0 && g_probe && blockIdx.x < kProbeBlocks) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    unsigned long long* b = g_probe + (size_t(kind) * kProbeBlocks + blockIdx.x) * 2 * kProbeMarks;
-    b[mark] = t;
-    b[kProbeMarks + mark] = clock64();
-  }
-}
-#else
-__device__ __forceinline__ void probe(int, int) {}
-#endif
-
 namespace {
 
 constexpr int kThreads = 256;
@@ -49,7 +29,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxParts = 17;                 // routed experts (top-k <= 16) + the shared expert
 constexpr int kActMaxE = 512;                 // experts expert_act_routed takes (16 logits per lane of a warp)
 constexpr size_t kMaxSmem = 48 * 1024;        // dynamic shared memory without an opt-in
-constexpr unsigned kMaxCluster = 8;            // blocks per thread-block cluster (the portable limit)
 
 // Chunks per lane for rows_dot_fixed (0: the general loop).
 template <int BITS>
@@ -1481,263 +1460,6 @@ ExpertArgs expert_args(const ExpertLayout& l, const void* const* table, const in
   return a;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Gated DeltaNet, one token.
-
-constexpr int kConvThreads = 256;
-constexpr int kConvMaxDk = 256;
-
-// Channel c of the causal conv + SiLU (3.4) for input x: SiLU(w_c . [state_c; x]), and the state's
-// column c shifted by x (state: [K - 1][C]). The thread owns the column: no barrier.
-__device__ __forceinline__ float conv_silu_channel(float x, const float* __restrict__ conv_w, float* state,
-                                                   int64_t C, int K, int64_t c) {
-  const float* wc = conv_w + c * K;
-  float acc = wc[K - 1] * x;
-  for (int j = 0; j < K - 1; ++j) acc += wc[j] * state[j * C + c];
-  for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
-  if (K > 1) state[int64_t(K - 2) * C + c] = x;
-  return siluf_(acc);
-}
-
-// One block per key head g: Qwen3-Next's grouped projections (in_proj_qkvz per g: [q_g | k_g |
-// v (r heads) | z (r heads)], in_proj_ba per g: [b (r) | a (r)]) unpacked, the causal conv + SiLU
-// on the q/k/v channels, and q_g, k_g L2-normalised (q also scaled): 3.4 - 3.5 in one launch.
-__global__ void __launch_bounds__(kConvThreads)
-    deltanet_prep_kernel(const float* __restrict__ P, const float* __restrict__ Rb, const float* __restrict__ conv_w,
-                         float* __restrict__ state, int hk, int r, int dk, int dv, int K, float eps, float q_scale,
-                         float* __restrict__ u, float* __restrict__ z, float* __restrict__ b, float* __restrict__ a) {
-  __shared__ float qk[2 * kConvMaxDk];
-  __shared__ float red[32];
-  pdl_wait_and_release();
-  const int g = blockIdx.x;
-  const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv, C = 2 * kd + int64_t(hk) * rdv;
-  const int64_t group = 2 * int64_t(dk) + 2 * rdv;
-  const float* src = P + g * group;
-  float ssq = 0.0f, ssk = 0.0f;
-  for (int64_t t = threadIdx.x; t < 2 * dk + rdv; t += kConvThreads) {
-    const int64_t c = t < dk ? g * dk + t : t < 2 * dk ? kd + g * dk + (t - dk) : 2 * kd + g * rdv + (t - 2 * dk);
-    const float v = conv_silu_channel(src[t], conv_w, state, C, K, c);
-    if (t < dk) {
-      qk[t] = v;
-      ssq = fmaf(v, v, ssq);
-    } else if (t < 2 * dk) {
-      qk[t] = v;
-      ssk = fmaf(v, v, ssk);
-    } else {
-      u[c] = v;
-    }
-  }
-  for (int64_t t = threadIdx.x; t < rdv; t += kConvThreads) z[g * rdv + t] = src[2 * dk + rdv + t];
-  if (threadIdx.x < unsigned(r)) {
-    b[g * r + threadIdx.x] = Rb[int64_t(g) * 2 * r + threadIdx.x];
-    a[g * r + threadIdx.x] = Rb[int64_t(g) * 2 * r + r + threadIdx.x];
-  }
-  ssq = block_sum(ssq, red);  // also the barrier before reading qk
-  ssk = block_sum(ssk, red);
-  const float iq = rsqrtf(ssq + eps) * q_scale, ik = rsqrtf(ssk + eps);
-  for (int t = threadIdx.x; t < dk; t += kConvThreads) {
-    u[int64_t(g) * dk + t] = qk[t] * iq;
-    u[kd + int64_t(g) * dk + t] = qk[dk + t] * ik;
-  }
-}
-
-constexpr int kDnSlices = 8;
-constexpr int kDnMaxDv = 128;
-constexpr int kDnMaxDk = 256;
-
-// Rows of a state column per thread: ROWS = 16 for dk <= 128, 32 for dk <= 256.
-int delta_rows(int dk) { return dk <= 16 * kDnSlices ? 16 : kDnMaxDk / kDnSlices; }
-
-// Thread (j, y) of a delta-rule block loads rows y, y + 8, ... of column j of the head's state Sh
-// ([dk][dv]) into registers, every load issued before any is used, so they are in flight together.
-// (Before the PDL wait only where the caller knows the predecessor does not write Sh: the
-// previous token's step may be it, as in a scan of steps.)
-template <int ROWS>
-__device__ __forceinline__ void load_state(const float* Sh, int dk, int dv, float (&s_reg)[ROWS]) {
-  const int j = threadIdx.x, ty = threadIdx.y;
-#pragma unroll
-  for (int rr = 0; rr < ROWS; ++rr) {
-    const int i = ty + kDnSlices * rr;
-    s_reg[rr] = (j < dv && i < dk) ? Sh[int64_t(i) * dv + j] : 0.0f;
-  }
-}
-
-// The delta rule (3.6 - 3.7) and the gated RMSNorm (3.9) of value head h, one block of (dv rounded
-// up to 32) x kDnSlices threads: thread (j, y) holds rows y, y + 8, ... of state column j in s_reg
-// (load_state). ks and qs: the head's k and q in shared memory (ready: the caller synchronised);
-// v(j) and z(j) give column j's value and gate input. Writes the new state back to Sh.
-template <int ROWS, typename V, typename Z>
-__device__ __forceinline__ void delta_norm_head(float (&s_reg)[ROWS], const float* ks, const float* qs, V v, Z z,
-                                                float beta, float alpha, float* Sh,
-                                                const float* __restrict__ norm_w, float eps, int dk, int dv,
-                                                float* __restrict__ oh_out) {
-  __shared__ float red[kDnSlices][kDnMaxDv + 1];
-  __shared__ float oh[kDnMaxDv];
-  __shared__ float inv_s;
-  const int j = threadIdx.x, ty = threadIdx.y, tid = block_thread();
-  const bool col = j < dv;
-  float part = 0.0f;
-#pragma unroll
-  for (int rr = 0; rr < ROWS; ++rr) {
-    const int i = ty + kDnSlices * rr;
-    s_reg[rr] *= alpha;
-    if (i < dk) part = fmaf(s_reg[rr], ks[i], part);
-  }
-  red[ty][j] = part;
-  __syncthreads();
-  float mj = 0.0f;
-#pragma unroll
-  for (int y = 0; y < kDnSlices; ++y) mj += red[y][j];
-  const float delta = col ? beta * (v(j) - mj) : 0.0f;
-  __syncthreads();
-  part = 0.0f;
-#pragma unroll
-  for (int rr = 0; rr < ROWS; ++rr) {
-    const int i = ty + kDnSlices * rr;
-    if (i < dk) {
-      s_reg[rr] = fmaf(ks[i], delta, s_reg[rr]);
-      if (col) Sh[int64_t(i) * dv + j] = s_reg[rr];
-      part = fmaf(s_reg[rr], qs[i], part);
-    }
-  }
-  red[ty][j] = part;
-  __syncthreads();
-  if (ty == 0) {
-    float oj = 0.0f;
-#pragma unroll
-    for (int y = 0; y < kDnSlices; ++y) oj += red[y][j];
-    oh[j] = col ? oj : 0.0f;
-  }
-  __syncthreads();
-  if (tid < 32) {
-    float ss = 0.0f;
-    for (int i = tid; i < dv; i += 32) ss = fmaf(oh[i], oh[i], ss);
-    ss = warp_sum(ss);
-    if (tid == 0) inv_s = rsqrtf(ss / float(dv) + eps);
-  }
-  __syncthreads();
-  if (ty == 0 && col) oh_out[j] = oh[j] * inv_s * norm_w[j] * siluf_(z(j));
-}
-
-__device__ __forceinline__ float delta_alpha(float a, float A_log, float dt_bias) {
-  return expf(-expf(A_log) * detail::softplusf_(a + dt_bias));
-}
-
-// delta_norm_head for value head blockIdx.x, its q/k/v/z/b/a from the prep's outputs.
-template <int ROWS>
-__global__ void __launch_bounds__(kDnMaxDv * kDnSlices) delta_norm_kernel(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ bb, const float* __restrict__ aa, const float* __restrict__ A_log,
-    const float* __restrict__ dt_bias, float* S, const float* __restrict__ z, const float* __restrict__ norm_w,
-    float eps, int hk, int hv, int dk, int dv, float* __restrict__ o) {
-  __shared__ float ks[kDnMaxDk], qs[kDnMaxDk];
-  const int h = blockIdx.x, g = h / (hv / hk);
-  pdl_wait_and_release();
-  float s_reg[ROWS];
-  load_state(S + int64_t(h) * dk * dv, dk, dv, s_reg);
-  const int tid = block_thread(), nt = block_warps() * 32;
-  for (int i = tid; i < dk; i += nt) {
-    ks[i] = k[int64_t(g) * dk + i];
-    qs[i] = q[int64_t(g) * dk + i];
-  }
-  const float beta = sigmoidf_(bb[h]);
-  const float alpha = delta_alpha(aa[h], A_log[h], dt_bias[h]);
-  __syncthreads();
-  const float* vh = v + int64_t(h) * dv;
-  const float* zh = z + int64_t(h) * dv;
-  delta_norm_head(
-      s_reg, ks, qs, [&](int j) { return vh[j]; }, [&](int j) { return zh[j]; }, beta, alpha,
-      S + int64_t(h) * dk * dv, norm_w, eps, dk, dv, o + int64_t(h) * dv);
-}
-
-// The whole DeltaNet step of one token (the prep, then delta_norm_kernel) in one launch: a block
-// per value head h, and the r value heads of key head g as one thread-block cluster (sm_90). Block
-// rank 0 runs the conv + SiLU and L2 norms of q_g and k_g (it alone shifts their conv state); the
-// others read them from its shared memory. Each block runs the conv of its own v channels. Inputs
-// as DeltaNetIn. One block an SM (the `, 1`): without it ptxas may aim at two and give the state rows
-// 32 registers (ROWS 32: 740 B of spills a thread against 304).
-template <int ROWS>
-__global__ void __launch_bounds__(kDnMaxDv * kDnSlices, 1)
-    deltanet_step_kernel(const __grid_constant__ DeltaNetIn in, const float* __restrict__ conv_w, float* state,
-                         const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* S,
-                         const float* __restrict__ norm_w, float l2_eps, float q_scale, float eps, int hk, int r,
-                         int dk, int dv, int K, bool state_early, float* __restrict__ o) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ float qk[2 * kDnMaxDk];  // rank 0: q_g then k_g, normalised
-  __shared__ float ks[kDnMaxDk], qs[kDnMaxDk], vs[kDnMaxDv];
-  __shared__ float red[32];
-  namespace cg = cooperative_groups;
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int h = blockIdx.x, g = h / r, rank = h % r;  // rank == cluster.block_rank()
-  float s_reg[ROWS];  // in flight during the conv (and, state_early, the predecessor's tail)
-  probe(kProbeDeltaNet, 0);
-  if (state_early) load_state(S + int64_t(h) * dk * dv, dk, dv, s_reg);
-  const float alog = A_log[h], dtb = dt_bias[h];  // weights: not the predecessor's
-  pdl_wait_and_release();
-  probe(kProbeDeltaNet, 1);
-  if (!state_early) load_state(S + int64_t(h) * dk * dv, dk, dv, s_reg);
-  const int tid = block_thread(), nt = block_warps() * 32;
-  const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv, C = 2 * kd + hk * rdv;
-  // This head's inputs: q_g, k_g (dk each), v_h, z_h (dv each), b_h, a_h.
-  const float *q_in, *k_in, *v_in, *z_in;
-  float b_in, a_in;
-  if (in.grouped) {
-    const float* src = in.x + g * (2 * int64_t(dk) + 2 * rdv);
-    q_in = src;
-    k_in = src + dk;
-    v_in = src + 2 * dk + int64_t(rank) * dv;
-    z_in = src + 2 * dk + rdv + int64_t(rank) * dv;
-    b_in = in.b[int64_t(g) * 2 * r + rank];
-    a_in = in.b[int64_t(g) * 2 * r + r + rank];
-  } else {
-    q_in = in.x + int64_t(g) * dk;
-    k_in = in.x + kd + int64_t(g) * dk;
-    v_in = in.x + 2 * kd + int64_t(h) * dv;
-    z_in = in.z + int64_t(h) * dv;
-    b_in = in.b[h];
-    a_in = in.a[h];
-  }
-  // The conv: rank 0's items [0, 2 dk) are q_g and k_g; every block's next dv items its v channels.
-  const int qk_items = rank == 0 ? 2 * dk : 0;
-  float ssq = 0.0f, ssk = 0.0f;
-  for (int t = tid; t < qk_items + dv; t += nt) {
-    if (t >= qk_items) {
-      const int i = t - qk_items;
-      vs[i] = conv_silu_channel(v_in[i], conv_w, state, C, K, 2 * kd + int64_t(h) * dv + i);
-      continue;
-    }
-    const bool is_q = t < dk;
-    const int i = is_q ? t : t - dk;
-    const float v = conv_silu_channel(is_q ? q_in[i] : k_in[i], conv_w, state, C, K,
-                                      (is_q ? 0 : kd) + int64_t(g) * dk + i);
-    qk[t] = v;
-    if (is_q)
-      ssq = fmaf(v, v, ssq);
-    else
-      ssk = fmaf(v, v, ssk);
-  }
-  if (rank == 0) {  // block-uniform
-    ssq = block_sum(ssq, red);
-    ssk = block_sum(ssk, red);
-    const float iq = rsqrtf(ssq + l2_eps) * q_scale, ik = rsqrtf(ssk + l2_eps);
-    for (int t = tid; t < 2 * dk; t += nt) qk[t] *= t < dk ? iq : ik;
-  }
-  probe(kProbeDeltaNet, 2);
-  cluster.sync();  // rank 0's q_g, k_g are ready
-  const float* qk0 = cluster.map_shared_rank(qk, 0);
-  for (int i = tid; i < dk; i += nt) {
-    qs[i] = qk0[i];
-    ks[i] = qk0[dk + i];
-  }
-  cluster.sync();  // rank 0's shared memory is read: it may exit
-  probe(kProbeDeltaNet, 3);
-  delta_norm_head(
-      s_reg, ks, qs, [&](int j) { return vs[j]; }, [&](int j) { return z_in[j]; }, sigmoidf_(b_in),
-      delta_alpha(a_in, alog, dtb), S + int64_t(h) * dk * dv, norm_w, eps, dk, dv, o + int64_t(h) * dv);
-  probe(kProbeDeltaNet, 4);
-#endif
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1946,50 +1668,6 @@ void expert_down_add(const ExpertLayout& l, const void* const* d_table, const in
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void deltanet_prep_grouped(const float* d_qkvz, const float* d_ba, const float* d_conv_w, float* d_conv_state, int hk,
-                           int r, int dk, int dv, int K, float eps, float q_scale, float* d_mixed, float* d_u,
-                           float* d_z, float* d_b, float* d_a, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && r >= 1 && r <= kConvThreads);
-  const int64_t kd = int64_t(hk) * dk, C = 2 * kd + int64_t(hk) * r * dv;
-  if (dk > kConvMaxDk) {  // the generic kernels
-    unpack_deltanet_grouped(d_qkvz, d_ba, hk, r, dk, dv, d_mixed, d_z, d_b, d_a, s);
-    conv1d_silu_step(d_mixed, d_conv_w, d_conv_state, C, K, d_u, s);
-    l2_norm_qk(d_u, hk, dk, eps, q_scale, s);
-    return;
-  }
-  launch(deltanet_prep_kernel, unsigned(hk), kConvThreads, 0, s, d_qkvz, d_ba, d_conv_w, d_conv_state, hk, r, dk, dv,
-         K, eps, q_scale, d_u, d_z, d_b, d_a);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
-void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
-                          const float* d_A_log, const float* d_dt_bias, float* d_S, const float* d_z,
-                          const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, float* d_o, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0);
-  if (dk > kDnMaxDk || dv > kDnMaxDv) {
-    delta_rule_step(d_q, d_k, d_v, d_b, d_a, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, d_o, s);
-    gated_rms_norm(d_o, d_z, d_norm_w, hv, dv, eps, s);
-    return;
-  }
-  const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
-  launch(delta_rows(dk) == 16 ? delta_norm_kernel<16> : delta_norm_kernel<32>, unsigned(hv), block, 0, s, d_q, d_k, d_v, d_b, d_a, d_A_log, d_dt_bias, d_S, d_z, d_norm_w,
-         eps, hk, hv, dk, dv, d_o);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
-bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
-                   const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
-                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s, bool state_early) {
-  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && hv % hk == 0);
-  const int r = hv / hk;
-  if (!tuning().capable || r > int(kMaxCluster) || dk > kDnMaxDk || dv > kDnMaxDv) return false;
-  const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
-  launch_cluster(delta_rows(dk) == 16 ? deltanet_step_kernel<16> : deltanet_step_kernel<32>, unsigned(hv), block, 0, s, false, unsigned(r), in, d_conv_w, d_conv_state,
-                 d_A_log, d_dt_bias, d_S, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, state_early, d_o);
-  SWIFTLET_CUDA_LAUNCHED();
-  return true;
-}
-
 void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
                  float* d_weights, GpuStream s) {
   SWIFTLET_CUDA_REQUIRE(E >= 1 && E <= kTopkMaxE);
@@ -2016,12 +1694,14 @@ void probe_begin() {
   if (!probe_buf) SWIFTLET_CUDA_CHECK(cudaMalloc(&probe_buf, kProbeWords * 8));
   SWIFTLET_CUDA_CHECK(cudaMemset(probe_buf, 0, kProbeWords * 8));
   SWIFTLET_CUDA_CHECK(cudaMemcpyToSymbol(g_probe, &probe_buf, sizeof(probe_buf)));
+  probe_install_deltanet(probe_buf);
 }
 
 std::string probe_end() {
   SWIFTLET_CUDA_CHECK(cudaDeviceSynchronize());
   unsigned long long* none = nullptr;
   SWIFTLET_CUDA_CHECK(cudaMemcpyToSymbol(g_probe, &none, sizeof(none)));
+  probe_install_deltanet(none);
   std::vector<unsigned long long> h(kProbeWords);
   SWIFTLET_CUDA_CHECK(cudaMemcpy(h.data(), probe_buf, kProbeWords * 8, cudaMemcpyDeviceToHost));
   struct Kind {

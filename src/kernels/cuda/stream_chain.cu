@@ -65,7 +65,7 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kChainConsumers) : "memory");
 }
 template <typename T>
-__device__ __forceinline__ T consumers_sum(T v, T* red) {  // c: the consumer's index
+__device__ __forceinline__ T consumers_sum(T v, T* red) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) - 1;
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   consumers_sync();  // red may still be read by an earlier call
@@ -76,14 +76,27 @@ __device__ __forceinline__ T consumers_sum(T v, T* red) {  // c: the consumer's 
   return s;
 }
 
+// Thread 0: the stages' mbarriers, `full` completed by the copies (one arrival and their bytes),
+// `empty` by the consumer warps' lane 0s.
+__device__ __forceinline__ void chain_init(uint64_t* full, uint64_t* empty) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int s = 0; s < kChainStages; ++s) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(empty + s)), "n"(kChainConsumers / 32)
+                 : "memory");
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void empty_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 #endif
 }
 
+// The copies, the bulk-copy barriers and the PDL wait are sm_90's (no-ops below it, where
+// measure_stream_chain does not launch this).
 __global__ void __launch_bounds__(kChainThreads, 1) stream_chain_kernel(const __grid_constant__ ChainArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ float4 smem4[];
   unsigned char* ring = reinterpret_cast<unsigned char*>(smem4);
   __shared__ uint64_t full[kChainStages], empty[kChainStages];
@@ -94,14 +107,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) stream_chain_kernel(const __
     const int64_t n = (a.off[q + 1] - a.off[q] + kChainTile - 1) / kChainTile;
     return b < n ? int((n - 1 - b) / G + 1) : 0;
   };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kChainStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(empty + s)), "n"(kChainConsumers / 32)
-                   : "memory");
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) chain_init(full, empty);
   __syncthreads();
   // Lane 0 of warp 0: the copies, in the order the consumers take them; copy j goes to stage
   // j % S once the consumers have released that stage's use j / S - 1.
@@ -178,7 +184,6 @@ __global__ void __launch_bounds__(kChainThreads, 1) stream_chain_kernel(const __
   }
   acc = consumers_sum(acc, ured);
   if (c == 0) atomicAdd(a.sum, acc);
-#endif
 }
 
 double best_us(cudaGraphExec_t g, cudaStream_t s, int reps) {
