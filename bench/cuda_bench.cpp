@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
               " layer\n(a token of %d such layers at that rate, tok/s); the bytes alone / a kernel a phase with PDL"
               " (the\npresent shape) / one persistent kernel whose copies run ahead:\n",
               double(layer_bytes) / 1e6, chain_layers);
-  for (int n : {0, 1, 3, 12, 24}) {  // 0: the six real phases
+  for (int n : {0, 1, 3, 4, 5, 12, 24}) {  // 0: the six real phases
     const std::vector<int64_t> ph = n == 0 ? phases : std::vector<int64_t>(size_t(n), layer_bytes / n);
     const StreamChain ch = measure_stream_chain(ph, chain_layers);
     if (ch.layer_bytes == 0) break;  // below sm_90
