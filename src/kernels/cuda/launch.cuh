@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -105,4 +106,35 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   launch_ex(kernel, grid, block, smem, s, false, std::forward<Args>(args)...);
 }
 
+// Development measurements (sync_cost.cu, stream_chain.cu): the launches `launches` makes on s,
+// captured and instantiated as a graph; and the fastest of `reps` runs of one, in microseconds.
+template <typename F>
+cudaGraphExec_t capture_graph(cudaStream_t s, F&& launches) {
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  SWIFTLET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  launches();
+  SWIFTLET_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  SWIFTLET_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  SWIFTLET_CUDA_CHECK(cudaGraphDestroy(g));
+  return exec;
+}
+inline double best_graph_us(cudaGraphExec_t g, cudaStream_t s, int reps) {
+  cudaEvent_t t0, t1;
+  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t0));
+  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t1));
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    SWIFTLET_CUDA_CHECK(cudaEventRecord(t0, s));
+    SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s));
+    SWIFTLET_CUDA_CHECK(cudaEventRecord(t1, s));
+    SWIFTLET_CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0.0f;
+    SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    best = std::min(best, double(ms) * 1e3);
+  }
+  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t0));
+  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t1));
+  return best;
+}
 }  // namespace swiftlet::cuda::detail

@@ -186,24 +186,6 @@ __global__ void __launch_bounds__(kChainThreads, 1) stream_chain_kernel(const __
   if (c == 0) atomicAdd(a.sum, acc);
 }
 
-double best_us(cudaGraphExec_t g, cudaStream_t s, int reps) {
-  cudaEvent_t t0, t1;
-  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t0));
-  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t1));
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    SWIFTLET_CUDA_CHECK(cudaEventRecord(t0, s));
-    SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s));
-    SWIFTLET_CUDA_CHECK(cudaEventRecord(t1, s));
-    SWIFTLET_CUDA_CHECK(cudaEventSynchronize(t1));
-    float ms = 0.0f;
-    SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    best = std::min(best, double(ms) * 1e3);
-  }
-  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t0));
-  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t1));
-  return best;
-}
 }  // namespace
 
 StreamChain measure_stream_chain(const std::vector<int64_t>& phase_bytes, int layers, int reps) {
@@ -251,21 +233,17 @@ StreamChain measure_stream_chain(const std::vector<int64_t>& phase_bytes, int la
   auto measure = [&](int mode) {
     const bool pdl = tuning().pdl;
     tuning().pdl = pdl && mode == kKernelPerPhase;
-    cudaGraph_t g;
-    cudaGraphExec_t exec;
-    SWIFTLET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    SWIFTLET_CUDA_CHECK(cudaMemsetAsync(counters, 0, 2 * sizeof(unsigned), s));
-    if (mode == kKernelPerPhase) {
-      for (int q = 0; q < Q; ++q)
+    const cudaGraphExec_t exec = capture_graph(s, [&] {
+      SWIFTLET_CUDA_CHECK(cudaMemsetAsync(counters, 0, 2 * sizeof(unsigned), s));
+      if (mode == kKernelPerPhase) {
+        for (int q = 0; q < Q; ++q)
+          launch(stream_chain_kernel, grid, kChainThreads, kChainSmem, s,
+                 ChainArgs{w, d_off, q, q + 1, mode, vec, counters, counters + 1});
+      } else {
         launch(stream_chain_kernel, grid, kChainThreads, kChainSmem, s,
-               ChainArgs{w, d_off, q, q + 1, mode, vec, counters, counters + 1});
-    } else {
-      launch(stream_chain_kernel, grid, kChainThreads, kChainSmem, s,
-             ChainArgs{w, d_off, 0, Q, mode, vec, counters, counters + 1});
-    }
-    SWIFTLET_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-    SWIFTLET_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    SWIFTLET_CUDA_CHECK(cudaGraphDestroy(g));
+               ChainArgs{w, d_off, 0, Q, mode, vec, counters, counters + 1});
+      }
+    });
     tuning().pdl = pdl;
     SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(vec, x0.data(), kChainN * sizeof(float), cudaMemcpyHostToDevice, s));
     SWIFTLET_CUDA_CHECK(cudaGraphLaunch(exec, s));
@@ -279,7 +257,7 @@ StreamChain measure_stream_chain(const std::vector<int64_t>& phase_bytes, int la
       for (int i = 0; i < kChainN; ++i)
         if (!(std::fabs(double(got[size_t(i)]) - want[size_t(i)]) <= 1e-3 * (1.0 + std::fabs(want[size_t(i)]))))
           r.ok = false;
-    const double us = best_us(exec, s, reps) / layers;
+    const double us = best_graph_us(exec, s, reps) / layers;
     SWIFTLET_CUDA_CHECK(cudaGraphExecDestroy(exec));
     return us;
   };

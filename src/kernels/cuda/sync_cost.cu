@@ -118,37 +118,6 @@ __global__ void __launch_bounds__(kSyncThreads) persistent_steps_kernel(float* a
   }
 }
 
-// The fastest of `reps` runs of graph g (already run once), in microseconds a step.
-double best_us(cudaGraphExec_t g, cudaStream_t s, int steps, int reps) {
-  cudaEvent_t t0, t1;
-  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t0));
-  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t1));
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    SWIFTLET_CUDA_CHECK(cudaEventRecord(t0, s));
-    SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s));
-    SWIFTLET_CUDA_CHECK(cudaEventRecord(t1, s));
-    SWIFTLET_CUDA_CHECK(cudaEventSynchronize(t1));
-    float ms = 0.0f;
-    SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    best = std::min(best, double(ms) * 1e3 / steps);
-  }
-  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t0));
-  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t1));
-  return best;
-}
-
-template <typename F>
-cudaGraphExec_t capture(cudaStream_t s, F&& launches) {
-  cudaGraph_t g;
-  cudaGraphExec_t exec;
-  SWIFTLET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  launches();
-  SWIFTLET_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  SWIFTLET_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-  SWIFTLET_CUDA_CHECK(cudaGraphDestroy(g));
-  return exec;
-}
 }  // namespace
 
 SyncCost measure_sync_cost(int steps, int reps) {
@@ -182,7 +151,7 @@ SyncCost measure_sync_cost(int steps, int reps) {
     for (int i = 0; i < kSyncN; ++i)
       if (!(std::fabs(double(got[size_t(i)]) - want[size_t(i)]) <= 1e-3 * (1.0 + std::fabs(want[size_t(i)]))))
         c.ok = false;
-    const double us = best_us(g, s, steps, reps);
+    const double us = best_graph_us(g, s, reps) / steps;
     SWIFTLET_CUDA_CHECK(cudaGraphExecDestroy(g));
     return us;
   };
@@ -190,14 +159,14 @@ SyncCost measure_sync_cost(int steps, int reps) {
   const bool pdl = tuning().pdl;
   for (int mode = 0; mode < 2; ++mode) {  // with PDL (where the device has it), without
     tuning().pdl = mode == 0 && pdl;
-    (mode == 0 ? c.boundary_pdl_us : c.boundary_us) = measure(capture(s, [&] {
+    (mode == 0 ? c.boundary_pdl_us : c.boundary_us) = measure(capture_graph(s, [&] {
       for (int i = 0; i < steps; ++i)
         launch(chained_step_kernel, grid, kSyncThreads, 0, s, i % 2 ? b : a, i % 2 ? a : b, kSyncN);
     }));
   }
   tuning().pdl = false;  // the persistent kernel has no predecessor to wait for
   for (int kind = 0; kind < 3; ++kind)
-    (kind == 2 ? c.barrier_count_us : kind == 1 ? c.barrier_ar_us : c.barrier_us) = measure(capture(s, [&] {
+    (kind == 2 ? c.barrier_count_us : kind == 1 ? c.barrier_ar_us : c.barrier_us) = measure(capture_graph(s, [&] {
       SWIFTLET_CUDA_CHECK(cudaMemsetAsync(bar + 2, 0, sizeof(unsigned), s));  // grid_barrier_count's count
       launch(kind == 2   ? persistent_steps_kernel<2>
              : kind == 1 ? persistent_steps_kernel<1>
