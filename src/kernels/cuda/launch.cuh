@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -136,5 +137,23 @@ inline double best_graph_us(cudaGraphExec_t g, cudaStream_t s, int reps) {
   SWIFTLET_CUDA_CHECK(cudaEventDestroy(t0));
   SWIFTLET_CUDA_CHECK(cudaEventDestroy(t1));
   return best;
+}
+// Their dependent step, out[i] = (in[i] + mean(in)) / 2 + 1 (a stale input is off by ~1: the mean
+// grows by ~1 a step): where `steps` of it take x0, in double on the host; and whether the
+// device's result matches that within 1e-3 (relative).
+inline std::vector<double> chain_reference(const std::vector<float>& x0, int steps) {
+  std::vector<double> v(x0.begin(), x0.end());
+  for (int t = 0; t < steps; ++t) {
+    double mean = 0.0;
+    for (double e : v) mean += e;
+    mean /= double(v.size());
+    for (double& e : v) e = 0.5 * (e + mean) + 1.0;
+  }
+  return v;
+}
+inline bool chain_matches(const std::vector<float>& got, const std::vector<double>& want) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(double(got[i]) - want[i]) <= 1e-3 * (1.0 + std::fabs(want[i])))) return false;
+  return true;
 }
 }  // namespace swiftlet::cuda::detail

@@ -6,8 +6,6 @@
 // three kinds inside one persistent launch. Every variant's result is checked against the host.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -132,14 +130,8 @@ SyncCost measure_sync_cost(int steps, int reps) {
   SWIFTLET_CUDA_CHECK(cudaMemset(bar, 0, 3 * sizeof(unsigned)));
   // The start vector and, on the host in double, where `steps` steps take it (back in a).
   std::vector<float> x0(kSyncN), got(kSyncN);
-  std::vector<double> want(kSyncN);
-  for (int i = 0; i < kSyncN; ++i) want[size_t(i)] = x0[size_t(i)] = float(i % 97) * 0.25f;
-  for (int t = 0; t < steps; ++t) {
-    double mean = 0.0;
-    for (double v : want) mean += v;
-    mean /= kSyncN;
-    for (double& v : want) v = 0.5 * (v + mean) + 1.0;
-  }
+  for (int i = 0; i < kSyncN; ++i) x0[size_t(i)] = float(i % 97) * 0.25f;
+  const std::vector<double> want = chain_reference(x0, steps);
   SyncCost c{};
   c.ok = true;
   // One variant: its graph run once from x0 and checked, then timed.
@@ -148,9 +140,7 @@ SyncCost measure_sync_cost(int steps, int reps) {
     SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s));
     SWIFTLET_CUDA_CHECK(cudaMemcpyAsync(got.data(), a, kSyncN * sizeof(float), cudaMemcpyDeviceToHost, s));
     SWIFTLET_CUDA_CHECK(cudaStreamSynchronize(s));
-    for (int i = 0; i < kSyncN; ++i)
-      if (!(std::fabs(double(got[size_t(i)]) - want[size_t(i)]) <= 1e-3 * (1.0 + std::fabs(want[size_t(i)]))))
-        c.ok = false;
+    if (!chain_matches(got, want)) c.ok = false;
     const double us = best_graph_us(g, s, reps) / steps;
     SWIFTLET_CUDA_CHECK(cudaGraphExecDestroy(g));
     return us;
