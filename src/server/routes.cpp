@@ -65,6 +65,9 @@ const char* type_name(const json& v) {
                         param, "invalid_type");
 }
 
+[[noreturn]] void missing(const std::string& param) {
+  throw invalid_request(fmt::format("Missing required parameter: '{}'.", param), param, "missing_required_parameter");
+}
 [[noreturn]] void bad_value(const std::string& param, const std::string& why) {
   throw invalid_request(fmt::format("Invalid value for '{}': {}", param, why), param, "invalid_value");
 }
@@ -190,7 +193,7 @@ std::string message_content(const json& m, size_t i) {
     const std::string pw = fmt::format("{}[{}]", where, k);
     if (!part.is_object()) wrong_type(pw, "an object", part);
     auto type = get_string(part, "type");
-    if (!type) throw invalid_request(fmt::format("Missing required parameter: '{}.type'.", pw), pw + ".type", "missing_required_parameter");
+    if (!type) missing(pw + ".type");
     if (*type != "text")
       throw invalid_request(fmt::format("content part type '{}' is not supported: this server takes text parts only", *type),
                             pw + ".type", "unsupported_value");
@@ -216,7 +219,7 @@ CompletionRequest parse_chat_request(const json& j) {
   r.endpoint = Endpoint::ChatCompletions;
   parse_common(j, r);
   const json* msgs = field(j, "messages");
-  if (!msgs) throw invalid_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+  if (!msgs) missing("messages");
   if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
   if (msgs->empty()) bad_value("messages", "the conversation is empty; give at least one message");
   for (size_t i = 0; i < msgs->size(); ++i) {
@@ -224,7 +227,7 @@ CompletionRequest parse_chat_request(const json& j) {
     if (!m.is_object()) wrong_type(fmt::format("messages[{}]", i), "an object", m);
     const std::string rp = fmt::format("messages[{}].role", i);
     const json* role = field(m, "role");
-    if (!role) throw invalid_request(fmt::format("Missing required parameter: '{}'.", rp), rp, "missing_required_parameter");
+    if (!role) missing(rp);
     if (!role->is_string()) wrong_type(rp, "a string", *role);
     ChatMessage cm;
     cm.role = role->get<std::string>();
@@ -254,7 +257,7 @@ CompletionRequest parse_completion_request(const json& j) {
   r.endpoint = Endpoint::Completions;
   parse_common(j, r);
   const json* p = field(j, "prompt");
-  if (!p) throw invalid_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+  if (!p) missing("prompt");
   auto ids_from = [&](const json& arr, const std::string& where) {
     std::vector<int32_t> ids;
     for (size_t i = 0; i < arr.size(); ++i) {

@@ -95,6 +95,32 @@ TEST(Routes, WrongTypesAndValuesAre400NamingTheField) {
   EXPECT_EQ(api_error([&] { parse_chat_request(no_messages); }), std::make_pair(400, std::string("messages")));
 }
 
+// A required field that is absent: 400, its path as the param, OpenAI's code, and a message that
+// names it.
+TEST(Routes, MissingParametersAre400NamingThePath) {
+  const auto expect_missing = [](auto&& parse, const std::string& path) {
+    try {
+      parse();
+      ADD_FAILURE() << path << ": nothing thrown";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400) << path;
+      EXPECT_EQ(e.param(), path);
+      EXPECT_EQ(e.code(), "missing_required_parameter") << path;
+      EXPECT_EQ(std::string(e.what()), "Missing required parameter: '" + path + "'.");
+    }
+  };
+  expect_missing([] { parse_chat_request({{"model", "tiny"}}); }, "messages");
+  expect_missing([] { parse_chat_request(chat({{"messages", json::array({{{"content", "x"}}})}})); },
+                 "messages[0].role");
+  expect_missing(
+      [] {
+        parse_chat_request(chat({{"messages", json::array({{{"role", "user"}, {"content", "x"}},
+                                                           {{"role", "user"}, {"content", {{{"text", "x"}}}}}})}}));
+      },
+      "messages[1].content[0].type");
+  expect_missing([] { parse_completion_request({{"model", "tiny"}}); }, "prompt");
+}
+
 TEST(Routes, MalformedJsonIs400) {
   EXPECT_EQ(api_error([] { parse_json_body("{\"messages\": ["); }).first, 400);
   EXPECT_EQ(api_error([] { parse_json_body("[1, 2]"); }).first, 400);
