@@ -1,6 +1,6 @@
 // Gated DeltaNet decode kernels (issue 8; model-spec.md 3.4 - 3.9): the prep (unpack, causal conv +
 // SiLU, L2 norms), the delta rule with the gated RMSNorm, and the whole step of one token in one
-// launch (a thread-block cluster per key head). Moved out of fused.cu in session 10.
+// launch (a thread-block cluster per key head).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
