@@ -865,11 +865,9 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
   restore_product_mode(streamed_default, tc_default);
 }
 
-// The dependent steps of measure_sync_cost (the benchmark of a kernel boundary against three grid
-// barriers) compute what the host does: no block reads a stale vector.
-// Phases smaller than a tile, ragged, and of several tiles a block; an odd number in all (the
-// result in the second vector). The words' sum says every byte was consumed once, the vector that
-// every phase saw its predecessor's.
+// measure_stream_chain with phases smaller than a tile, ragged, and of several tiles a block; an
+// odd number in all (the result in the second vector). The words' sum says every byte was consumed
+// once, the vector that every phase saw its predecessor's.
 TEST(CudaKernels, StreamChainConsumesEveryByteInOrder) {
   REQUIRE_GPU();
   const cuda::StreamChain c = cuda::measure_stream_chain({1000, 16 * 1024 * 300 + 48, 5 << 20}, 3, 1);
@@ -882,6 +880,8 @@ TEST(CudaKernels, StreamChainConsumesEveryByteInOrder) {
   }
 }
 
+// The dependent steps of measure_sync_cost (the benchmark of a kernel boundary against three grid
+// barriers) compute what the host does: no block reads a stale vector.
 TEST(CudaKernels, SyncStepsSeeTheirPredecessors) {
   REQUIRE_GPU();
   const cuda::SyncCost c = cuda::measure_sync_cost(64, 2);
