@@ -142,13 +142,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) stream_chain_kernel(const __
     float mean = 0.0f;
     if (a.mode != kStreamOnly) {
       if (a.mode == kPersistent && q > a.q0) {  // every block is done with phase q - 1
-        if (c == 0) {
-          const unsigned target = unsigned(q - a.q0) * unsigned(G);
-          unsigned n;
-          do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(a.count) : "memory");
-          } while (n < target);
-        }
+        if (c == 0) count_wait(a.count, unsigned(q - a.q0) * unsigned(G));
         consumers_sync();
       }
       float s = 0.0f;
@@ -176,7 +170,7 @@ __global__ void __launch_bounds__(kChainThreads, 1) stream_chain_kernel(const __
         out[i] = 0.5f * (__ldcg(in + i) + mean) + 1.0f;
       if (a.mode == kPersistent) {
         consumers_sync();  // the block's share is written
-        if (c == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.count) : "memory");
+        if (c == 0) count_arrive(a.count);
       }
     }
   }

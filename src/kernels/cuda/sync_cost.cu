@@ -74,11 +74,8 @@ __device__ __forceinline__ void grid_barrier_ar(unsigned* bar) {
 __device__ __forceinline__ void grid_barrier_count(unsigned* count, unsigned target) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-    unsigned c;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(count) : "memory");
-    } while (c < target);
+    count_arrive(count);
+    count_wait(count, target);
   }
   __syncthreads();
 }
