@@ -2,7 +2,10 @@
 """Train swiftlet's small Qwen3-Next-architecture model on the corpus of tools/corpus.
 
 Usage (on the GPU machine: torch + transformers 5.x + tokenizers):
-    train_small.py --corpus DIR --tokenizer DIR --out DIR [--steps N] [--seed 1234]
+    train_small.py --corpus DIR --tokenizer DIR --out DIR [--steps N | --time-budget S] [--seed 1234]
+    # longer than one device call: stop and save the state, then continue in the next call
+    train_small.py ... --steps N --stop-after 540 --state /tmp/st.pt
+    train_small.py ... --steps N --stop-after 540 --state /tmp/st.pt --resume /tmp/st.pt
 
 DIR of --corpus holds train.txt / val.txt / test.txt (tools/corpus/build_corpus.py, .xz allowed);
 --tokenizer holds the Qwen3 tokenizer.json and tokenizer_config.json (chat template).
@@ -208,6 +211,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--time-budget", type=float, default=0,
                     help="set the number of steps from the step rate measured over the first 20 steps")
+    ap.add_argument("--stop-after", type=float, default=0,
+                    help="save the training state to --state after this many seconds of this call and exit")
+    ap.add_argument("--state", default="train_state.pt")
+    ap.add_argument("--resume", default="", help="continue from a state saved by --stop-after")
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -267,15 +274,30 @@ def main():
         model.train()
         return float(np.mean(losses))
 
-    logf = open(os.path.join(args.out, "train_log.csv"), "w", newline="")
-    w = csv.writer(logf)
-    w.writerow(["step", "tokens", "seconds", "lr", "loss", "aux_loss", "val_loss"])
     t_train = time.time()
-    tokens = 0
-    step = 0
-    total = args.steps
+    tokens, step, total, done_s = 0, 0, args.steps, 0.0
+    if args.resume:
+        st = torch.load(args.resume, map_location="cpu", weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        gen.set_state(st["gen"])
+        torch.cuda.set_rng_state(st["cuda_rng"])
+        tokens, step, total, done_s = st["tokens"], st["step"], st["total"], st["seconds"]
+        log(f"resumed at step {step} of {total} ({tokens} tokens, {done_s:.0f} s)")
+    t_train -= done_s
+    logf = open(os.path.join(args.out, "train_log.csv"), "a" if args.resume else "w", newline="")
+    w = csv.writer(logf)
+    if not args.resume:
+        w.writerow(["step", "tokens", "seconds", "lr", "loss", "aux_loss", "val_loss"])
+    t_call = time.time()
     while step < total:
-        if args.time_budget and step == 20:
+        if args.stop_after and time.time() - t_call > args.stop_after:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                        "cuda_rng": torch.cuda.get_rng_state(), "tokens": tokens, "step": step,
+                        "total": total, "seconds": time.time() - t_train}, args.state)
+            log(f"stopped at step {step} of {total}; state saved to {args.state} (continue with --resume)")
+            return
+        if args.time_budget and step == 20 and not args.resume:
             # Fix the schedule's horizon from the measured step rate; --steps N reproduces it.
             rate = (time.time() - t_train) / 20
             total = max(40, int(20 + (args.time_budget - (time.time() - t_train)) / rate))
