@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   Backend backend = Backend::Cpu;
+  std::string isa_arg;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -222,13 +223,24 @@ int main(int argc, char** argv) {
     else if (i + 1 < argc && a == "--mb") mb = std::stoll(argv[++i]);
     else if (i + 1 < argc && a == "--only") only = argv[++i];
     else if (i + 1 < argc && a == "--backend") backend = parse_backend(argv[++i]);
+    else if (i + 1 < argc && a == "--isa") isa_arg = argv[++i];
   }
   if (threads > 0) ThreadPool::set_global_threads(threads);
-  const Kernels& k = kernels_for(backend);
+  const std::vector<Isa> isas = available_isas();
+  Isa isa = isas.empty() ? Isa::Avx2 : isas.back();
+  if (!isa_arg.empty()) {
+    auto it = std::find_if(isas.begin(), isas.end(), [&](Isa i) { return isa_arg == isa_name(i); });
+    if (it == isas.end()) {
+      fmt::print(stderr, "--isa {}: this CPU runs {}\n", isa_arg, isas.empty() ? "none" : isa_name(isas.back()));
+      return 2;
+    }
+    isa = *it;
+  }
+  const Kernels& k = isas.empty() ? kernels_for(backend) : kernels_for(backend, isa);
   ReadBandwidth bwm(size_t(mb) << 20);
   double bw = bwm.best(5);
-  fmt::print("backend {}  threads {}  measured read bandwidth {:.1f} GB/s ({} MiB array)\n\n", k.name,
-             ThreadPool::global().size(), bw, mb);
+  fmt::print("backend {} ({})  threads {}  measured read bandwidth {:.1f} GB/s ({} MiB array)\n\n", k.name,
+             isas.empty() ? "scalar" : isa_name(isa), ThreadPool::global().size(), bw, mb);
   if (only.empty() || only == "decode") bench_decode(k, bwm, bw, mb);
   if (only.empty() || only == "batch") bench_batch(k, bw, mb, quick);
   return 0;

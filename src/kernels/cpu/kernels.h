@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace swiftlet {
 
@@ -22,7 +23,16 @@ struct Kernels {
   const char* name;
 };
 
-const Kernels& kernels_for(Backend b);
+// The instruction sets the fast kernels are built for. Kernels choose the best one the CPU has;
+// tests and benchmarks select each in turn. So far only the int8-activation products (the cpu
+// backend on affine weights) have an AVX-512 form; everything else runs the AVX2 kernels.
+enum class Isa { Avx2, Avx512Vnni };
+std::vector<Isa> available_isas();  // those this CPU runs, AVX2 first; empty: scalar code only
+const char* isa_name(Isa isa);      // "avx2", "avx512-vnni"
+
+const Kernels& kernels_for(Backend b);  // on the best instruction set of this CPU
+// On `isa`; throws Error when the CPU lacks it.
+const Kernels& kernels_for(Backend b, Isa isa);
 // "reference", "cpu" or "cpu-f32"; throws Error otherwise.
 Backend parse_backend(std::string_view s);
 

@@ -165,56 +165,68 @@ Fit fit_q8(const std::vector<float>& got, const std::vector<float>& want, const 
 
 constexpr int64_t kBatches[] = {1, 2, 3, 5, 8, 17, 64};
 
+// The instruction sets this CPU runs; every int8-activation test runs each of them (AVX2 and, where
+// the CPU has it, AVX-512 VNNI), so both kernels are always checked in the same run.
+std::vector<Isa> isas() {
+  std::vector<Isa> out = available_isas();
+  for (Isa i : out) ::testing::Test::RecordProperty(std::string("isa_") + isa_name(i), "tested");
+  return out;
+}
+
 // int8 activations (cpu backend): 4 and 8 bits, groups of 64 and 128, bf16 / f16 / f32 scales,
 // row counts that do not fill the row tiles (1, 7, 130), block counts below, at and past a
 // multiple of 8 (the kernels take factors 8 blocks at a time), every tile shape of tokens.
 TEST(Kernels, Int8ActivationsWithinRoundingBound) {
-  std::mt19937 rng(11);
-  const Kernels& fast = kernels_for(Backend::Cpu);
-  for (int bits : {4, 8})
-    for (int group : {64, 128})
-      for (DType sdt : {DType::BF16, DType::F16, DType::F32})
-        for (auto [rows, groups] : {std::pair<int64_t, int64_t>{1, 1}, {7, 5}, {130, 9}, {33, 8}}) {
-          const int64_t cols = groups * group;
-          OwnedMatrix w = random_matrix(rng, WeightFormat::Affine, rows, cols, bits, sdt, group);
-          for (int64_t n : kBatches) {
-            const std::vector<float> x = random_x(rng, n, cols);
-            std::vector<float> want(size_t(n * rows)), got(size_t(n * rows));
-            ref::matmul(w.m, x.data(), n, want.data());
-            fast.matmul(w.m, x.data(), n, got.data());
-            const Fit f = fit_q8(got, want, q8_bound(w.m, x, n));
-            const std::string what = fmt::format("q{} g{} scales {} {}x{} n={}", bits, group, dtype_name(sdt), rows,
-                                                 cols, n);
-            ASSERT_LE(f.worst, 1.0) << what << " at t=" << f.at / size_t(rows) << " r=" << f.at % size_t(rows)
-                                    << ": got " << got[f.at] << " want " << want[f.at];
-            // Rounding errors add up like a random walk: well inside the worst case on average.
-            EXPECT_LT(f.mean_share, 0.25) << what;
+  for (Isa isa : isas()) {
+    std::mt19937 rng(11);
+    const Kernels& fast = kernels_for(Backend::Cpu, isa);
+    for (int bits : {4, 8})
+      for (int group : {64, 128})
+        for (DType sdt : {DType::BF16, DType::F16, DType::F32})
+          for (auto [rows, groups] : {std::pair<int64_t, int64_t>{1, 1}, {7, 5}, {130, 9}, {33, 8}}) {
+            const int64_t cols = groups * group;
+            OwnedMatrix w = random_matrix(rng, WeightFormat::Affine, rows, cols, bits, sdt, group);
+            for (int64_t n : kBatches) {
+              const std::vector<float> x = random_x(rng, n, cols);
+              std::vector<float> want(size_t(n * rows)), got(size_t(n * rows));
+              ref::matmul(w.m, x.data(), n, want.data());
+              fast.matmul(w.m, x.data(), n, got.data());
+              const Fit f = fit_q8(got, want, q8_bound(w.m, x, n));
+              const std::string what = fmt::format("{} q{} g{} scales {} {}x{} n={}", isa_name(isa), bits, group,
+                                                   dtype_name(sdt), rows, cols, n);
+              ASSERT_LE(f.worst, 1.0) << what << " at t=" << f.at / size_t(rows) << " r=" << f.at % size_t(rows)
+                                      << ": got " << got[f.at] << " want " << want[f.at];
+              // Rounding errors add up like a random walk: well inside the worst case on average.
+              EXPECT_LT(f.mean_share, 0.25) << what;
+            }
           }
-        }
+  }
 }
 
 // The same check fails on a kernel that is wrong by one weight: row 0 of a copy gets one
 // nibble moved by 8 where x is large, and the copy's product is checked against the original.
 TEST(Kernels, Int8BoundCatchesOneWrongWeight) {
-  std::mt19937 rng(5);
-  const Kernels& fast = kernels_for(Backend::Cpu);
-  for (int64_t n : {1, 8}) {
-    OwnedMatrix w = random_matrix(rng, WeightFormat::Affine, 4, 256, 4, DType::BF16, 64);
-    put_scale(w.scales, DType::BF16, 0, 0.2f);  // row 0, group 0
-    std::vector<float> x = random_x(rng, n, 256);
-    for (int64_t t = 0; t < n; ++t) x[size_t(t * 256 + 5)] = 10.0f;
-    std::vector<float> want(size_t(n * 4)), got(size_t(n * 4));
-    ref::matmul(w.m, x.data(), n, want.data());
-    fast.matmul(w.m, x.data(), n, got.data());
-    const std::vector<float> bound = q8_bound(w.m, x, n);
-    EXPECT_LE(fit_q8(got, want, bound).worst, 1.0);
-    OwnedMatrix bad = w;
-    bad.m.data = bad.data.data();
-    bad.m.scales = bad.scales.data();
-    bad.m.biases = bad.biases.data();
-    bad.data[2] ^= 0x80;  // element 5 = byte 2, high nibble: q +- 8
-    fast.matmul(bad.m, x.data(), n, got.data());
-    EXPECT_GT(fit_q8(got, want, bound).worst, 1.0) << "n=" << n;
+  for (Isa isa : isas()) {
+    std::mt19937 rng(5);
+    const Kernels& fast = kernels_for(Backend::Cpu, isa);
+    for (int64_t n : {1, 8}) {
+      OwnedMatrix w = random_matrix(rng, WeightFormat::Affine, 4, 256, 4, DType::BF16, 64);
+      put_scale(w.scales, DType::BF16, 0, 0.2f);  // row 0, group 0
+      std::vector<float> x = random_x(rng, n, 256);
+      for (int64_t t = 0; t < n; ++t) x[size_t(t * 256 + 5)] = 10.0f;
+      std::vector<float> want(size_t(n * 4)), got(size_t(n * 4));
+      ref::matmul(w.m, x.data(), n, want.data());
+      fast.matmul(w.m, x.data(), n, got.data());
+      const std::vector<float> bound = q8_bound(w.m, x, n);
+      EXPECT_LE(fit_q8(got, want, bound).worst, 1.0);
+      OwnedMatrix bad = w;
+      bad.m.data = bad.data.data();
+      bad.m.scales = bad.scales.data();
+      bad.m.biases = bad.biases.data();
+      bad.data[2] ^= 0x80;  // element 5 = byte 2, high nibble: q +- 8
+      fast.matmul(bad.m, x.data(), n, got.data());
+      EXPECT_GT(fit_q8(got, want, bound).worst, 1.0) << isa_name(isa) << " n=" << n;
+    }
   }
 }
 
@@ -254,22 +266,24 @@ TEST(Kernels, Fp32ActivationsMatchReference) {
 
 // Large enough to be split over the thread pool, with prefill row chunks and every tile.
 TEST(Kernels, LargeMatmulsMatchReference) {
-  std::mt19937 rng(9);
-  for (auto [f, bits] : {std::pair<WeightFormat, int>{WeightFormat::Affine, 4}, {WeightFormat::Affine, 8},
-                         {WeightFormat::BF16, 0}}) {
-    OwnedMatrix w = random_matrix(rng, f, 515, 2048, bits);
-    for (int64_t n : {1, 13}) {
-      const std::vector<float> x = random_x(rng, n, 2048);
-      std::vector<float> want(size_t(n * 515)), got(size_t(n * 515));
-      ref::matmul(w.m, x.data(), n, want.data());
-      kernels_for(Backend::Cpu).matmul(w.m, x.data(), n, got.data());
-      const std::string what = fmt::format("format {} bits {} n={}", int(f), bits, n);
-      if (f == WeightFormat::Affine) {
-        const Fit fit = fit_q8(got, want, q8_bound(w.m, x, n));
-        ASSERT_LE(fit.worst, 1.0) << what;
-        EXPECT_LT(fit.mean_share, 0.25) << what;
-      } else {
-        expect_close(got, want, what);
+  for (Isa isa : isas()) {
+    std::mt19937 rng(9);
+    for (auto [f, bits] : {std::pair<WeightFormat, int>{WeightFormat::Affine, 4}, {WeightFormat::Affine, 8},
+                           {WeightFormat::BF16, 0}}) {
+      OwnedMatrix w = random_matrix(rng, f, 515, 2048, bits);
+      for (int64_t n : {1, 13}) {
+        const std::vector<float> x = random_x(rng, n, 2048);
+        std::vector<float> want(size_t(n * 515)), got(size_t(n * 515));
+        ref::matmul(w.m, x.data(), n, want.data());
+        kernels_for(Backend::Cpu, isa).matmul(w.m, x.data(), n, got.data());
+        const std::string what = fmt::format("{} format {} bits {} n={}", isa_name(isa), int(f), bits, n);
+        if (f == WeightFormat::Affine) {
+          const Fit fit = fit_q8(got, want, q8_bound(w.m, x, n));
+          ASSERT_LE(fit.worst, 1.0) << what;
+          EXPECT_LT(fit.mean_share, 0.25) << what;
+        } else {
+          expect_close(got, want, what);
+        }
       }
     }
   }
@@ -286,20 +300,23 @@ TEST(Kernels, BatchGivesDecodeResultsBitForBit) {
   };
   const Case cases[] = {{WeightFormat::Affine, 4, 64}, {WeightFormat::Affine, 8, 64}, {WeightFormat::Affine, 4, 128},
                         {WeightFormat::BF16, 0, 0},    {WeightFormat::F32, 0, 0},     {WeightFormat::F16, 0, 0}};
-  for (Backend backend : {Backend::Cpu, Backend::CpuF32}) {
-    const Kernels& k = kernels_for(backend);
-    for (const Case& c : cases) {
-      const int64_t rows = 37, cols = c.f == WeightFormat::Affine ? 9 * 128 : 1000;
-      OwnedMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, DType::BF16, c.group);
-      for (int64_t n : {2, 3, 7, 64}) {
-        const std::vector<float> x = random_x(rng, n, cols);
-        std::vector<float> batch(size_t(n * rows)), one(static_cast<size_t>(rows));
-        k.matmul(w.m, x.data(), n, batch.data());
-        for (int64_t t = 0; t < n; ++t) {
-          k.matmul(w.m, x.data() + t * cols, 1, one.data());
-          for (int64_t r = 0; r < rows; ++r)
-            ASSERT_EQ(batch[size_t(t * rows + r)], one[size_t(r)])
-                << k.name << " format " << int(c.f) << " bits " << c.bits << " n=" << n << " t=" << t << " r=" << r;
+  for (Isa isa : isas()) {
+    for (Backend backend : {Backend::Cpu, Backend::CpuF32}) {
+      const Kernels& k = kernels_for(backend, isa);
+      for (const Case& c : cases) {
+        const int64_t rows = 37, cols = c.f == WeightFormat::Affine ? 9 * 128 : 1000;
+        OwnedMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, DType::BF16, c.group);
+        for (int64_t n : {2, 3, 7, 64}) {
+          const std::vector<float> x = random_x(rng, n, cols);
+          std::vector<float> batch(size_t(n * rows)), one(static_cast<size_t>(rows));
+          k.matmul(w.m, x.data(), n, batch.data());
+          for (int64_t t = 0; t < n; ++t) {
+            k.matmul(w.m, x.data() + t * cols, 1, one.data());
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_EQ(batch[size_t(t * rows + r)], one[size_t(r)])
+                  << k.name << " " << isa_name(isa) << " format " << int(c.f) << " bits " << c.bits << " n=" << n
+                  << " t=" << t << " r=" << r;
+          }
         }
       }
     }
@@ -349,6 +366,16 @@ TEST(Kernels, ReferenceDequantFollowsMlxPacking) {
   std::vector<float> row(64);
   ref::dequant_row(m, 0, row.data());
   for (int i = 0; i < 64; ++i) EXPECT_EQ(row[size_t(i)], 0.5f * float(i % 16) - 1.0f) << i;
+}
+
+// The default kernels use the best instruction set this CPU has.
+TEST(Kernels, DefaultIsTheBestInstructionSet) {
+  const std::vector<Isa> have = available_isas();
+  if (have.empty()) GTEST_SKIP() << "no AVX2: scalar code only";
+  EXPECT_EQ(&kernels_for(Backend::Cpu), &kernels_for(Backend::Cpu, have.back()));
+  if (have.back() != Isa::Avx512Vnni) {
+    EXPECT_THROW(kernels_for(Backend::Cpu, Isa::Avx512Vnni), Error);
+  }
 }
 
 TEST(Kernels, ParseBackend) {
