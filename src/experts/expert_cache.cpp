@@ -2,13 +2,29 @@
 
 #include "core/error.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 
 namespace swiftlet {
 
+namespace {
+
+// Makes every page of [p, p + n) resident and writable now: MADV_POPULATE_WRITE (Linux 5.14),
+// else a write to each page (the slot holds nothing yet).
+void populate(uint8_t* p, size_t n) {
+#ifdef MADV_POPULATE_WRITE
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(4095);
+  if (madvise(reinterpret_cast<void*>(a), n + (reinterpret_cast<uintptr_t>(p) - a), MADV_POPULATE_WRITE) == 0) return;
+#endif
+  for (size_t i = 0; i < n; i += 4096) static_cast<volatile uint8_t*>(p)[i] = 0;
+}
+
+}  // namespace
+
 ExpertCache::ExpertCache(int layers, int experts, size_t slot_bytes, size_t budget_bytes, Alloc alloc,
-                         Free free)
+                         Free free, int reserve, int floor)
     : layers_(layers), experts_(experts), slot_bytes_(slot_bytes), alloc_(std::move(alloc)),
       free_(std::move(free)) {
   SWIFTLET_CHECK(layers > 0 && experts > 0 && slot_bytes > 0, "empty expert cache");
@@ -19,10 +35,87 @@ ExpertCache::ExpertCache(int layers, int experts, size_t slot_bytes, size_t budg
   if (!free_) free_ = [](void* p) { std::free(p); };
   where_.assign(all, -1);
   freq_.assign(all, 0);
+  reserve_ = std::max(0, reserve);
+  floor_ = std::max(0, floor);
+  if (reserve_ > 0) grower_ = std::thread([this] { grow(); });
 }
 
 ExpertCache::~ExpertCache() {
+  if (grower_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    grower_.join();
+  }
   for (uint8_t* s : slots_) free_(s);
+  for (uint8_t* s : ready_) free_(s);
+}
+
+size_t ExpertCache::allocated_bytes() const {
+  std::lock_guard lock(mu_);
+  return (slots_.size() + ready_.size()) * slot_bytes_;
+}
+
+// The background thread: prepares slots while fewer than reserve_ wait and the budget allows.
+// An allocation failure ends it quietly; the caller's thread then allocates and reports.
+void ExpertCache::grow() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || (int(ready_.size()) < reserve_ && planned_ < capacity_); });
+      if (stop_) return;
+      planned_++;
+    }
+    void* p = alloc_(slot_bytes_);
+    if (p) populate(static_cast<uint8_t*>(p), slot_bytes_);
+    {
+      std::lock_guard lock(mu_);
+      if (p) ready_.push_back(static_cast<uint8_t*>(p));
+      else planned_--;
+    }
+    cv_.notify_all();
+    if (!p) return;
+  }
+}
+
+int ExpertCache::add_slot(uint8_t* p) {
+  if (!p) return -1;
+  slots_.push_back(p);
+  meta_.emplace_back();
+  return int(slots_.size()) - 1;
+}
+
+// A slot the background thread prepared, or null. With `wait`, when the rest of the budget is
+// being prepared right now (so nothing could be allocated here), waits for it.
+uint8_t* ExpertCache::take_ready(bool wait) {
+  if (!grower_.joinable()) return nullptr;
+  std::unique_lock lock(mu_);
+  if (wait && ready_.empty() && planned_ >= capacity_ && int(slots_.size()) < planned_)
+    cv_.wait(lock, [&] { return !ready_.empty() || int(slots_.size()) >= planned_; });
+  if (ready_.empty()) return nullptr;
+  uint8_t* p = ready_.back();
+  ready_.pop_back();
+  lock.unlock();
+  cv_.notify_all();  // the thread may prepare another
+  return p;
+}
+
+// A slot allocated on the caller's thread, or null when the budget is allocated already.
+uint8_t* ExpertCache::allocate_now() {
+  {
+    std::lock_guard lock(mu_);
+    if (planned_ >= capacity_) return nullptr;
+    planned_++;
+  }
+  void* p = alloc_(slot_bytes_);
+  if (!p) {
+    std::lock_guard lock(mu_);
+    planned_--;
+    fail("cannot allocate {} bytes for an expert cache slot (out of memory?)", slot_bytes_);
+  }
+  return static_cast<uint8_t*>(p);
 }
 
 ExpertCache::Rank ExpertCache::rank(int slot) const {
@@ -47,24 +140,29 @@ int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function
     slot = free_list_.back();
     free_list_.pop_back();
   }
-  if (slot < 0 && int(slots_.size()) < capacity_) {
-    void* p = alloc_(slot_bytes_);
-    if (!p) fail("cannot allocate {} bytes for an expert cache slot (out of memory?)", slot_bytes_);
-    slots_.push_back(static_cast<uint8_t*>(p));
-    meta_.emplace_back();
-    slot = int(slots_.size()) - 1;
-  }
+  // Below the floor, or without a background thread, a fresh slot is allocated while the budget
+  // allows; past it, a prepared slot is taken, else an expert is evicted, and only then is
+  // memory allocated here.
+  const bool room = int(slots_.size()) < capacity_;
+  if (slot < 0 && room) slot = add_slot(take_ready(false));
+  const bool holds_all = size_t(capacity_) == where_.size();  // evicting would only mean reading again
+  if (slot < 0 && room && (!grower_.joinable() || holds_all || int(slots_.size()) < floor_))
+    slot = add_slot(allocate_now());
   if (slot < 0) {
     auto it = evictable_.begin();
     if (may_evict)
       while (it != evictable_.end() && !may_evict(std::get<2>(*it))) ++it;
-    if (it == evictable_.end()) return -1;
-    slot = std::get<2>(*it);
-    evictable_.erase(it);
-    const Meta& old = meta_[size_t(slot)];
-    where_[key(old.layer, old.expert)] = -1;
-    if (evicted) *evicted = true;
+    if (it != evictable_.end()) {
+      slot = std::get<2>(*it);
+      evictable_.erase(it);
+      const Meta& old = meta_[size_t(slot)];
+      where_[key(old.layer, old.expert)] = -1;
+      if (evicted) *evicted = true;
+    }
   }
+  if (slot < 0 && room && grower_.joinable()) slot = add_slot(allocate_now());
+  if (slot < 0 && room && grower_.joinable()) slot = add_slot(take_ready(true));  // the last ones in preparation
+  if (slot < 0) return -1;
   Meta& m = meta_[size_t(slot)];
   m = Meta{State::Loading, layer, expert, 0, ++tick_};  // newest: not the next victim
   where_[key(layer, expert)] = slot;

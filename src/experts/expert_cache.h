@@ -3,16 +3,27 @@
 // policy can be tested on its own.
 //
 // Slots are `slot_bytes` each and allocated lazily, never more than budget / slot_bytes of them.
+// With a reserve, a background thread allocates slots and writes to every page of them ahead of
+// need (the first touch of fresh memory costs 4-21 us a 4 KiB page on the virtual machines
+// measured: seconds for a cache of several GB), keeping up to `reserve` slots ready until the
+// budget is allocated. Past `floor` slots (the size of the default cache), claim() takes a ready
+// slot, else evicts, and allocates on the caller's thread only when nothing is ready and nothing
+// can be evicted: a large cache starts as fast as the default one and grows as the thread
+// prepares memory. A cache with room for every expert never evicts: it allocates here when
+// nothing is ready.
 // Eviction takes the evictable slot with the lowest (use count, last use): an expert's use count
 // is remembered after it is evicted, so an expert that keeps coming back outranks one that was
 // used once. A slot is evictable only when it is loaded and not pinned; slots being read and
 // slots whose expert is in use (pinned between acquire and release) are never taken.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -25,15 +36,18 @@ class ExpertCache {
   using Free = std::function<void(void*)>;
 
   // budget_bytes 0: room for every expert. Budgets below one slot still get one slot.
+  // reserve > 0: slots prepared ahead by a background thread, and allocations on the caller's
+  // thread avoided past `floor` slots (see above); 0: none.
   ExpertCache(int layers, int experts, size_t slot_bytes, size_t budget_bytes, Alloc alloc = {},
-              Free free = {});
+              Free free = {}, int reserve = 0, int floor = 0);
   ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
   int capacity() const { return capacity_; }          // slots allowed by the budget
-  int allocated() const { return int(slots_.size()); }  // slots allocated so far
-  size_t allocated_bytes() const { return slots_.size() * slot_bytes_; }
+  int allocated() const { return int(slots_.size()); }  // slots handed out so far
+  // Bytes of every slot allocated, those prepared ahead and not handed out yet included.
+  size_t allocated_bytes() const;
   size_t slot_bytes() const { return slot_bytes_; }
 
   // The slot holding (layer, expert), or -1.
@@ -72,6 +86,10 @@ class ExpertCache {
     uint64_t last = 0;  // tick of the last use, or of the load
   };
   using Rank = std::tuple<uint32_t, uint64_t, int>;  // (uses, last use, slot)
+  int add_slot(uint8_t* p);
+  uint8_t* take_ready(bool wait);
+  uint8_t* allocate_now();
+  void grow();
 
   size_t key(int layer, int expert) const { return size_t(layer) * size_t(experts_) + size_t(expert); }
   Rank rank(int slot) const;
@@ -88,6 +106,15 @@ class ExpertCache {
   std::vector<uint32_t> freq_;  // [layer * experts + expert] uses, kept across evictions
   std::set<Rank> evictable_;
   std::vector<int> free_list_;  // allocated slots holding nothing (after a failed read)
+
+  // Shared with the background thread, under mu_.
+  int reserve_ = 0, floor_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint8_t*> ready_;  // prepared slots not handed out yet
+  int planned_ = 0;              // slots allocated or being allocated, by either thread
+  bool stop_ = false;
+  std::thread grower_;
   uint64_t tick_ = 0;
 };
 

@@ -3,9 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 namespace swiftlet {
 namespace {
@@ -158,6 +163,91 @@ TEST(ExpertCache, RandomWorkloadNeverExceedsBudgetNorLosesPinned) {
     EXPECT_EQ(peak, size_t(budget_slots) * slot);
   }
   EXPECT_EQ(allocated, 0u);
+}
+
+// An allocator that records which thread asked, and can hold the background thread back.
+struct TracingAlloc {
+  std::mutex mu;
+  std::thread::id main = std::this_thread::get_id();
+  int on_main = 0, elsewhere = 0;
+  std::atomic<bool> hold{false};
+  ExpertCache::Alloc fn() {
+    return [this](size_t n) -> void* {
+      const bool is_main = std::this_thread::get_id() == main;
+      while (!is_main && hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::lock_guard lock(mu);
+      (is_main ? on_main : elsewhere)++;
+      return std::aligned_alloc(4096, n);
+    };
+  }
+  int main_count() {
+    std::lock_guard lock(mu);
+    return on_main;
+  }
+};
+
+// Waits (at most 10 s) until the cache has prepared `slots` slots.
+bool wait_prepared(const ExpertCache& c, int slots) {
+  for (int i = 0; i < 10000 && c.allocated_bytes() < size_t(slots) * c.slot_bytes(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return c.allocated_bytes() == size_t(slots) * c.slot_bytes();
+}
+
+// A reserve of 3 on a budget of 5: three slots are prepared before anything is claimed, claims
+// take them without allocating on the caller's thread, and the thread tops the reserve up to the
+// budget, never past it.
+TEST(ExpertCache, BackgroundThreadPreparesSlotsAhead) {
+  TracingAlloc a;
+  ExpertCache c(1, 16, 8192, 5 * 8192, a.fn(), {}, /*reserve=*/3, /*floor=*/0);
+  ASSERT_TRUE(wait_prepared(c, 3));
+  EXPECT_EQ(c.allocated(), 0);
+  put(c, 0, 1);
+  put(c, 0, 2);
+  ASSERT_TRUE(wait_prepared(c, 5));
+  for (int e = 3; e <= 5; ++e) put(c, 0, e);
+  EXPECT_EQ(c.allocated(), 5);
+  EXPECT_EQ(a.main_count(), 0);
+  EXPECT_EQ(c.allocated_bytes(), 5u * 8192);
+  // Full: the sixth evicts, and nothing more is allocated anywhere.
+  bool evicted = false;
+  EXPECT_GE(c.claim(0, 6, &evicted), 0);
+  EXPECT_TRUE(evicted);
+  EXPECT_EQ(c.allocated_bytes(), 5u * 8192);
+}
+
+// Past the floor, with nothing prepared, a claim evicts rather than allocate on the caller's
+// thread; below the floor, or with nothing evictable, it allocates there.
+TEST(ExpertCache, PastTheFloorEvictsRatherThanAllocate) {
+  TracingAlloc a;
+  a.hold = true;  // the background thread prepares nothing
+  {
+    ExpertCache c(1, 16, 8192, 8 * 8192, a.fn(), {}, /*reserve=*/4, /*floor=*/2);
+    put(c, 0, 1);
+    put(c, 0, 2);  // below the floor: allocated here
+    EXPECT_EQ(a.main_count(), 2);
+    bool evicted = false;
+    const int s = c.claim(0, 3, &evicted);  // past the floor: (0,1) goes
+    EXPECT_TRUE(evicted);
+    EXPECT_EQ(c.find(0, 1), -1);
+    EXPECT_EQ(a.main_count(), 2);
+    c.pin(c.find(0, 2));  // (0,2) pinned and (0,3) loading: nothing evictable, so allocate
+    EXPECT_GE(c.claim(0, 4), 0);
+    EXPECT_EQ(a.main_count(), 3);
+    EXPECT_EQ(c.allocated(), 3);
+    c.loaded(s);
+    a.hold = false;  // let the thread finish before the cache goes
+  }
+}
+
+// Without a reserve nothing runs in the background: every slot is allocated on demand.
+TEST(ExpertCache, NoReserveAllocatesOnDemand) {
+  TracingAlloc a;
+  ExpertCache c(1, 16, 8192, 4 * 8192, a.fn());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(c.allocated_bytes(), 0u);
+  put(c, 0, 1);
+  EXPECT_EQ(a.main_count(), 1);
+  EXPECT_EQ(c.allocated_bytes(), 8192u);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@ QpackExperts::QpackExperts(const QpackContainer& qc, QpackExpertsOptions opts)
     : dir_(qc.dir), config_(qc.config), layout_(qc.layout),
       verify_(opts.verify && qc.checksums.has_value()), io_(opts.io),
       cache_(qc.layout.layer_count, qc.layout.expert_count, size_t(qc.layout.expert_stride),
-             opts.cache_bytes, std::move(opts.alloc), std::move(opts.free)),
+             opts.cache_bytes, std::move(opts.alloc), std::move(opts.free), opts.prepared_slots,
+             qc.config.num_experts_per_tok * qc.layout.layer_count),
       reader_(opts.reader ? std::move(opts.reader) : make_expert_reader(qc, opts.io, cache_.capacity())) {
   if (verify_) sums_ = qc.checksums->experts;
   const int want = opts.max_batch > 0 ? opts.max_batch : 4 * std::max(1, qc.config.num_experts_per_tok);

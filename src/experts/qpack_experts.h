@@ -34,6 +34,9 @@ struct QpackExpertsOptions {
   // Where slots come from (4096-aligned), e.g. pinned memory for GPU uploads. Default: the heap.
   ExpertCache::Alloc alloc;
   ExpertCache::Free free;
+  // Slots a background thread prepares ahead of need (expert_cache.h), past one token's experts
+  // (top-k x layers, allocated on demand); 0: everything allocated on demand.
+  int prepared_slots = 64;
   std::unique_ptr<ExpertReader> reader;  // overrides `io` (tests inject failing readers)
 };
 

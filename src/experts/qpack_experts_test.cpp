@@ -115,6 +115,7 @@ TEST_F(QpackSource, EveryIoModeAndBudgetServesTheSameBytes) {
       QpackExpertsOptions o;
       o.io = io;
       o.cache_bytes = slots * stride();
+      o.prepared_slots = 0;  // allocation on demand: evictions only when the budget is full
       QpackExperts src(*qc_, std::move(o));
       std::mt19937 rng(3);
       for (int step = 0; step < 60; ++step) {
@@ -148,6 +149,7 @@ TEST_F(QpackSource, EveryIoModeAndBudgetServesTheSameBytes) {
 TEST_F(QpackSource, RepeatedExpertsAreHitsAndCountersAddUp) {
   QpackExpertsOptions o;
   o.cache_bytes = 4 * stride();
+  o.prepared_slots = 0;  // cache_bytes counts exactly the slots claimed
   QpackExperts src(*qc_, std::move(o));
   ExpertWeights w[2];
   const int32_t a[2] = {1, 2}, b[2] = {2, 3};
