@@ -1,10 +1,10 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots `swiftlet cachesim TRACE --csv` output: hit rate against cache size, one line per policy.
 
     build/bin/swiftlet cachesim trace.bin --csv > hits.csv
     tools/plot_cachesim.py hits.csv docs/cache-hit-rate.png [--title "35B-shaped, test split"]
 
-Needs python3-matplotlib (scripts/install-deps.sh installs it).
+Runs on Debian's /usr/bin/python3 with python3-matplotlib (scripts/install-deps.sh installs it).
 """
 import argparse
 import csv
