@@ -54,6 +54,26 @@ SamplingParams SamplingFlags::apply(SamplingParams p) const {
   return p;
 }
 
+void TraceFlag::add(CLI::App* cmd) {
+  cmd->add_option("--trace-experts", path,
+                  "write the experts every token was routed to (and next-layer guesses) to this file "
+                  "(docs/routing-trace.md)");
+}
+
+std::unique_ptr<RoutingTraceWriter> TraceFlag::open(const Engine& engine, const ModelFlags& model, bool decode) const {
+  if (path.empty()) return nullptr;
+  if (engine.gpu()) fail("--trace-experts runs on the CPU only: drop --gpu");
+  const bool predictions = decode && model.predict_next > 0 && engine.model().experts->wants_predictions();
+  return std::make_unique<RoutingTraceWriter>(path, engine.config(), predictions);
+}
+
+void TraceFlag::finish(RoutingTraceWriter* w, const std::string& path) {
+  if (!w) return;
+  w->finish();
+  std::fprintf(stderr, "expert trace: %llu tokens written to %s\n", (unsigned long long)w->tokens_written(),
+               path.c_str());
+}
+
 std::string stats_text(const GenerateStats& s) {
   const ExpertStats& e = s.experts;
   std::string out = fmt::format(

@@ -1,6 +1,7 @@
 // Small helpers shared by the subcommands: id lists, the model and sampling flags, statistics.
 #pragma once
 
+#include "experts/routing_trace.h"
 #include "model_flags.h"
 #include "runtime/engine.h"
 
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,18 @@ struct SamplingFlags {
               *o_presence = nullptr, *o_frequency = nullptr, *o_top_k = nullptr, *o_seed = nullptr;
   void add(CLI::App* cmd);
   SamplingParams apply(SamplingParams base) const;
+};
+
+// --trace-experts FILE (generate, chat, perplexity): records the routing of every token the
+// session runs (experts/routing_trace.h); the next-layer guesses too when the run predicts.
+struct TraceFlag {
+  std::string path;
+  void add(CLI::App* cmd);
+  // Null without the flag. Throws Error if the file cannot be created. decode: the run decodes
+  // (next-layer guesses are recorded when it predicts); a prompt-only run has none.
+  std::unique_ptr<RoutingTraceWriter> open(const Engine& engine, const ModelFlags& model, bool decode = true) const;
+  // Closes the file and says on stderr what was written.
+  static void finish(RoutingTraceWriter* w, const std::string& path);
 };
 
 // Human-readable statistics (several lines) and the same as one JSON object.

@@ -1,11 +1,13 @@
 // swiftlet bench MODEL [--cache default,1G,budget:3G,all] [--io uring,serial] [--predict off,on]
-//   [--prompt-tokens N] [--decode N] [--disk-seconds S] [--json]
+//   [--prompt-tokens N] [--decode N] [--disk-seconds S] [--routing-trace FILE] [--json]
 // Streaming benchmark: for every combination of cache setting, IO mode and prediction it runs a
 // fresh process (so peak RSS is that configuration's own) that prefills a fixed prompt and
 // decodes greedily, then prints one table with what the issue asks for: peak RSS, prefill and
 // decode tok/s, hit rate, bytes read per token, achieved read rate, share of decode time spent
 // waiting on IO, and the disk-bound decode rate (bytes that must come from disk per token at
 // the measured hit rate / the disk's random-read rate, measured in the same run).
+// --routing-trace replays recorded routing (a --trace-experts file of a real model) instead of the
+// model's own router, mapped onto its layers and experts as docs/routing-trace.md describes.
 #include "cli_util.h"
 #include "commands.h"
 
@@ -13,6 +15,7 @@
 #include "core/sys_stats.h"
 #include "core/thread_pool.h"
 #include "experts/expert_reader.h"
+#include "experts/routing_trace.h"
 #include "format/qpack.h"
 #include "runtime/engine.h"
 
@@ -24,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -38,6 +42,7 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 struct BenchOptions {
   ModelFlags model;
   std::string cache = "default", io = "uring,serial", predict = "off,1";
+  std::string routing_trace;
   int prompt_tokens = 32, decode = 64;
   double disk_seconds = 3;
   bool json = false, child = false, warm = false;
@@ -93,7 +98,16 @@ void run_child(const BenchOptions& o) {
   Engine engine(o.model.engine_options());
   const double load_s = since(t_load);
   const size_t rss_loaded = current_rss_bytes();
-  auto session = engine.new_session();
+  std::optional<RoutingTrace> trace;
+  std::optional<TraceRouteOverride> replay;
+  SessionOptions so;
+  if (!o.routing_trace.empty()) {
+    trace = read_routing_trace(o.routing_trace);
+    const ModelConfig& c = engine.config();
+    replay.emplace(*trace, c.num_layers, c.num_experts, c.num_experts_per_tok);
+    so.route_override = &*replay;
+  }
+  auto session = engine.new_session(so);
   const ExpertSource* src = engine.model().experts;
   const std::vector<int32_t> prompt = bench_prompt(o.prompt_tokens, int(engine.config().vocab_size));
   GenerateRequest req;
@@ -103,7 +117,7 @@ void run_child(const BenchOptions& o) {
   if (o.warm) {
     // A first pass fills the cache; the measured pass below then reads only what did not fit.
     session->generate(req);
-    session = engine.new_session();
+    session = engine.new_session(so);
   }
   const ExpertStats s0 = src->expert_stats();
   const auto t0 = Clock::now();
@@ -234,6 +248,7 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   a += " --resident " + m.resident;
   a += fmt::format(" --predict-next {}", predict);
   if (o.warm) a += " --warm";
+  if (!o.routing_trace.empty()) a += fmt::format(" --routing-trace '{}'", o.routing_trace);
   if (m.chunked_prefill) a += " --chunked-prefill";
   if (m.gpu) a += " --gpu";
   if (!m.gpu_cache_gb.empty()) a += " --gpu-cache-gb " + m.gpu_cache_gb;
@@ -271,6 +286,12 @@ void run_bench(const BenchOptions& o) {
   if (o.decode < 2) fail("--decode must be at least 2 tokens");
   if (!looks_like_qpack(o.model.model)) fail("swiftlet bench measures expert streaming: give it a .qpack container");
   const QpackContainer qc = QpackContainer::open(o.model.model);
+  std::string routing = "the model's own router";
+  if (!o.routing_trace.empty()) {
+    const RoutingTrace t = read_routing_trace(o.routing_trace);  // refused here, before any run
+    routing = fmt::format("replayed from {} ({} tokens, {} layers x {} experts, top-{}{})", o.routing_trace, t.size(),
+                          t.layers, t.experts, t.top_k, t.has_predictions ? ", with its next-layer guesses" : "");
+  }
   for (const std::string& c : split(o.cache))
     if (c != "default" && c != "all" && c.rfind("budget:", 0) != 0) parse_bytes(c, "--cache");
   for (const std::string& io : split(o.io)) parse_io_mode(io);
@@ -361,7 +382,7 @@ void run_bench(const BenchOptions& o) {
         pf["expert_acquire_ms"].get<double>(), pf["lm_head_ms"].get<double>(), pf["total_ms"].get<double>());
   }
   if (o.json) {
-    json all = {{"model", o.model.model}, {"expert_stride", stride}, {"memory_gb_s", membw}, {"memory_gb_s_before", membw_before}, {"disk_gb_s_qd1", disk_qd1},
+    json all = {{"model", o.model.model}, {"routing", routing}, {"expert_stride", stride}, {"memory_gb_s", membw}, {"memory_gb_s_before", membw_before}, {"disk_gb_s_qd1", disk_qd1},
                 {"disk_gb_s_qdk", disk_qdk}, {"disk_gb_s_qd32", disk_qd32}, {"rows", rows},
                 {"same_tokens", same}};
     std::printf("%s\n", all.dump(1).c_str());
@@ -372,6 +393,7 @@ void run_bench(const BenchOptions& o) {
   std::printf("prompt %d tokens, then %d tokens decoded greedily; backend %s; dense weights: %s%s\n",
               o.prompt_tokens, o.decode, o.model.backend.c_str(), o.model.resident.c_str(),
               o.warm ? "; measured on a second pass (the first one filled the cache)" : "");
+  std::printf("routing: %s\n", routing.c_str());
   std::printf("disk, random whole-expert reads (O_DIRECT), best of before and after the runs: %.2f GB/s one at a "
               "time (pread), %.2f GB/s with %d in flight (io_uring), %.2f GB/s with 32 in flight\n",
               disk_qd1, disk_qdk, k, disk_qd32);
@@ -405,8 +427,9 @@ void run_bench(const BenchOptions& o) {
                 "%-12s %-6s %-5s %8s %9s %9s %7s %10s %10s\n%s\n",
                 "cache", "io", "pred", "decode", "denseGB", "cacheGB", "hit%", "upMB/tok", "upGB/s", gpu_rows.c_str());
   std::printf("every configuration generated the same %d tokens: %s\n", o.decode, same ? "yes" : "NO");
-  std::printf("note: random-weight models route almost uniformly, so these hit rates are a worst case; real "
-              "models reuse experts far more.\n");
+  if (o.routing_trace.empty())
+    std::printf("note: random-weight models route almost uniformly, so these hit rates are a worst case; real "
+                "models reuse experts far more (replay a real model's routing with --routing-trace).\n");
 }
 
 }  // namespace
@@ -424,6 +447,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--decode", o->decode, "tokens to decode");
   cmd->add_option("--disk-seconds", o->disk_seconds, "seconds per disk read-rate measurement");
   cmd->add_flag("--json", o->json, "print the results as JSON");
+  cmd->add_option("--routing-trace", o->routing_trace,
+                  "route with the experts recorded in this --trace-experts file instead of the model's router "
+                  "(layers and experts mapped as docs/routing-trace.md says)");
   cmd->add_flag("--warm", o->warm, "run each configuration twice and measure the second pass (cache filled)");
   cmd->add_flag("--child", o->child, "(internal) run one configuration and print its JSON")->group("");
   cmd->callback([o] { run_bench(*o); });

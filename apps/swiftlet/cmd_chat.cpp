@@ -1,4 +1,5 @@
 // swiftlet chat MODEL ["turn 1" "turn 2" ...] [--system S] [--think] [sampling flags]
+//   [--trace-experts FILE]
 // With turns as arguments it answers each in order; without, an interactive prompt with line
 // editing and history. Each turn prefills only its own tokens (the conversation state is kept).
 // Ctrl-C stops the current answer, not the program; Ctrl-D or /exit leaves.
@@ -40,6 +41,7 @@ void on_sigint(int) {
 struct ChatCmdOptions {
   ModelFlags model;
   SamplingFlags sampling;
+  TraceFlag trace;
   std::vector<std::string> turns;
   std::string system;
   int max_new = 1024;
@@ -60,7 +62,10 @@ void run_chat(const ChatCmdOptions& o) {
   Engine engine(o.model.engine_options());
   ChatOptions co;
   co.enable_thinking = o.think;
-  Conversation conv(engine, co);
+  std::unique_ptr<RoutingTraceWriter> trace = o.trace.open(engine, o.model);
+  SessionOptions so;
+  so.routing_observer = trace.get();
+  Conversation conv(engine, co, so);
   if (!o.system.empty()) conv.set_system(o.system);
   TurnOptions turn;
   turn.sampling = o.sampling.apply(engine.default_sampling());
@@ -133,6 +138,7 @@ void run_chat(const ChatCmdOptions& o) {
     }
   }
   sigaction(SIGINT, &old, nullptr);
+  TraceFlag::finish(trace.get(), o.trace.path);
 }
 }  // namespace
 
@@ -146,6 +152,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--max-new,-n", o->max_new, "tokens per answer at most");
   cmd->add_flag("--quiet,-q", o->quiet, "no per-turn statistics");
   o->sampling.add(cmd);
+  o->trace.add(cmd);
   cmd->callback([o] { run_chat(*o); });
 }
 

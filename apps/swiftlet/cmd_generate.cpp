@@ -1,5 +1,5 @@
 // swiftlet generate MODEL (--prompt TEXT | --ids 5,17,42) [--chat] [--system S] [--think]
-//   [--max-new N] [sampling flags] [--stop S]... [--print-ids] [--json]
+//   [--max-new N] [sampling flags] [--stop S]... [--print-ids] [--json] [--trace-experts FILE]
 // Streams the answer to stdout as it is produced; statistics go to stderr.
 #include "cli_util.h"
 #include "commands.h"
@@ -16,6 +16,7 @@ namespace {
 struct GenerateOptions {
   ModelFlags model;
   SamplingFlags sampling;
+  TraceFlag trace;
   std::string prompt, ids, system;
   std::vector<std::string> stop;
   int max_new = 256;
@@ -48,7 +49,10 @@ void run_generate(const GenerateOptions& o) {
   req.stop_tokens = engine.stop_tokens();
   if (!o.stop.empty() && !engine.tokenizer()) fail("--stop needs a model with a tokenizer");
 
-  auto session = engine.new_session();
+  std::unique_ptr<RoutingTraceWriter> trace = o.trace.open(engine, o.model);
+  SessionOptions so;
+  so.routing_observer = trace.get();
+  auto session = engine.new_session(so);
   bool first = true;
   const bool text_out = engine.tokenizer() && !o.print_ids;
   GenerateResult res = session->generate(req, [&](std::string_view text, int32_t) {
@@ -66,6 +70,7 @@ void run_generate(const GenerateOptions& o) {
   }
   std::printf("\n");
   std::fflush(stdout);
+  TraceFlag::finish(trace.get(), o.trace.path);
   if (o.json) std::fprintf(stderr, "%s\n", stats_json(res.stats, &res).dump().c_str());
   else if (!o.quiet) std::fprintf(stderr, "%s[finish: %s]\n", stats_text(res.stats).c_str(), finish_reason_name(res.finish));
 }
@@ -83,6 +88,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new,-n", o->max_new, "tokens to generate at most");
   cmd->add_option("--stop", o->stop, "stop when this text is produced (repeatable)");
   o->sampling.add(cmd);
+  o->trace.add(cmd);
   cmd->add_flag("--print-ids", o->print_ids, "print the new token ids on stdout instead of text");
   cmd->add_flag("--json", o->json, "print the statistics as one JSON object on stderr");
   cmd->add_flag("--quiet,-q", o->quiet, "no statistics");

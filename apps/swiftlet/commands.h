@@ -14,5 +14,7 @@ void add_tokenize_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
+void add_cachesim_command(CLI::App& app);
 
 }  // namespace swiftlet::cli

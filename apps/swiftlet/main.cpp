@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   swiftlet::cli::add_info_command(app);
   swiftlet::cli::add_verify_command(app);
   swiftlet::cli::add_bench_command(app);
+  swiftlet::cli::add_perplexity_command(app);
+  swiftlet::cli::add_cachesim_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

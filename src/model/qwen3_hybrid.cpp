@@ -98,7 +98,7 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
-    sparse_moe(l, pos0, T);
+    sparse_moe(l, pos0, tokens);
     // A prompt of many tokens routes to nearly every expert of every layer (each is missed with
     // probability ~e^-(T k / E)): start reading the next layer's now, so the reads overlap its
     // token mixer instead of waiting for its router. Only when the cache holds a whole layer:
@@ -372,7 +372,8 @@ void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T
   k_.matmul(w.out_proj, core, T, out);
 }
 
-void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
+void Forward::sparse_moe(int li, int64_t pos0, std::span<const int32_t> tokens) {
+  const int64_t T = int64_t(tokens.size());
   const MoeDenseWeights& w = m_.weights.layers[size_t(li)].moe;
   const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
   const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
@@ -385,21 +386,38 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
   k_.matmul(w.router, x, T, probs);
   std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_expert;  // expert -> (token, weight)
   std::vector<int32_t> order(static_cast<size_t>(E));
+  int32_t* chosen = observer_ ? grow(chosen_, size_t(T * top_k)) : nullptr;
+  float* chosen_w = observer_ ? grow(chosen_w_, size_t(T * top_k)) : nullptr;
   for (int64_t t = 0; t < T; ++t) {
     float* p = probs + t * E;
     ref::softmax(p, E);
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    if (override_) {
+      override_->route(li, pos0 + t, std::span(order).first(size_t(top_k)));
+      for (int i = 0; i < top_k; ++i) {
+        const int32_t e = order[size_t(i)];
+        if (e < 0 || e >= E || std::count(order.begin(), order.begin() + i, e))
+          fail("routing override: expert {} for layer {} position {} is out of range or repeated", e, li, pos0 + t);
+      }
+    } else {
+      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                        [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    }
     double sum = 0;
     for (int i = 0; i < top_k; ++i) sum += p[order[size_t(i)]];
     for (int i = 0; i < top_k; ++i) {
       const int32_t e = order[size_t(i)];
       const float wgt = c_.norm_topk_prob ? float(p[e] / sum) : p[e];
       by_expert[e].emplace_back(t, wgt);
+      if (chosen) {
+        chosen[t * top_k + i] = e;
+        chosen_w[t * top_k + i] = wgt;
+      }
     }
     if (capture_) routes_.push_back({li, pos0 + t, std::vector<int32_t>(order.begin(), order.begin() + top_k)});
   }
+  if (observer_)
+    observer_->routed(li, pos0, tokens, std::span(chosen, size_t(T * top_k)), std::span(chosen_w, size_t(T * top_k)));
 
   // The experts the chunk needs, known now: the source starts reading the missing ones, which
   // overlaps the shared expert and the cached experts computed meanwhile.
@@ -407,7 +425,7 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
   ids.clear();
   for (const auto& [e, list] : by_expert) ids.push_back(e);
   m_.experts->prefetch(li, ids);
-  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions()) predict_next_layer(li, ids);
+  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions()) predict_next_layer(li, pos0, ids);
 
   // Shared expert with its sigmoid gate, written first; routed experts accumulate on top.
   float* sh = grow(shared_h_, size_t(T * SI));
@@ -473,7 +491,7 @@ void Forward::sparse_moe(int li, int64_t pos0, int64_t T) {
 // now (before this layer's MoE output is added), by applying those layers' norms and routers
 // early, and asks the source to start reading them. The guess for the next layer is scored when
 // that layer routes for real.
-void Forward::predict_next_layer(int li, std::span<const int32_t> actual) {
+void Forward::predict_next_layer(int li, int64_t pos, std::span<const int32_t> actual) {
   if (!predicted_.empty() && predicted_layer_ == li) {
     int hit = 0;
     for (int32_t e : actual) hit += std::count(predicted_.begin(), predicted_.end(), e) ? 1 : 0;
@@ -490,15 +508,18 @@ void Forward::predict_next_layer(int li, std::span<const int32_t> actual) {
   for (int ahead = 1; ahead <= predict_next_ && li + ahead < c_.num_layers; ++ahead) {
     const int target = li + ahead;
     const LayerWeights& lw = m_.weights.layers[size_t(target)];
-    // h_ holds the residual after this layer's mixer; later layers' MoE inputs stay close to it.
-    ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, xn);
-    k_.matmul(lw.moe.router, xn, 1, p);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    if (!override_ || !override_->predict(target, pos, std::span(order).first(size_t(top_k)))) {
+      // h_ holds the residual after this layer's mixer; later layers' MoE inputs stay close to it.
+      ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, xn);
+      k_.matmul(lw.moe.router, xn, 1, p);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                        [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    }
     if (ahead == 1) {
       predicted_.assign(order.begin(), order.begin() + top_k);
       predicted_layer_ = target;
+      if (observer_) observer_->predicted(target, pos, predicted_);
     }
     m_.experts->predict(target, std::span(order).first(size_t(top_k)));
   }

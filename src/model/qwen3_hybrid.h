@@ -41,6 +41,33 @@ struct RouteRecord {
   std::vector<int32_t> experts;
 };
 
+// Sees every routing decision (expert tracing): each MoE layer's choices for the tokens of a
+// run() call, and in decode the next layer's guessed experts (set_predict_next).
+class RoutingObserver {
+ public:
+  virtual ~RoutingObserver() = default;
+  // Layer `layer` routed the tokens at positions pos0 .. pos0 + T - 1 (token ids `tokens`):
+  // experts [T][top_k] in router order (highest probability first), their weights [T][top_k]
+  // as the MoE applies them. Layers arrive in order 0 .. num_layers - 1 for each call.
+  virtual void routed(int layer, int64_t pos0, std::span<const int32_t> tokens, std::span<const int32_t> experts,
+                      std::span<const float> weights) = 0;
+  // Decode: the experts guessed for layer `layer` of the token at `pos`, before that layer routes.
+  virtual void predicted(int /*layer*/, int64_t /*pos*/, std::span<const int32_t> /*experts*/) {}
+};
+
+// Chooses the experts instead of the router (replaying recorded routing on another model).
+// The router still runs: the chosen experts are weighted by its probabilities, renormalised
+// over them when the model normalises its top-k.
+class RouteOverride {
+ public:
+  virtual ~RouteOverride() = default;
+  // Fills `experts` (top_k distinct ids in 0 .. num_experts - 1) for the token at `pos`, `layer`.
+  virtual void route(int layer, int64_t pos, std::span<int32_t> experts) = 0;
+  // Decode prediction: fills the guess for `layer` of the token at `pos` and returns true, or
+  // returns false to let the model's own routers guess.
+  virtual bool predict(int /*layer*/, int64_t /*pos*/, std::span<int32_t> /*experts*/) { return false; }
+};
+
 // Runs tokens through the model. Holds the activation buffers, so one Forward serves many
 // calls without allocating once its buffers have grown to the largest batch seen.
 class Forward {
@@ -63,6 +90,9 @@ class Forward {
   // Called with the residual stream ([T][H]) before each layer; tests use it to feed every
   // layer the reference backend's input (teacher forcing), so per-layer errors do not compound.
   void set_layer_hook(std::function<void(int layer, std::span<float> h)> hook) { layer_hook_ = std::move(hook); }
+  // Routing observer and override (null: none). Not owned; they must outlive the calls.
+  void set_routing_observer(RoutingObserver* o) { observer_ = o; }
+  void set_route_override(RouteOverride* r) { override_ = r; }
   const std::vector<float>& layer_outputs() const { return layer_outputs_; }
   const std::vector<RouteRecord>& routes() const { return routes_; }
 
@@ -101,9 +131,9 @@ class Forward {
   void gated_attention(int layer, LayerState& st, int64_t pos0, int64_t T, const float* x, float* out);
   void gated_delta_net(int layer, LayerState& st, int64_t T, const float* x, float* out);
   void delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T, float* out);
-  void sparse_moe(int layer, int64_t pos0, int64_t T);
+  void sparse_moe(int layer, int64_t pos0, std::span<const int32_t> tokens);
   void rope_tables(int64_t pos0, int64_t T);
-  void predict_next_layer(int layer, std::span<const int32_t> actual);
+  void predict_next_layer(int layer, int64_t pos, std::span<const int32_t> actual);
   template <typename Self>
   static auto buffers_of(Self& f);
 
@@ -114,6 +144,10 @@ class Forward {
   bool chunked_prefill_ = false;
   bool capture_ = false;
   std::function<void(int, std::span<float>)> layer_hook_;
+  RoutingObserver* observer_ = nullptr;
+  RouteOverride* override_ = nullptr;
+  std::vector<int32_t> chosen_;  // [T][top_k] experts in router order (for the observer)
+  std::vector<float> chosen_w_;  // [T][top_k] their weights
   std::vector<float> layer_outputs_;
   std::vector<RouteRecord> routes_;
 

@@ -45,8 +45,12 @@ const char* finish_reason_name(FinishReason r) {
 Session::Session(const Model& model, const Tokenizer* tokenizer, SessionOptions opts)
     : model_(model), tokenizer_(tokenizer), opts_(opts), forward_(model, opts.backend),
       gpu_forward_(opts.gpu ? make_gpu_forward(opts.gpu) : nullptr), state_(SessionState::create(model.config)) {
+  if (gpu_forward_ && (opts.routing_observer || opts.route_override))
+    fail("expert traces and routing overrides run on the CPU only: drop --gpu");
   forward_.set_predict_next(opts.predict_next);
   forward_.set_chunked_prefill(opts.chunked_prefill);
+  forward_.set_routing_observer(opts.routing_observer);
+  forward_.set_route_override(opts.route_override);
 }
 
 void Session::run_forward(std::span<const int32_t> tokens, LogitsMode mode) {
@@ -82,6 +86,26 @@ void Session::feed(std::span<const int32_t> tokens, const std::atomic<bool>* can
     else
       forward_.release_buffers();
   }
+}
+
+const std::vector<float>& Session::score(std::span<const int32_t> tokens) {
+  if (tokens.empty()) fail("nothing to score: give at least one token");
+  reset();
+  const size_t chunk = size_t(std::max(1, opts_.prefill_chunk));
+  if (tokens.size() <= chunk) {
+    run_forward(tokens, LogitsMode::All);
+  } else {  // a window longer than one call: its calls' rows one after another
+    std::vector<float> all;
+    for (size_t i = 0; i < tokens.size(); i += chunk) {
+      run_forward(tokens.subspan(i, std::min(chunk, tokens.size() - i)), LogitsMode::All);
+      all.insert(all.end(), logits_.begin(), logits_.end());
+    }
+    logits_ = std::move(all);
+  }
+  logits_pos_ = -1;  // logits_ holds every row, not the last one's
+  if (gpu_forward_) gpu_forward_->release_buffers();
+  else forward_.release_buffers();
+  return logits_;
 }
 
 void Session::remember_snapshot() {

@@ -67,6 +67,10 @@ struct SessionOptions {
   bool chunked_prefill = false;  // prompts: DeltaNet in the chunked form (model-spec 3.8)
   // Run on this GPU model (model/gpu_forward.h) instead of the CPU; null: the CPU.
   std::shared_ptr<GpuModel> gpu;
+  // Sees every routing decision / chooses the experts instead of the router (CPU only; see
+  // model/qwen3_hybrid.h). Not owned.
+  RoutingObserver* routing_observer = nullptr;
+  RouteOverride* route_override = nullptr;
 };
 
 class Session {
@@ -81,6 +85,10 @@ class Session {
   // Afterwards last_logits() holds the logits after the last prompt token.
   int64_t prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel = nullptr);
   const std::vector<float>& last_logits() const { return logits_; }
+
+  // Runs `tokens` from a fresh state (nothing reused, no snapshot kept) as one prompt and returns
+  // the logits of every position ([T][vocab]: row j predicts token j + 1). For perplexity.
+  const std::vector<float>& score(std::span<const int32_t> tokens);
 
   void reset();
   const SessionState& state() const { return state_; }
