@@ -3,8 +3,8 @@
 // (151,643 byte-level tokens) and 151,936 logits, for whole documents from a fresh constraint
 // (every mask computed from scratch, as in a request). The "model" wants random tokens: in a
 // structural state nearly every pick is refused and the mask is needed, the worst case (a trained
-// model mostly picks what the grammar allows). Compare with BM_SampleOnly (the sampler alone) and
-// with a decode step: the constraint's cost does not depend on the model's size.
+// model mostly picks what the grammar allows: BM_AgreeingModel). Compare with BM_SampleOnly (the
+// sampler alone) and with a decode step: the constraint's cost does not depend on the model's size.
 //
 //   ./build/bin/swiftlet_bench_constraint
 #include <benchmark/benchmark.h>
@@ -98,6 +98,52 @@ void BM_ConstrainedDocument(benchmark::State& state) {
   state.counters["us_per_token"] = benchmark::Counter(double(tokens) * 1e-6, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 BENCHMARK(BM_ConstrainedDocument)->Arg(0)->Arg(1)->Arg(2)->ArgName("schema")->Unit(benchmark::kMillisecond);
+
+// A model that agrees with the grammar (a trained one, mostly): its pick is allowed, so the
+// constraint's whole cost per token is what sample_constrained adds around the sampler: the
+// logits copy, the pick's bytes through the matcher (allows) and accept; no mask. The picks
+// replay a document first decoded from random logits; the sampler itself is not timed here.
+void BM_AgreeingModel(benchmark::State& state) {
+  const auto g = grammar(int(state.range(0)));
+  SamplingParams p;
+  p.temperature = 1;
+  p.top_k = 0;
+  p.top_p = 1;
+  p.seed = 7;
+  const std::vector<int32_t> stops = {tokenizer().token_id("<|im_end|>")};
+  const auto& pool = logit_pool();
+  std::vector<int32_t> doc;
+  {
+    Sampler sampler(p, kLogits);
+    TokenConstraint c(g, trie(), stops);
+    std::vector<float> logits, scratch;
+    for (int i = 0; i < kMaxTokens; ++i) {
+      logits = pool[size_t(i) % pool.size()];
+      const int32_t t = sample_constrained(sampler, c, logits, scratch, {}, kMaxTokens - i);
+      doc.push_back(t);
+      if (t == stops[0]) break;
+    }
+  }
+  const std::vector<float>& logits = pool[0];
+  std::vector<float> scratch(kLogits);
+  int64_t tokens = 0, refused = 0, masks = 0, documents = 0;
+  for (auto _ : state) {
+    TokenConstraint c(g, trie(), stops);
+    ++documents;
+    for (size_t i = 0; i < doc.size(); ++i) {
+      scratch.assign(logits.begin(), logits.end());
+      refused += !c.allows(doc[i], kMaxTokens - int64_t(i));
+      c.accept(doc[i]);
+      ++tokens;
+    }
+    masks += int64_t(c.masks_computed());
+  }
+  if (refused) state.SkipWithError("the replayed document was refused");
+  state.counters["tokens_per_doc"] = double(doc.size());
+  state.counters["masks_per_doc"] = double(masks) / double(documents);
+  state.counters["us_per_token"] = benchmark::Counter(double(tokens) * 1e-6, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_AgreeingModel)->Arg(0)->Arg(1)->Arg(2)->ArgName("schema")->Unit(benchmark::kMillisecond);
 
 // The sampler alone on the same logits: what every decode step pays anyway.
 void BM_SampleOnly(benchmark::State& state) {

@@ -147,7 +147,7 @@ describe('Messages API (Qwen3-Next-Thinking template)', () => {
   });
 
   test('thinking comes as a thinking block before the forced tool_use, streamed the same', async () => {
-    const params = { model: MODEL, max_tokens: 200, temperature: 0, messages: ask, tools: [WEATHER], tool_choice: { type: 'any' } };
+    const params = { model: MODEL, max_tokens: 150, temperature: 0, messages: ask, tools: [WEATHER], tool_choice: { type: 'any' } };
     const m = await client.messages.create(params);
     assert.equal(m.stop_reason, 'tool_use');
     assert.deepEqual(m.content.map((b) => b.type), ['thinking', 'tool_use']);
