@@ -86,7 +86,9 @@ Seq xml_call(Grammar& g, const ToolSpec& tool, const std::string& path) {
 // `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`
 Seq json_call(Grammar& g, const ToolSpec& tool, const std::string& path) {
   JsonSchemaCompiler c(g, tool.parameters);
-  const uint32_t args = tool.parameters.is_null() ? c.any_object() : c.value(tool.parameters, path);
+  // Arguments are an object whatever the schema leaves open (no parameters, or an empty schema).
+  const bool open = tool.parameters.is_null() || tool.parameters.empty();
+  const uint32_t args = open ? c.any_object() : c.value(tool.parameters, path);
   return lit("<tool_call>\n{\"name\": " + ojson(tool.name).dump() + ", \"arguments\": ") + ref(args) + lit("}\n</tool_call>");
 }
 
