@@ -52,7 +52,7 @@ export async function startServer({ apiKey = '', args = [], chatTemplate = '' } 
     proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`the server exited with ${code}:\n${stderr}`)); });
   });
   const base = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 20000;
+  const deadline = Date.now() + 90000;  // the sanitizer build loads the tokenizer slowly on a busy machine
   for (;;) {
     const r = await fetch(base + '/health').catch(() => null);
     if (r && r.status === 200) break;
