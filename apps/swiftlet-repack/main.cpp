@@ -5,6 +5,7 @@
 //   swiftlet-repack --from-hf ORG/REPO [--revision R] --output OUT.qpack
 //   swiftlet-repack --synthetic PRESET [--tokenizer tokenizer.json] --output OUT.qpack
 #include "core/error.h"
+#include "core/version.h"
 #include "runtime/hf_source.h"
 #include "runtime/repack.h"
 #include "runtime/synthetic.h"
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   std::string from_dir, from_hf, revision = "main", synthetic, download_dir;
   bool list_presets = false, keep_download = false, quiet = false;
   swiftlet::RepackOptions o;
+  app.set_version_flag("--version", std::string(swiftlet::version()));
   auto* src = app.add_option_group("source", "what to convert (exactly one)");
   src->add_option("--from-dir", from_dir, "Hugging Face (bf16: quantised) or MLX-quantised (copied) checkpoint directory");
   src->add_option("--from-hf", from_hf, "ORG/REPO on the Hugging Face hub (downloaded, then converted)");

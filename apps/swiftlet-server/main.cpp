@@ -1,4 +1,5 @@
-// swiftlet-server: OpenAI-compatible HTTP server (chat completions, completions, models,
+// swiftlet-server: OpenAI- and Anthropic-compatible HTTP server (chat completions with tools and
+// JSON-schema output, completions, messages, models, tokenize/detokenize/apply-template/props,
 // health, Prometheus metrics, and a chat page at /).
 //
 //   swiftlet-server --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--ctx N] [--parallel N]
@@ -6,6 +7,7 @@
 // Listens at once (GET /health answers 503 while the model loads) and prints
 // "listening on http://HOST:PORT" on stdout; --port 0 picks a free port.
 #include "core/error.h"
+#include "core/version.h"
 #include "model_flags.h"
 #include "server/engine_worker.h"
 #include "server/http_server.h"
@@ -38,6 +40,7 @@ int serve(int argc, char** argv) {
   swiftlet::server::ServerOptions so;
   swiftlet::server::WorkerOptions wo;
   double max_body_mb = double(so.max_body_bytes) / (1 << 20);
+  app.set_version_flag("--version", std::string(swiftlet::version()));
   mf.add(&app, swiftlet::cli::FlagSet::Server);
   app.add_option("--alias", alias, "model name to serve under (default: the model's file name)");
   app.add_option("--host", so.host, "address to listen on; anything but loopback should come with --api-key")

@@ -1,11 +1,13 @@
 // swiftlet: run Mixture-of-Experts models larger than RAM. Wires the subcommands together.
 #include "commands.h"
 #include "core/error.h"
+#include "core/version.h"
 
 #include <cstdio>
 
 int main(int argc, char** argv) {
   CLI::App app{"swiftlet: run Qwen3-Next / Qwen3.5-MoE models, streaming experts from disk"};
+  app.set_version_flag("--version", std::string(swiftlet::version()));
   app.require_subcommand(1);
   swiftlet::cli::add_logits_command(app);
   swiftlet::cli::add_generate_command(app);

@@ -104,6 +104,12 @@ const Tokenizer& Engine::require_tokenizer() const {
   return *tokenizer_;
 }
 
+std::shared_ptr<const VocabTrie> Engine::vocab_trie() const {
+  const Tokenizer& tok = require_tokenizer();
+  std::call_once(trie_once_, [&] { trie_ = std::make_shared<const VocabTrie>(tok); });
+  return trie_;
+}
+
 std::unique_ptr<Session> Engine::new_session(SessionOptions opts) const {
   opts.backend = opts_.backend;
   opts.predict_next = opts_.predict_next;

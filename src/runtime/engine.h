@@ -9,6 +9,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,10 @@ class Engine {
   // Ids that end an answer: the config's eos ids, <|im_end|> and <|endoftext|>.
   const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
 
+  // The vocabulary as a byte trie for constrained decoding (token_constraint.h), built on first
+  // use from any thread. Throws Error when there is no tokenizer.
+  std::shared_ptr<const VocabTrie> vocab_trie() const;
+
   std::unique_ptr<Session> new_session(SessionOptions opts = {}) const;
   // The GPU model sessions run on; null on the CPU (no --gpu, or no usable GPU).
   const GpuModel* gpu() const { return gpu_.get(); }
@@ -58,6 +63,8 @@ class Engine {
   TemplateKind template_kind_ = TemplateKind::Qwen3NextInstruct;
   SamplingParams sampling_;
   std::vector<int32_t> stop_tokens_;
+  mutable std::once_flag trie_once_;
+  mutable std::shared_ptr<const VocabTrie> trie_;
 };
 
 }  // namespace swiftlet

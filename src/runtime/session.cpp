@@ -185,8 +185,10 @@ GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback
       res.finish = FinishReason::Cancelled;
       break;
     }
-    logits_pos_ = -1;  // sampling modifies the logits in place
-    const int32_t next = sampler.sample(logits_, history);
+    logits_pos_ = -1;  // sampling (and the constraint) modifies the logits in place
+    const int32_t next = req.constraint
+                             ? sample_constrained(sampler, *req.constraint, logits_, unmasked_, history, req.max_new_tokens - i)
+                             : sampler.sample(logits_, history);
     if (i == 0) {
       t_first = Clock::now();
       st.ttft_seconds = since(t0);

@@ -6,6 +6,7 @@
 #include "model/gpu_forward.h"
 #include "model/qwen3_hybrid.h"
 #include "runtime/sampler.h"
+#include "runtime/token_constraint.h"
 #include "tokenizer/tokenizer.h"
 
 #include <atomic>
@@ -26,6 +27,9 @@ struct GenerateRequest {
   int max_new_tokens = 256;
   std::vector<std::string> stop;     // stop strings (matched on the decoded text)
   std::vector<int32_t> stop_tokens;  // e.g. <|im_end|>, <|endoftext|>
+  // Set: only tokens it allows are sampled (JSON schemas, forced tool calls). One per request:
+  // it follows the answer's state.
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 struct GenerateStats {
@@ -110,6 +114,7 @@ class Session {
   std::unique_ptr<ForwardPass> gpu_forward_;  // set: runs instead of forward_ (state on the GPU)
   SessionState state_;
   std::vector<float> logits_;     // after consuming state_.pos tokens, when logits_pos_ == pos
+  std::vector<float> unmasked_;   // [vocab] the logits before a constrained pick (sample_constrained)
   int64_t logits_pos_ = -1;
   std::vector<StateSnapshot> snapshots_;  // oldest first
 };

@@ -3,6 +3,7 @@
 // queue and the engine thread below it only ever see these.
 #pragma once
 
+#include "server/tool_calls.h"
 #include "tokenizer/chat_template.h"
 
 #include <cstdint>
@@ -64,6 +65,19 @@ struct CompletionRequest {
   std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking
   bool echo = false;                    // completions: prepend the prompt to the text
   std::string user;                     // accepted (OpenAI: an end-user id for abuse tracking), unused
+
+  // Chat: tools offered to the model, each as the template prints it (tools_json) and as the
+  // output parser and the forced-call grammar need it (tools).
+  std::vector<std::string> tools_json;
+  std::vector<ToolSpec> tools;
+  enum class ToolChoice { None, Auto, Required, Named };
+  ToolChoice tool_choice = ToolChoice::Auto;
+  std::string tool_choice_name;  // Named
+  bool parallel_tool_calls = true;
+  // Chat: the shape of the answer.
+  enum class Format { Text, JsonObject, JsonSchema };
+  Format format = Format::Text;
+  ojson json_schema;  // JsonSchema
 };
 
 }  // namespace swiftlet::server

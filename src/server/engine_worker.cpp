@@ -169,9 +169,9 @@ void add_experts(ExpertStats& a, const ExpertStats& b) {
 
 void EngineWorker::run_job(Job& job) {
   const JobSpec& spec = job.spec();
-  auto done = [&](FinishReason finish, const GenerateStats& stats) {
+  auto done = [&](FinishReason finish, const GenerateStats& stats, std::string stop_string = {}) {
     metrics_.on_job(finish, stats);
-    job.push({JobEvent::Kind::Done, "", finish, stats, false});
+    job.push({JobEvent::Kind::Done, "", finish, stats, false, std::move(stop_string)});
   };
   if (job.cancelled()) {  // the client left while it was queued
     done(FinishReason::Cancelled, {});
@@ -187,6 +187,7 @@ void EngineWorker::run_job(Job& job) {
     req.max_new_tokens = spec.max_new_tokens;
     req.stop = spec.stop;
     req.stop_tokens = engine_->stop_tokens();
+    req.constraint = spec.constraint;
 
     // First bring the state to the turn boundary (Session::generate snapshots the DeltaNet
     // state at the end of each prompt it prepares), unless the state is already past it.
@@ -221,7 +222,7 @@ void EngineWorker::run_job(Job& job) {
       st.ttft_seconds += head.prefill_seconds;
       add_experts(st.experts, head.experts);
     }
-    done(res.finish, st);
+    done(res.finish, st, res.stop_string);
   } catch (const Error& e) {
     if (used) used->reset();  // its state may be half-fed
     metrics_.on_job_failed();

@@ -33,6 +33,7 @@ struct JobSpec {
   SamplingParams sampling;
   int max_new_tokens = 256;
   std::vector<std::string> stop;
+  std::shared_ptr<TokenConstraint> constraint;  // see GenerateRequest::constraint
 };
 
 struct JobEvent {
@@ -42,6 +43,7 @@ struct JobEvent {
   FinishReason finish = FinishReason::Stop;  // Done
   GenerateStats stats;                       // Done
   bool client_error = false;                 // Failed: the request was at fault (400), else 500
+  std::string stop_string = {};              // Done: the stop string that ended the answer, if any
 };
 
 // One request in flight: its spec, a cancel flag, and the events the engine has produced.

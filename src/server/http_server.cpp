@@ -145,16 +145,18 @@ void HttpServer::install_routes() {
     }
     const bool protected_path = req.path.rfind("/v1/", 0) == 0 || req.path == "/metrics";
     if (!opts_.api_key.empty() && protected_path) {
+      // OpenAI's clients send 'Authorization: Bearer KEY', Anthropic's 'x-api-key: KEY'.
       const std::string auth = req.get_header_value("Authorization");
       const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 || !keys_equal(auth.substr(prefix.size()), opts_.api_key))
-        return unauthorized("Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.");
+      const bool bearer = auth.rfind(prefix, 0) == 0 && keys_equal(auth.substr(prefix.size()), opts_.api_key);
+      if (!bearer && !keys_equal(req.get_header_value("x-api-key"), opts_.api_key))
+        return unauthorized("Incorrect or missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.");
     }
     return std::nullopt;
   };
   svr.set_expect_100_continue_handler([admit](const httplib::Request& req, httplib::Response& res) {
     if (auto err = admit(req)) {
-      set_reply(res, Routes::error_reply(*err));
+      set_reply(res, Routes::error_reply_for(req.path, *err));
       res.set_header("Connection", "close");
       return err->status();
     }
@@ -162,7 +164,7 @@ void HttpServer::install_routes() {
   });
   svr.set_pre_routing_handler([admit](const httplib::Request& req, httplib::Response& res) {
     if (auto err = admit(req)) {
-      set_reply(res, Routes::error_reply(*err));
+      set_reply(res, Routes::error_reply_for(req.path, *err));
       // The unread body would follow on this connection: the client must not reuse it.
       res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
@@ -175,7 +177,9 @@ void HttpServer::install_routes() {
     // method: say which.
     static const std::pair<const char*, const char*> routes[] = {
         {"/", "GET"}, {"/health", "GET"}, {"/metrics", "GET"}, {"/v1/models", "GET"},
-        {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}};
+        {"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/messages", "POST"},
+        {"/v1/messages/count_tokens", "POST"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
+        {"/apply-template", "POST"}, {"/props", "GET"}};
     if (res.status == 400 || res.status == 404)
       for (const auto& [path, method] : routes)
         if (req.path == path && req.method != method) {
@@ -211,9 +215,9 @@ void HttpServer::install_routes() {
     try {
       reply = route();
     } catch (const ApiError& e) {
-      reply = Routes::error_reply(e);
+      reply = Routes::error_reply_for(req.path, e);
     } catch (const std::exception& e) {
-      reply = Routes::error_reply(internal_error(e.what()));
+      reply = Routes::error_reply_for(req.path, internal_error(e.what()));
     }
     if (!reply.stream) {
       set_reply(res, reply);
@@ -276,6 +280,22 @@ void HttpServer::install_routes() {
   svr.Post("/v1/completions", [this, serve](const httplib::Request& q, httplib::Response& r) {
     serve(q, r, [&] { return routes_.completions(q.body); });
   });
+  svr.Post("/v1/messages", [this, serve](const httplib::Request& q, httplib::Response& r) {
+    serve(q, r, [&] { return routes_.messages(q.body); });
+  });
+  svr.Post("/v1/messages/count_tokens", [this, serve](const httplib::Request& q, httplib::Response& r) {
+    serve(q, r, [&] { return routes_.count_tokens(q.body); });
+  });
+  svr.Post("/tokenize", [this, serve](const httplib::Request& q, httplib::Response& r) {
+    serve(q, r, [&] { return routes_.tokenize(q.body); });
+  });
+  svr.Post("/detokenize", [this, serve](const httplib::Request& q, httplib::Response& r) {
+    serve(q, r, [&] { return routes_.detokenize(q.body); });
+  });
+  svr.Post("/apply-template", [this, serve](const httplib::Request& q, httplib::Response& r) {
+    serve(q, r, [&] { return routes_.apply_template(q.body); });
+  });
+  svr.Get("/props", [this, serve](const httplib::Request& q, httplib::Response& r) { serve(q, r, [&] { return routes_.props(); }); });
 }
 
 int HttpServer::bind() {

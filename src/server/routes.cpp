@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "server/chat_page.h"
 #include "server/metrics.h"
+#include "server/output_grammar.h"
+#include "server/request_json.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -14,7 +16,7 @@
 
 namespace swiftlet::server {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // ------------------------------------------------------------------------------------ errors
 
@@ -45,82 +47,6 @@ Reply Routes::error_reply(const ApiError& e) {
 // --------------------------------------------------------------------- request type checking
 
 namespace {
-
-const char* type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number";
-    default: return "something else";
-  }
-}
-
-[[noreturn]] void wrong_type(const std::string& param, const char* expected, const json& v) {
-  throw invalid_request(fmt::format("Invalid type for '{}': expected {}, but got {} instead.", param, expected, type_name(v)),
-                        param, "invalid_type");
-}
-
-[[noreturn]] void missing(const std::string& param) {
-  throw invalid_request(fmt::format("Missing required parameter: '{}'.", param), param, "missing_required_parameter");
-}
-[[noreturn]] void bad_value(const std::string& param, const std::string& why) {
-  throw invalid_request(fmt::format("Invalid value for '{}': {}", param, why), param, "invalid_value");
-}
-
-// A present, non-null field, or nullptr.
-const json* field(const json& obj, const char* key) {
-  auto it = obj.find(key);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::optional<double> get_number(const json& obj, const char* key) {
-  const json* v = field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) wrong_type(key, "a number", *v);
-  return v->get<double>();
-}
-
-bool is_integral(const json& v) {
-  if (v.is_number_integer()) return true;
-  if (!v.is_number_float()) return false;
-  const double d = v.get<double>();
-  return d == double(int64_t(d)) && d >= -9e18 && d <= 9e18;
-}
-
-std::optional<int64_t> get_integer(const json& obj, const char* key) {
-  const json* v = field(obj, key);
-  if (!v) return std::nullopt;
-  if (!is_integral(*v)) wrong_type(key, "an integer", *v);
-  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) bad_value(key, "too large");
-  return v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>();
-}
-
-std::optional<bool> get_bool(const json& obj, const char* key) {
-  const json* v = field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
-  return v->get<bool>();
-}
-
-std::optional<std::string> get_string(const json& obj, const char* key) {
-  const json* v = field(obj, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) wrong_type(key, "a string", *v);
-  return v->get<std::string>();
-}
-
-std::optional<float> get_in_range(const json& obj, const char* key, double lo, double hi, bool lo_open = false) {
-  auto v = get_number(obj, key);
-  if (!v) return std::nullopt;
-  if (!(lo_open ? *v > lo : *v >= lo) || !(*v <= hi))
-    bad_value(key, fmt::format("{} is outside {}{}, {}]", *v, lo_open ? "(" : "[", lo, hi));
-  return float(*v);
-}
 
 // Fields both endpoints share.
 void parse_common(const json& j, CompletionRequest& r) {
@@ -166,19 +92,157 @@ void parse_common(const json& j, CompletionRequest& r) {
     r.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   if (auto u = get_string(j, "user")) r.user = *u;
+}
+
+// /v1/completions takes no tools and answers in text only.
+void refuse_chat_only(const json& j) {
   if (const json* tools = field(j, "tools")) {
     if (!tools->is_array()) wrong_type("tools", "an array", *tools);
     if (!tools->empty())
-      throw invalid_request("tools are not supported by this server yet; send the request without 'tools'", "tools",
-                            "unsupported_parameter");
+      throw invalid_request("tools are supported on /v1/chat/completions only", "tools", "unsupported_parameter");
   }
   if (const json* rf = field(j, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
     auto type = get_string(*rf, "type");
     if (type && *type != "text")
-      throw invalid_request(fmt::format("response_format '{}' is not supported; only 'text' is", *type),
+      throw invalid_request(fmt::format("response_format '{}' is supported on /v1/chat/completions only", *type),
                             "response_format", "unsupported_value");
   }
+}
+
+// OpenAI function names: letters, digits, '_' and '-', at most 64.
+void check_function_name(const std::string& name, const std::string& param) {
+  const bool ok = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+  if (!ok) bad_value(param, fmt::format("'{}' is not a function name: use 1 to 64 letters, digits, '_' or '-'", name));
+}
+
+void parse_tools(const json& j, CompletionRequest& r) {
+  if (const json* tools = field(j, "tools")) {
+    if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string tp = fmt::format("tools[{}]", i);
+      if (!t.is_object()) wrong_type(tp, "an object", t);
+      auto type = get_string(t, "type");
+      if (!type) missing(tp + ".type");
+      if (*type != "function") bad_value(tp + ".type", fmt::format("'{}' is not a tool type: use 'function'", *type));
+      const json* f = field(t, "function");
+      if (!f) missing(tp + ".function");
+      if (!f->is_object()) wrong_type(tp + ".function", "an object", *f);
+      auto name = get_string(*f, "name");
+      if (!name) missing(tp + ".function.name");
+      check_function_name(*name, tp + ".function.name");
+      for (const ToolSpec& other : r.tools)
+        if (other.name == *name) bad_value(tp + ".function.name", fmt::format("two tools are named '{}'", *name));
+      ToolSpec spec{*name, nullptr};
+      if (const json* params = field(*f, "parameters")) {
+        if (!params->is_object()) wrong_type(tp + ".function.parameters", "a JSON schema object", *params);
+        spec.parameters = *params;
+      }
+      get_string(*f, "description");
+      r.tools.push_back(std::move(spec));
+      r.tools_json.push_back(py_json(t));  // the template's `tool | tojson`
+    }
+  }
+  if (auto p = get_bool(j, "parallel_tool_calls")) r.parallel_tool_calls = *p;
+  using TC = CompletionRequest::ToolChoice;
+  if (const json* tc = field(j, "tool_choice")) {
+    if (tc->is_string()) {
+      const std::string c = tc->get<std::string>();
+      if (c == "none") r.tool_choice = TC::None;
+      else if (c == "auto") r.tool_choice = TC::Auto;
+      else if (c == "required") r.tool_choice = TC::Required;
+      else bad_value("tool_choice", fmt::format("'{}' is not one of 'none', 'auto', 'required' or a function", c));
+    } else if (tc->is_object()) {
+      const json* f = field(*tc, "function");
+      if (!f) missing("tool_choice.function");
+      if (!f->is_object()) wrong_type("tool_choice.function", "an object", *f);
+      auto name = get_string(*f, "name");
+      if (!name) missing("tool_choice.function.name");
+      r.tool_choice = TC::Named;
+      r.tool_choice_name = *name;
+    } else {
+      wrong_type("tool_choice", "a string or an object", *tc);
+    }
+  }
+  if ((r.tool_choice == TC::Required || r.tool_choice == TC::Named) && r.tools.empty())
+    bad_value("tool_choice", "a tool call is asked for, but the request offers no tools");
+  if (r.tool_choice == TC::Named &&
+      std::none_of(r.tools.begin(), r.tools.end(), [&](const ToolSpec& t) { return t.name == r.tool_choice_name; }))
+    bad_value("tool_choice.function.name", fmt::format("no tool in 'tools' is named '{}'", r.tool_choice_name));
+}
+
+void parse_response_format(const json& j, CompletionRequest& r) {
+  const json* rf = field(j, "response_format");
+  if (!rf) return;
+  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+  auto type = get_string(*rf, "type");
+  if (!type) missing("response_format.type");
+  using F = CompletionRequest::Format;
+  if (*type == "text") {
+    r.format = F::Text;
+  } else if (*type == "json_object") {
+    r.format = F::JsonObject;
+  } else if (*type == "json_schema") {
+    const json* js = field(*rf, "json_schema");
+    if (!js) missing("response_format.json_schema");
+    if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+    const json* schema = field(*js, "schema");
+    if (!schema) missing("response_format.json_schema.schema");
+    if (schema->is_string()) {
+      // Some clients send the schema as JSON text.
+      json parsed = json::parse(schema->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded())
+        bad_value("response_format.json_schema.schema", "the schema is a string that is not JSON");
+      r.json_schema = std::move(parsed);
+    } else {
+      r.json_schema = *schema;
+    }
+    if (!r.json_schema.is_object() && !r.json_schema.is_boolean())
+      wrong_type("response_format.json_schema.schema", "a JSON schema object", r.json_schema);
+    get_string(*js, "name");
+    get_bool(*js, "strict");
+    r.format = F::JsonSchema;
+  } else {
+    bad_value("response_format.type", fmt::format("'{}' is not one of 'text', 'json_object', 'json_schema'", *type));
+  }
+}
+
+// An assistant message's tool_calls, as the templates take them.
+std::vector<ToolCall> parse_tool_calls(const json& tc, size_t i, std::vector<std::string>& ids) {
+  const std::string where = fmt::format("messages[{}].tool_calls", i);
+  if (!tc.is_array()) wrong_type(where, "an array", tc);
+  std::vector<ToolCall> calls;
+  for (size_t k = 0; k < tc.size(); ++k) {
+    const std::string cp = fmt::format("{}[{}]", where, k);
+    const json& c = tc[k];
+    if (!c.is_object()) wrong_type(cp, "an object", c);
+    auto id = get_string(c, "id");
+    if (!id) missing(cp + ".id");
+    ids.push_back(*id);
+    if (auto type = get_string(c, "type"); type && *type != "function")
+      bad_value(cp + ".type", fmt::format("'{}' is not a tool call type: use 'function'", *type));
+    const json* f = field(c, "function");
+    if (!f) missing(cp + ".function");
+    if (!f->is_object()) wrong_type(cp + ".function", "an object", *f);
+    auto name = get_string(*f, "name");
+    if (!name) missing(cp + ".function.name");
+    const json* a = field(*f, "arguments");
+    json args = json::object();
+    if (a && a->is_string()) {
+      args = json::parse(a->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (args.is_discarded() || !args.is_object())
+        bad_value(cp + ".function.arguments", "the arguments must be the text of a JSON object");
+    } else if (a && a->is_object()) {
+      args = *a;
+    } else if (a) {
+      wrong_type(cp + ".function.arguments", "a string", *a);
+    }
+    calls.push_back(template_tool_call(*name, args));
+  }
+  return calls;
 }
 
 std::string message_content(const json& m, size_t i) {
@@ -222,6 +286,7 @@ CompletionRequest parse_chat_request(const json& j) {
   if (!msgs) missing("messages");
   if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
   if (msgs->empty()) bad_value("messages", "the conversation is empty; give at least one message");
+  std::vector<std::string> call_ids;  // of the assistant tool calls so far
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& m = (*msgs)[i];
     if (!m.is_object()) wrong_type(fmt::format("messages[{}]", i), "an object", m);
@@ -237,12 +302,18 @@ CompletionRequest parse_chat_request(const json& j) {
     cm.content = message_content(m, i);
     if (cm.role == "assistant") {
       if (auto rc = get_string(m, "reasoning_content")) cm.reasoning_content = *rc;
-      if (const json* tc = field(m, "tool_calls"); tc && !(tc->is_array() && tc->empty()))
-        throw invalid_request("structured tool_calls are not supported yet; send the model's raw text as content",
-                              fmt::format("messages[{}].tool_calls", i), "unsupported_parameter");
+      if (const json* tc = field(m, "tool_calls")) cm.tool_calls = parse_tool_calls(*tc, i, call_ids);
+    } else if (cm.role == "tool") {
+      const std::string ip = fmt::format("messages[{}].tool_call_id", i);
+      auto id = get_string(m, "tool_call_id");
+      if (!id) missing(ip);
+      if (std::find(call_ids.begin(), call_ids.end(), *id) == call_ids.end())
+        bad_value(ip, fmt::format("no earlier assistant message has a tool call with id '{}'", *id));
     }
     r.messages.push_back(std::move(cm));
   }
+  parse_tools(j, r);
+  parse_response_format(j, r);
   if (auto lp = get_bool(j, "logprobs"); lp && *lp)
     throw invalid_request("logprobs are not supported by this server", "logprobs", "unsupported_parameter");
   if (const json* kw = field(j, "chat_template_kwargs")) {
@@ -256,6 +327,7 @@ CompletionRequest parse_completion_request(const json& j) {
   CompletionRequest r;
   r.endpoint = Endpoint::Completions;
   parse_common(j, r);
+  refuse_chat_only(j);
   const json* p = field(j, "prompt");
   if (!p) missing("prompt");
   auto ids_from = [&](const json& arr, const std::string& where) {
@@ -301,6 +373,17 @@ CompletionRequest parse_completion_request(const json& j) {
 
 // ------------------------------------------------------------------------------- planning
 
+std::string render_prompt(const CompletionRequest& req, const Engine& engine) {
+  ChatOptions co;
+  co.enable_thinking = req.enable_thinking.value_or(false);
+  co.tools_json = req.tools_json;
+  try {
+    return render_chat(engine.template_kind(), req.messages, co);
+  } catch (const Error& e) {
+    throw invalid_request(e.what(), "messages", "invalid_value");
+  }
+}
+
 PlannedJob plan_job(const CompletionRequest& req, const Engine& engine, int64_t max_context,
                     int default_completion_tokens) {
   const Tokenizer& tok = engine.require_tokenizer();
@@ -308,16 +391,11 @@ PlannedJob plan_job(const CompletionRequest& req, const Engine& engine, int64_t 
   PlannedJob out;
   JobSpec& spec = out.spec;
   if (chat) {
-    ChatOptions co;
-    co.enable_thinking = req.enable_thinking.value_or(false);
-    std::string text;
-    try {
-      text = render_chat(engine.template_kind(), req.messages, co);
-    } catch (const Error& e) {
-      throw invalid_request(e.what(), "messages", "invalid_value");
-    }
+    const std::string text = render_prompt(req, engine);
     spec.prompt = tok.encode(text, /*parse_special=*/true);
     out.think_opened = text.ends_with("<think>\n");
+    if (auto grammar = answer_grammar(req, engine.template_kind(), out.think_opened))
+      spec.constraint = std::make_shared<TokenConstraint>(std::move(grammar), engine.vocab_trie(), engine.stop_tokens());
     const int32_t im_start = tok.token_id("<|im_start|>");
     for (size_t i = spec.prompt.size(); i-- > 0;)
       if (spec.prompt[i] == im_start) {
@@ -378,14 +456,6 @@ namespace {
 
 const char* kFingerprint = "swiftlet-0.1.0";
 
-std::string random_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  std::string id = prefix;
-  for (int i = 0; i < 24; ++i) id += alphabet[rng() % 62];
-  return id;
-}
-
 std::string sse_event(const json& j) {
   return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
 }
@@ -414,7 +484,9 @@ json timings_json(const GenerateStats& s) {
 }  // namespace
 
 ReplyStream::ReplyStream(std::shared_ptr<Job> job, Context ctx)
-    : job_(std::move(job)), ctx_(std::move(ctx)), sse_(ctx_.stream), think_(ctx_.think_opened) {}
+    : ctx_(std::move(ctx)), sse_(ctx_.stream), think_(ctx_.think_opened), job_(std::move(job)) {
+  if (ctx_.parse_tools) tool_parser_.emplace(ctx_.tools);
+}
 
 json ReplyStream::chunk(json choice) const {
   const bool chat = ctx_.endpoint == Endpoint::ChatCompletions;
@@ -428,6 +500,44 @@ json ReplyStream::chunk(json choice) const {
   return j;
 }
 
+void ReplyStream::on_start(std::string& out) {
+  if (!sse_) return;
+  if (ctx_.endpoint == Endpoint::ChatCompletions)
+    out += sse_event(chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  else if (!ctx_.echo.empty())
+    out += sse_event(chunk({{"text", ctx_.echo}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+}
+
+void ReplyStream::emit_chat(std::string& out, std::string_view reasoning, std::string_view content) {
+  if (!sse_) {
+    content_ += content;
+    reasoning_ += reasoning;
+    return;
+  }
+  json delta = json::object();
+  if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+  if (!content.empty()) delta["content"] = content;
+  if (!delta.empty())
+    out += sse_event(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+}
+
+// A streamed call is two deltas: its index, id and name, then its arguments (OpenAI's clients
+// concatenate the argument fragments of an index).
+void ReplyStream::emit_calls(std::string& out, std::vector<ParsedCall> calls) {
+  for (ParsedCall& c : calls) {
+    if (!ctx_.parallel_tool_calls && !calls_.empty()) return;
+    const std::string id = random_id("call_");
+    const size_t index = calls_.size();
+    if (sse_) {
+      const json head = {{"index", index}, {"id", id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", ""}}}};
+      const json args = {{"index", index}, {"function", {{"arguments", c.arguments}}}};
+      for (const json& tc : {head, args})
+        out += sse_event(chunk({{"index", 0}, {"delta", {{"tool_calls", json::array({tc})}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    }
+    calls_.push_back({id, std::move(c)});
+  }
+}
+
 void ReplyStream::on_text(std::string& out, std::string_view text) {
   if (ctx_.endpoint == Endpoint::Completions) {
     if (sse_) out += sse_event(chunk({{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
@@ -437,16 +547,13 @@ void ReplyStream::on_text(std::string& out, std::string_view text) {
   ThinkSplitter::Out parts;
   if (ctx_.split_thinking) parts = think_.feed(text);
   else parts.content = text;
-  if (!sse_) {
-    content_ += parts.content;
-    reasoning_ += parts.reasoning;
+  if (!tool_parser_) {
+    emit_chat(out, parts.reasoning, parts.content);
     return;
   }
-  json delta = json::object();
-  if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
-  if (!parts.content.empty()) delta["content"] = parts.content;
-  if (!delta.empty())
-    out += sse_event(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  ToolCallParser::Out found = tool_parser_->feed(parts.content);
+  emit_chat(out, parts.reasoning, found.content);
+  emit_calls(out, std::move(found.calls));
 }
 
 void ReplyStream::on_done(std::string& out, const JobEvent& ev) {
@@ -455,13 +562,15 @@ void ReplyStream::on_done(std::string& out, const JobEvent& ev) {
     // Whatever the splitter held back (a partial tag at the very end) is text after all.
     ThinkSplitter::Out rest = think_.flush();
     ctx_.split_thinking = false;
-    if (!rest.reasoning.empty()) {
-      if (sse_) out += sse_event(chunk({{"index", 0}, {"delta", {{"reasoning_content", rest.reasoning}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
-      else reasoning_ += rest.reasoning;
-    }
+    if (!rest.reasoning.empty()) emit_chat(out, rest.reasoning, "");
     if (!rest.content.empty()) on_text(out, rest.content);
   }
-  const char* finish = finish_reason_name(ev.finish);
+  if (tool_parser_) {
+    ToolCallParser::Out rest = tool_parser_->finish();
+    emit_chat(out, "", rest.content);
+    emit_calls(out, std::move(rest.calls));
+  }
+  const char* finish = !calls_.empty() && ev.finish == FinishReason::Stop ? "tool_calls" : finish_reason_name(ev.finish);
   if (sse_) {
     json last = chat ? json{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish}}
                      : json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
@@ -480,8 +589,14 @@ void ReplyStream::on_done(std::string& out, const JobEvent& ev) {
   }
   json choice;
   if (chat) {
-    json msg = {{"role", "assistant"}, {"content", content_}};
+    json msg = {{"role", "assistant"}, {"content", content_.empty() && !calls_.empty() ? json(nullptr) : json(content_)}};
     if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
+    if (!calls_.empty()) {
+      json calls = json::array();
+      for (const auto& [id, c] : calls_)
+        calls.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      msg["tool_calls"] = std::move(calls);
+    }
     choice = {{"index", 0}, {"message", msg}, {"logprobs", nullptr}, {"finish_reason", finish}};
   } else {
     choice = {{"text", ctx_.echo + content_}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
@@ -508,12 +623,9 @@ void ReplyStream::on_failed(std::string& out, const JobEvent& ev) {
 ReplyStream::Poll ReplyStream::poll(std::string& out, std::chrono::milliseconds timeout) {
   if (done_) return Poll::Done;
   const size_t before = out.size();
-  if (sse_ && !started_) {
+  if (!started_) {
     started_ = true;
-    if (ctx_.endpoint == Endpoint::ChatCompletions)
-      out += sse_event(chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
-    else if (!ctx_.echo.empty())
-      out += sse_event(chunk({{"text", ctx_.echo}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    on_start(out);
     if (out.size() > before) return Poll::Data;
   }
   events_.clear();
@@ -607,13 +719,14 @@ Reply Routes::chat_completions(std::string_view body) { return generate(parse_ch
 
 Reply Routes::completions(std::string_view body) { return generate(parse_completion_request(parse_json_body(body))); }
 
-Reply Routes::generate(const CompletionRequest& req) {
+Routes::Started Routes::start(const CompletionRequest& req, const char* id_prefix) {
   if (!req.model.empty() && req.model != opts_.model_id)
     throw not_found(fmt::format("The model '{}' does not exist: this server serves '{}' (see GET /v1/models).", req.model,
                                 opts_.model_id),
                     "model_not_found");
   const Engine& engine = ready_engine();
   PlannedJob plan = plan_job(req, engine, worker_.options().max_context, opts_.default_completion_tokens);
+  const auto prompt_tokens = int64_t(plan.spec.prompt.size());
   std::shared_ptr<Job> job = worker_.submit(std::move(plan.spec));
   if (!job) {
     metrics_.on_rejected_queue_full();
@@ -628,14 +741,32 @@ Reply Routes::generate(const CompletionRequest& req) {
   ctx.split_thinking = chat && (req.enable_thinking.value_or(false) || engine.template_kind() == TemplateKind::Qwen3NextThinking ||
                                 plan.think_opened);
   ctx.think_opened = plan.think_opened;
-  ctx.id = random_id(chat ? "chatcmpl-" : "cmpl-");
+  ctx.id = random_id(id_prefix);
   ctx.model = opts_.model_id;
   ctx.echo = req.echo ? plan.prompt_text : "";
   ctx.created = int64_t(std::time(nullptr));
+  ctx.parse_tools = chat && !req.tools.empty() && req.tool_choice != CompletionRequest::ToolChoice::None;
+  ctx.parallel_tool_calls = req.parallel_tool_calls;
+  ctx.tools = req.tools;
+  ctx.prompt_tokens = prompt_tokens;
+  return {std::move(job), std::move(ctx)};
+}
+
+Reply Routes::generate(const CompletionRequest& req) {
+  const bool chat = req.endpoint == Endpoint::ChatCompletions;
+  Started s = start(req, chat ? "chatcmpl-" : "cmpl-");
   Reply r;
   r.content_type = req.stream ? "text/event-stream" : "application/json";
-  r.stream = std::make_shared<ReplyStream>(std::move(job), std::move(ctx));
+  r.stream = std::make_shared<ReplyStream>(std::move(s.job), std::move(s.ctx));
   return r;
+}
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += alphabet[rng() % 62];
+  return id;
 }
 
 }  // namespace swiftlet::server

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -57,22 +58,36 @@ class ReplyStream {
     bool split_thinking, think_opened;  // chat: report <think> blocks as reasoning_content
     std::string id, model, echo;        // echo: completions' echoed prompt
     int64_t created;
+    // Chat with tools (tool_choice not "none"): calls in the answer become tool_calls.
+    bool parse_tools = false, parallel_tool_calls = true;
+    std::vector<ToolSpec> tools;
+    int64_t prompt_tokens = 0;
   };
   ReplyStream(std::shared_ptr<Job> job, Context ctx);
+  virtual ~ReplyStream() = default;
 
- private:
-  void on_text(std::string& out, std::string_view text);
-  void on_done(std::string& out, const JobEvent& ev);
-  void on_failed(std::string& out, const JobEvent& ev);
-  nlohmann::json chunk(nlohmann::json choice) const;
+ protected:
+  // The wire format: poll() calls these as the answer comes (another API derives, anthropic.h).
+  virtual void on_start(std::string& out);
+  virtual void on_text(std::string& out, std::string_view text);
+  virtual void on_done(std::string& out, const JobEvent& ev);
+  virtual void on_failed(std::string& out, const JobEvent& ev);
 
-  std::shared_ptr<Job> job_;
   Context ctx_;
   bool sse_;
-  bool started_ = false, done_ = false;
   int status_ = 200;
   ThinkSplitter think_;
+  std::optional<ToolCallParser> tool_parser_;
+
+ private:
+  void emit_chat(std::string& out, std::string_view reasoning, std::string_view content);
+  void emit_calls(std::string& out, std::vector<ParsedCall> calls);
+  nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
+
+  std::shared_ptr<Job> job_;
+  bool started_ = false, done_ = false;
   std::string content_, reasoning_;  // non-streamed: the answer so far
+  std::vector<std::pair<std::string, ParsedCall>> calls_;  // (id, call); streamed: only counted
   std::vector<JobEvent> events_;
 };
 
@@ -90,10 +105,29 @@ class Routes {
 
   // The one place errors become OpenAI-shaped JSON.
   static Reply error_reply(const ApiError& e);
+  // The error in the shape of the API the path belongs to: Anthropic's for /v1/messages...,
+  // OpenAI's for the rest.
+  static Reply error_reply_for(const std::string& path, const ApiError& e);
+
+  // The Anthropic Messages API (anthropic.cpp): errors in Anthropic's shape.
+  Reply messages(std::string_view body);
+  Reply count_tokens(std::string_view body);
+
+  // Text utilities (text_routes.cpp): llama.cpp's /tokenize, /detokenize, /apply-template, /props.
+  Reply tokenize(std::string_view body) const;
+  Reply detokenize(std::string_view body) const;
+  Reply apply_template(std::string_view body) const;
+  Reply props() const;
 
  private:
+  struct Started {
+    std::shared_ptr<Job> job;
+    ReplyStream::Context ctx;
+  };
+  // Plans and queues a request; throws ApiError.
+  Started start(const CompletionRequest& req, const char* id_prefix);
   Reply generate(const CompletionRequest& req);
-  nlohmann::json model_json() const;
+  nlohmann::ordered_json model_json() const;
   const Engine& ready_engine() const;  // throws 503 while loading
 
   EngineWorker& worker_;
@@ -105,9 +139,13 @@ class Routes {
 // ---- Exposed for the unit tests ---------------------------------------------------------------
 
 // Type-checks a request body. Throws ApiError (400) naming the offending field.
-CompletionRequest parse_chat_request(const nlohmann::json& body);
-CompletionRequest parse_completion_request(const nlohmann::json& body);
-nlohmann::json parse_json_body(std::string_view body);
+CompletionRequest parse_chat_request(const nlohmann::ordered_json& body);
+CompletionRequest parse_completion_request(const nlohmann::ordered_json& body);
+nlohmann::ordered_json parse_json_body(std::string_view body);
+
+// A chat request's prompt text, rendered by the model's template. Throws ApiError (400) for
+// messages the template rejects.
+std::string render_prompt(const CompletionRequest& req, const Engine& engine);
 
 struct PlannedJob {
   JobSpec spec;
@@ -122,5 +160,7 @@ PlannedJob plan_job(const CompletionRequest& req, const Engine& engine, int64_t 
                  int default_completion_tokens = 16);
 
 std::string error_json(const ApiError& e);
+// A random id: the prefix and 24 letters or digits.
+std::string random_id(const char* prefix);
 
 }  // namespace swiftlet::server

@@ -10,7 +10,7 @@
 namespace swiftlet::server {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // The status and param of the ApiError `f` throws (status 0: nothing thrown).
 template <typename F>
@@ -248,6 +248,77 @@ TEST(ReplyStream, ThinkingGoesToReasoningContent) {
   json body = json::parse(drain(rs));
   EXPECT_EQ(body["choices"][0]["message"]["content"], "4");
   EXPECT_EQ(body["choices"][0]["message"]["reasoning_content"], "hmm\n");
+}
+
+TEST(Routes, ToolsToolCallsAndToolMessages) {
+  json j = chat({{"tools", {{{"type", "function"},
+                             {"function", {{"name", "get_weather"}, {"description", "d"},
+                                           {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}}},
+                 {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+                 {"parallel_tool_calls", false}});
+  j["messages"] = {{{"role", "user"}, {"content", "Weather?"}},
+                   {{"role", "assistant"}, {"content", nullptr},
+                    {"tool_calls", {{{"id", "call_1"}, {"type", "function"},
+                                     {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Paris", "n": [1, true]})"}}}}}}},
+                   {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}};
+  CompletionRequest r = parse_chat_request(j);
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tools[0].name, "get_weather");
+  // The template's `tool | tojson`: Python's separators, the client's key order.
+  EXPECT_EQ(r.tools_json[0],
+            R"({"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})");
+  EXPECT_EQ(r.tool_choice, CompletionRequest::ToolChoice::Named);
+  EXPECT_EQ(r.tool_choice_name, "get_weather");
+  EXPECT_FALSE(r.parallel_tool_calls);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].arguments_json, R"({"city": "Paris", "n": [1, true]})");
+  EXPECT_EQ(r.messages[2].role, "tool");
+  EXPECT_EQ(r.messages[2].content, "sunny");
+
+  const json rf = chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}}});
+  EXPECT_EQ(parse_chat_request(rf).format, CompletionRequest::Format::JsonSchema);
+  EXPECT_EQ(parse_chat_request(chat({{"response_format", {{"type", "json_object"}}}})).format, CompletionRequest::Format::JsonObject);
+  // /v1/completions answers in text only.
+  EXPECT_EQ(api_error([] { parse_completion_request({{"prompt", "x"}, {"tools", {{{"type", "function"}}}}}); }).second, "tools");
+}
+
+TEST(ReplyStream, CallsInTheAnswerBecomeToolCalls) {
+  for (bool stream : {false, true}) {
+    auto job = std::make_shared<Job>(JobSpec{});
+    auto ctx = context(stream, false);
+    ctx.parse_tools = true;
+    ctx.tools = {{"now", nullptr}};
+    ReplyStream rs(job, ctx);
+    job->push({JobEvent::Kind::Text, "Checking.\n<tool_call>\n{\"name\": \"now\", \"argu", FinishReason::Stop, {}, false});
+    job->push({JobEvent::Kind::Text, "ments\": {\"tz\": \"UTC\"}}\n</tool_call>", FinishReason::Stop, {}, false});
+    job->push({JobEvent::Kind::Done, "", FinishReason::Stop, {}, false});
+    const std::string out = drain(rs);
+    if (!stream) {
+      json msg = json::parse(out)["choices"][0];
+      EXPECT_EQ(msg["finish_reason"], "tool_calls");
+      EXPECT_EQ(msg["message"]["content"], "Checking.");
+      EXPECT_EQ(msg["message"]["tool_calls"][0]["function"]["name"], "now");
+      EXPECT_EQ(msg["message"]["tool_calls"][0]["function"]["arguments"], R"({"tz":"UTC"})");
+      continue;
+    }
+    std::string content, args, name, finish;
+    for (const std::string& e : sse_data(out)) {
+      if (e == "[DONE]") continue;
+      const json c = json::parse(e)["choices"][0];
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      if (c["delta"].contains("tool_calls")) {
+        const json& tc = c["delta"]["tool_calls"][0];
+        EXPECT_EQ(tc["index"], 0);
+        if (tc.contains("id")) name = tc["function"]["name"];
+        args += tc["function"]["arguments"].get<std::string>();
+      }
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+    EXPECT_EQ(content, "Checking.");
+    EXPECT_EQ(name, "now");
+    EXPECT_EQ(args, R"({"tz":"UTC"})");
+    EXPECT_EQ(finish, "tool_calls");
+  }
 }
 
 TEST(PlanJob, RendersLimitsAndResolvesSampling) {

@@ -164,6 +164,35 @@ void tool_result(std::string& out, std::span<const ChatMessage> m, size_t i, std
   if (i + 1 == m.size() || m[i + 1].role != "tool") out.append(kImEnd).append("\n");
 }
 
+// Qwen3 family: `{%- if (loop.first and content) or (not loop.first) %}{{- '\n' }}` before each
+// call, then `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`.
+void qwen3_tool_calls(std::string& out, const ChatMessage& msg, std::string_view content) {
+  for (size_t k = 0; k < msg.tool_calls.size(); ++k) {
+    const ToolCall& call = msg.tool_calls[k];
+    if (k > 0 || !content.empty()) out.append("\n");
+    out.append("<tool_call>\n{\"name\": \"").append(call.name).append("\", \"arguments\": ");
+    out.append(call.arguments_json).append("}\n</tool_call>");
+  }
+}
+
+// Qwen3.5/3.6: the first call opens with "\n\n" after non-blank content, later ones with "\n";
+// each argument as `<parameter=NAME>\nVALUE\n</parameter>\n`. Values: 3.5 prints objects and
+// arrays as JSON and anything else with `|string`; 3.6 prints strings as they are and anything
+// else as JSON.
+void qwen35_tool_calls(std::string& out, const ChatMessage& msg, std::string_view content, bool qwen36) {
+  for (size_t k = 0; k < msg.tool_calls.size(); ++k) {
+    const ToolCall& call = msg.tool_calls[k];
+    if (k > 0) out.append("\n");
+    else if (!py_trim(content).empty()) out.append("\n\n");
+    out.append("<tool_call>\n<function=").append(call.name).append(">\n");
+    for (const ToolCallArgument& a : call.arguments) {
+      const bool as_json = qwen36 ? !a.is_string : a.is_container;
+      out.append("<parameter=").append(a.name).append(">\n").append(as_json ? a.json : a.text).append("\n</parameter>\n");
+    }
+    out.append("</function>\n</tool_call>");
+  }
+}
+
 // Qwen3 family header: tools block (with the system text inside) or a plain system turn.
 void qwen3_header(std::string& out, std::span<const ChatMessage> m, const ChatOptions& opts) {
   const bool system_first = m[0].role == "system";
@@ -204,6 +233,7 @@ void render_qwen3(std::string& out, std::span<const ChatMessage> m, const ChatOp
       } else {
         out.append(s.content);
       }
+      qwen3_tool_calls(out, msg, s.content);
       out.append(kImEnd).append("\n");
     } else if (msg.role == "tool") {
       tool_result(out, m, i, msg.content, /*header_at_index0=*/true);
@@ -228,7 +258,9 @@ void render_qwen3_next_instruct(std::string& out, std::span<const ChatMessage> m
     if (msg.role == "user" || (msg.role == "system" && i != 0)) {
       turn(out, msg.role, msg.content);
     } else if (msg.role == "assistant") {
-      turn(out, "assistant", msg.content);  // content verbatim; reasoning_content is ignored
+      out.append(kImStart).append("assistant\n").append(msg.content);  // reasoning_content is ignored
+      qwen3_tool_calls(out, msg, msg.content);
+      out.append(kImEnd).append("\n");
     } else if (msg.role == "tool") {
       tool_result(out, m, i, msg.content, /*header_at_index0=*/true);
     }
@@ -238,7 +270,7 @@ void render_qwen3_next_instruct(std::string& out, std::span<const ChatMessage> m
 
 // ---- Qwen3.5 / 3.6 ---------------------------------------------------------------------------
 
-void render_qwen35(std::string& out, std::span<const ChatMessage> m, const ChatOptions& opts) {
+void render_qwen35(std::string& out, std::span<const ChatMessage> m, const ChatOptions& opts, bool qwen36) {
   const bool system_first = m[0].role == "system";
   if (!opts.tools_json.empty()) {
     out.append(kImStart).append("system\n").append(kQwen35ToolsIntro);
@@ -279,10 +311,12 @@ void render_qwen35(std::string& out, std::span<const ChatMessage> m, const ChatO
     } else if (msg.role == "assistant") {
       const Split s = split_reasoning(msg, content);
       out.append(kImStart).append("assistant\n");
-      if (opts.preserve_thinking || i > last_query) {
+      if ((qwen36 && opts.preserve_thinking) || i > last_query) {
         out.append("<think>\n").append(py_trim(s.reasoning)).append("\n</think>\n\n");
       }
-      out.append(s.content).append(kImEnd).append("\n");
+      out.append(s.content);
+      qwen35_tool_calls(out, msg, s.content, qwen36);
+      out.append(kImEnd).append("\n");
     } else if (msg.role == "tool") {
       tool_result(out, m, i, content, /*header_at_index0=*/false);
     }
@@ -301,6 +335,7 @@ std::string_view template_kind_name(TemplateKind kind) {
     case TemplateKind::Qwen3NextInstruct: return "Qwen3-Next-Instruct";
     case TemplateKind::Qwen3NextThinking: return "Qwen3-Next-Thinking";
     case TemplateKind::Qwen35: return "Qwen3.5";
+    case TemplateKind::Qwen36: return "Qwen3.6";
   }
   return "?";
 }
@@ -310,9 +345,9 @@ TemplateKind detect_template(std::string_view text, std::string_view model_type)
     if (!contains(text, kImStart))
       fail("the chat template is not ChatML (no '<|im_start|>'); swiftlet renders only the Qwen "
            "ChatML templates — use a Qwen3, Qwen3-Next or Qwen3.5/3.6 checkpoint's tokenizer_config");
-    // Qwen3.5/3.6: XML tool calls, content-part macro, 3.6's preserve_thinking.
-    if (contains(text, "<function=") || contains(text, "render_content(") || contains(text, "preserve_thinking"))
-      return TemplateKind::Qwen35;
+    // Qwen3.5/3.6: XML tool calls, content-part macro; 3.6 adds preserve_thinking.
+    if (contains(text, "preserve_thinking")) return TemplateKind::Qwen36;
+    if (contains(text, "<function=") || contains(text, "render_content(")) return TemplateKind::Qwen35;
     if (contains(text, "enable_thinking")) return TemplateKind::Qwen3;
     if (contains(text, "reasoning_content") || contains(text, "<think>")) return TemplateKind::Qwen3NextThinking;
     return TemplateKind::Qwen3NextInstruct;
@@ -336,7 +371,8 @@ std::string render_chat(TemplateKind kind, std::span<const ChatMessage> messages
     case TemplateKind::Qwen3: render_qwen3(out, messages, opts, /*next_thinking=*/false); break;
     case TemplateKind::Qwen3NextThinking: render_qwen3(out, messages, opts, /*next_thinking=*/true); break;
     case TemplateKind::Qwen3NextInstruct: render_qwen3_next_instruct(out, messages, opts); break;
-    case TemplateKind::Qwen35: render_qwen35(out, messages, opts); break;
+    case TemplateKind::Qwen35: render_qwen35(out, messages, opts, /*qwen36=*/false); break;
+    case TemplateKind::Qwen36: render_qwen35(out, messages, opts, /*qwen36=*/true); break;
   }
   return out;
 }

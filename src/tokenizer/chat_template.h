@@ -6,9 +6,9 @@
 // Semantics follow transformers' apply_chat_template (Python Jinja2): `|trim` strips Python's
 // Unicode whitespace, `.strip('\n')` strips newlines only.
 //
-// Not covered: structured `tool_calls` on assistant messages (keep the model's raw
-// `<tool_call>...</tool_call>` text in `content` instead, which is what a chat session holds),
-// image/video content parts, and the `developer` role.
+// Structured `tool_calls` on assistant messages are rendered as each template renders them
+// (Qwen3 family: JSON inside <tool_call>; Qwen3.5/3.6: <function=...><parameter=...>). Not
+// covered: image/video content parts and the `developer` role.
 #pragma once
 
 #include <span>
@@ -22,7 +22,8 @@ enum class TemplateKind {
   Qwen3,              // Qwen3 hybrid thinking: `enable_thinking` false closes an empty think block
   Qwen3NextInstruct,  // Qwen3-Next-80B-A3B-Instruct (and Qwen3-2507 Instruct): no thinking at all
   Qwen3NextThinking,  // Qwen3-Next-80B-A3B-Thinking: the generation prompt always opens <think>
-  Qwen35,             // Qwen3.5 / Qwen3.6 (+ 3.6's preserve_thinking)
+  Qwen35,             // Qwen3.5
+  Qwen36,             // Qwen3.6: Qwen3.5 + preserve_thinking, non-string call arguments as JSON
 };
 
 std::string_view template_kind_name(TemplateKind kind);
@@ -33,12 +34,29 @@ std::string_view template_kind_name(TemplateKind kind);
 // model_type.
 TemplateKind detect_template(std::string_view jinja_text, std::string_view model_type);
 
+// One argument of a structured tool call, in the forms the templates print it. Each is made
+// by the caller (the server knows JSON; this layer does not).
+struct ToolCallArgument {
+  std::string name;
+  std::string json;  // `tojson`: Python json.dumps with ", " / ": " separators, non-ASCII kept
+  std::string text;  // `|string`: the string itself; Python str() of anything else (True, None)
+  bool is_string = false;
+  bool is_container = false;  // an object or an array
+};
+
+struct ToolCall {
+  std::string name;
+  std::string arguments_json;  // `tojson` of the whole arguments object (Qwen3 family)
+  std::vector<ToolCallArgument> arguments;  // the same object's members, in order (Qwen3.5/3.6)
+};
+
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
   // Assistant turns only. Empty means absent: the templates then split the reasoning out of
   // `content` at `</think>` (a template's explicit empty string is not representable).
   std::string reasoning_content;
+  std::vector<ToolCall> tool_calls = {};  // assistant turns only
 };
 
 struct ChatOptions {
@@ -46,8 +64,8 @@ struct ChatOptions {
   // Qwen3 / Qwen3.5 only. Off by default in swiftlet (the Qwen3.5 template defaults to on):
   // the prompt then ends with a closed empty `<think>\n\n</think>\n\n`.
   bool enable_thinking = false;
-  // Qwen3.5/3.6: keep the `<think>` block of every earlier assistant turn, not only those after
-  // the last user query (3.6's template option; the 3.5 template ignores it).
+  // Qwen3.6: keep the `<think>` block of every earlier assistant turn, not only those after
+  // the last user query (the other templates ignore it).
   bool preserve_thinking = false;
   // Tool (function) definitions, each already serialised the way the templates' `tojson` does
   // it in transformers: Python json.dumps with ", " and ": " separators and non-ASCII kept.
@@ -73,7 +91,7 @@ std::string render_chat(TemplateKind kind, std::span<const ChatMessage> messages
 //   - Qwen3.5: contents are trimmed, so an answer ending in whitespace or a newline differs;
 //   - the options (enable_thinking, tools) changed between turns.
 // It is for Qwen3-Next-Instruct, for Qwen3.5 tool loops (a tool result is not a user query),
-// and for Qwen3.5/3.6 with preserve_thinking. When it is not, re-prefill the full prompt.
+// and for Qwen3.6 with preserve_thinking. When it is not, re-prefill the full prompt.
 
 struct ChatContinuation {
   bool pure_append = false;

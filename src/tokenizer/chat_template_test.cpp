@@ -31,6 +31,7 @@ TemplateKind kind_from_name(const std::string& s) {
   if (s == "Qwen3NextInstruct") return TemplateKind::Qwen3NextInstruct;
   if (s == "Qwen3NextThinking") return TemplateKind::Qwen3NextThinking;
   if (s == "Qwen35") return TemplateKind::Qwen35;
+  if (s == "Qwen36") return TemplateKind::Qwen36;
   ADD_FAILURE() << "unknown kind in golden: " << s;
   return TemplateKind::Qwen3;
 }
@@ -42,6 +43,16 @@ std::vector<ChatMessage> messages_from(const nlohmann::json& arr) {
     msg.role = m.at("role").get<std::string>();
     msg.content = m.at("content").get<std::string>();
     if (m.contains("reasoning_content")) msg.reasoning_content = m["reasoning_content"].get<std::string>();
+    // Structured calls: the forms Python Jinja2 printed (make_chat_goldens.js, prepareCalls).
+    if (m.contains("prepared_calls"))
+      for (const auto& c : m["prepared_calls"]) {
+        ToolCall call{c.at("name").get<std::string>(), c.at("arguments_json").get<std::string>(), {}};
+        for (const auto& a : c.at("arguments"))
+          call.arguments.push_back({a.at("name").get<std::string>(), a.at("json").get<std::string>(),
+                                    a.at("text").get<std::string>(), a.at("is_string").get<bool>(),
+                                    a.at("is_container").get<bool>()});
+        msg.tool_calls.push_back(std::move(call));
+      }
     out.push_back(std::move(msg));
   }
   return out;
@@ -138,7 +149,7 @@ TEST(ChatTemplate, DetectsEachRealTemplate) {
   EXPECT_EQ(detect_template(tpl("qwen3-next-instruct.jinja"), "qwen3_next"), TemplateKind::Qwen3NextInstruct);
   EXPECT_EQ(detect_template(tpl("qwen3-next-thinking.jinja"), "qwen3_next"), TemplateKind::Qwen3NextThinking);
   EXPECT_EQ(detect_template(tpl("qwen3.5.jinja"), "qwen3_5_moe"), TemplateKind::Qwen35);
-  EXPECT_EQ(detect_template(tpl("qwen3.6.jinja"), "qwen3_5_moe"), TemplateKind::Qwen35);
+  EXPECT_EQ(detect_template(tpl("qwen3.6.jinja"), "qwen3_5_moe"), TemplateKind::Qwen36);
   // The text wins over model_type.
   EXPECT_EQ(detect_template(tpl("qwen3.5.jinja"), "qwen3_next"), TemplateKind::Qwen35);
 }

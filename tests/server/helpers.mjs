@@ -4,7 +4,7 @@
 // Environment: SWIFTLET_SERVER and SWIFTLET_REPACK, paths of the built executables (ctest sets
 // them); SWIFTLET_ARTIFACTS, where screenshots go (default: the system temp directory).
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
@@ -22,10 +22,19 @@ function required(name) {
   return v;
 }
 
-export async function startServer({ apiKey = '', args = [] } = {}) {
+// chatTemplate: a template file to ship with the tokenizer (chat_template.jinja) instead of the
+// Qwen3 one in the tokenizer's tokenizer_config.json, e.g. tests/data/chat/templates/qwen3.5.jinja.
+export async function startServer({ apiKey = '', args = [], chatTemplate = '' } = {}) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'swiftlet-server-test-'));
   const model = path.join(dir, 'tiny.qpack');
-  execFileSync(required('SWIFTLET_REPACK'), ['--synthetic', 'tiny', '--tokenizer', TOKENIZER, '--output', model, '--quiet'],
+  let tokenizer = TOKENIZER;
+  if (chatTemplate) {
+    mkdirSync(path.join(dir, 'tok'));
+    tokenizer = path.join(dir, 'tok', 'tokenizer.json');
+    copyFileSync(TOKENIZER, tokenizer);
+    copyFileSync(path.resolve(chatTemplate), path.join(dir, 'tok', 'chat_template.jinja'));
+  }
+  execFileSync(required('SWIFTLET_REPACK'), ['--synthetic', 'tiny', '--tokenizer', tokenizer, '--output', model, '--quiet'],
                { stdio: ['ignore', 'ignore', 'inherit'] });
   const argv = ['--model', model, '--host', '127.0.0.1', '--port', '0', ...args];
   if (apiKey) argv.push('--api-key', apiKey);
@@ -43,7 +52,7 @@ export async function startServer({ apiKey = '', args = [] } = {}) {
     proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`the server exited with ${code}:\n${stderr}`)); });
   });
   const base = `http://127.0.0.1:${port}`;
-  const deadline = Date.now() + 20000;
+  const deadline = Date.now() + 90000;  // the sanitizer build loads the tokenizer slowly on a busy machine
   for (;;) {
     const r = await fetch(base + '/health').catch(() => null);
     if (r && r.status === 200) break;

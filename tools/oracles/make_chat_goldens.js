@@ -83,7 +83,7 @@ const TEMPLATES = [
   { file: 'qwen3-next-instruct.jinja', kind: 'Qwen3NextInstruct', preserve: false },
   { file: 'qwen3-next-thinking.jinja', kind: 'Qwen3NextThinking', preserve: false },
   { file: 'qwen3.5.jinja', kind: 'Qwen35', preserve: false },
-  { file: 'qwen3.6.jinja', kind: 'Qwen35', preserve: true },
+  { file: 'qwen3.6.jinja', kind: 'Qwen36', preserve: true },
 ];
 
 const TOOLS = [
@@ -107,6 +107,27 @@ const s = (content) => ({ role: 'system', content });
 const a = (content, reasoning_content) =>
   reasoning_content === undefined ? { role: 'assistant', content } : { role: 'assistant', content, reasoning_content };
 const t = (content) => ({ role: 'tool', content });
+
+// An assistant turn with structured OpenAI-style tool_calls (arguments as objects, as servers
+// pass them to the template after parsing the client's JSON text).
+const ac = (content, calls, reasoning_content) => {
+  const m = { role: 'assistant', content, tool_calls: calls.map(([name, args]) => ({ id: `call_${name}`, type: 'function', function: { name, arguments: args } })) };
+  if (reasoning_content !== undefined) m.reasoning_content = reasoning_content;
+  return m;
+};
+const weatherArgs = { city: 'Paris', unit: 'c' };
+const oddArgs = {
+  text: 'line one\nline "two" — «ü» 🙂',
+  count: 3,
+  ratio: 0.25,
+  big: 1.0e21,
+  flag: true,
+  off: false,
+  nothing: null,
+  list: [1, 'two', { three: 3 }],
+  nested: { a: { b: [] }, 'key with space': 'v' },
+  empty: '',
+};
 
 const toolCallText = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
 
@@ -185,6 +206,44 @@ const CONVERSATIONS = {
   tools_with_system: { messages: [s('Use tools wisely.'), u('Weather in Paris?')], tools: true },
   tools_no_system: { messages: [u('What time is it?')], tools: true },
   tools_blank_system: { messages: [s('   '), u('What time is it?')], tools: true },
+  structured_call_open: {
+    messages: [s('You can use tools.'), u('Weather in Paris?'), ac('', [['get_weather', weatherArgs]])],
+    tools: true,
+  },
+  structured_call_result: {
+    messages: [u('Weather in Paris?'), ac('', [['get_weather', weatherArgs]]), t('{"temp": 21}')],
+    tools: true,
+  },
+  structured_call_with_text: {
+    messages: [
+      u('Weather and time?'),
+      ac('Let me check both.', [['get_weather', { city: 'Zürich' }], ['now', {}]], 'Two calls.'),
+      t('{"temp": 3}'),
+      t('09:30'),
+    ],
+    tools: true,
+  },
+  structured_call_odd_arguments: {
+    messages: [u('Odd arguments'), ac('', [['get_weather', oddArgs]]), t('done')],
+    tools: true,
+  },
+  structured_call_history: {
+    messages: [
+      s('S'),
+      u('Weather?'),
+      ac('\n', [['get_weather', weatherArgs]], 'call it'),
+      t('sunny'),
+      a('Sunny in Paris.', 'Answer now.'),
+      u('And tomorrow?'),
+      ac('', [['get_weather', { city: 'Paris', when: 'tomorrow' }]]),
+      t('rain'),
+    ],
+    tools: true,
+  },
+  structured_call_think_content: {
+    messages: [u('Q'), ac('<think>\nplan\n</think>\n\nCalling.', [['now', {}]]), t('12:00')],
+    tools: true,
+  },
   tools_history: {
     messages: [s('S'), u('Weather?'), a(toolCallText, 'call it'), t('sunny'), a('Sunny.'), u('Thanks')],
     tools: true,
@@ -239,6 +298,37 @@ function toolsJson() {
   return r.text.split('\u0001').slice(0, -1);
 }
 
+// The forms of each structured call's arguments the C++ renderer takes (chat_template.h
+// ToolCall), printed by Python Jinja2 as the templates print them: `tojson` of the whole object,
+// and per argument `tojson`, `|string`, and whether it is a string or a container.
+const PREPARE = `{%- for m in messages %}{%- for c in m.tool_calls or [] %}{%- set f = c.function %}
+{{- f.name }}\u0002{{ f.arguments | tojson }}
+{%- for k, v in f.arguments | items %}\u0002{{ k }}\u0003{{ v | tojson }}\u0003{{ v | string }}\u0003{{ v is string }}\u0003{{ v is mapping or (v is sequence and v is not string) }}{%- endfor %}\u0001
+{%- endfor %}{%- endfor %}`;
+
+const prepared = new Map();
+function prepareCalls(messages) {
+  if (!messages.some((m) => m.tool_calls)) return messages;
+  if (prepared.has(messages)) return prepared.get(messages);
+  const [r] = renderPython([{ template: PREPARE, ctx: { messages } }]);
+  const calls = r.text.split('\u0001').slice(0, -1).map((c) => {
+    const [name, argumentsJson, ...args] = c.split('\u0002');
+    return {
+      name,
+      arguments_json: argumentsJson,
+      arguments: args.map((a) => {
+        const [n, json, text, isString, isContainer] = a.split('\u0003');
+        return { name: n, json, text, is_string: isString === 'True', is_container: isContainer === 'True' };
+      }),
+    };
+  });
+  // Back onto the messages, in order.
+  let k = 0;
+  const out = messages.map((m) => (m.tool_calls ? { ...m, prepared_calls: m.tool_calls.map(() => calls[k++]) } : m));
+  prepared.set(messages, out);
+  return out;
+}
+
 function makeCases(tpl) {
   const cases = [];
   const requests = [];
@@ -248,7 +338,7 @@ function makeCases(tpl) {
       if (options.preserve_thinking && !tpl.preserve) continue;
       if (conv.tools && !(options.add_generation_prompt && !options.preserve_thinking)) continue;
       const tag = `${name}/gen=${+options.add_generation_prompt},think=${+options.enable_thinking},keep=${+options.preserve_thinking}`;
-      cases.push({ name: tag, messages: conv.messages, tools_json: conv.tools ? tools : [], options });
+      cases.push({ name: tag, messages: prepareCalls(conv.messages), tools_json: conv.tools ? tools : [], options });
       requests.push({ messages: conv.messages, tools: conv.tools ? TOOLS : undefined, options });
     }
   }

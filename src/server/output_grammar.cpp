@@ -1,0 +1,132 @@
+#include "server/output_grammar.h"
+
+#include "core/error.h"
+#include "runtime/json_schema.h"
+
+#include <fmt/format.h>
+
+namespace swiftlet::server {
+namespace {
+
+using Seq = Grammar::Sequence;
+
+Seq operator+(Seq a, const Seq& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+Seq lit(std::string_view s) { return Grammar::literal(s); }
+Seq ref(uint32_t r) { return {Grammar::ref(r)}; }
+
+bool is_string_typed(const ojson& schema) {
+  if (!schema.is_object()) return false;
+  auto t = schema.find("type");
+  if (t == schema.end()) return false;
+  if (t->is_string()) return *t == "string";
+  if (t->is_array())
+    for (const auto& x : *t)
+      if (x == "string") return true;
+  return false;
+}
+
+// A Qwen3.5 parameter value: strings raw (as the model writes them and the parser reads them),
+// anything else as JSON.
+uint32_t xml_value(Grammar& g, JsonSchemaCompiler& c, const ojson& schema, const std::string& path) {
+  if (!is_string_typed(schema)) return c.value(schema, path);
+  const int min = schema.contains("minLength") && schema["minLength"].is_number_unsigned() ? schema["minLength"].get<int>() : 0;
+  const int max = schema.contains("maxLength") && schema["maxLength"].is_number_unsigned() ? schema["maxLength"].get<int>() : -1;
+  c.value(schema, path);  // refuses what the compiler does not support
+  for (const char* key : {"enum", "const"})
+    if (auto it = schema.find(key); it != schema.end()) {
+      std::vector<Seq> alts;
+      for (const auto& v : it->is_array() ? *it : ojson::array({*it}))
+        if (v.is_string() && v.get<std::string>().find('<') == std::string::npos) alts.push_back(lit(v.get<std::string>()));
+      if (alts.empty()) return c.value(schema, path);
+      return g.rule(alts);
+    }
+  return c.raw_text("<", min, max);
+}
+
+// `<tool_call>\n<function=NAME>\n` + `<parameter=P>\nVALUE\n</parameter>\n`... + `</function>\n</tool_call>`
+Seq xml_call(Grammar& g, const ToolSpec& tool, const std::string& path) {
+  JsonSchemaCompiler c(g, tool.parameters);
+  struct Param {
+    std::string name;
+    ojson schema;
+    bool required;
+  };
+  std::vector<Param> params;
+  const ojson& p = tool.parameters;
+  if (p.is_object()) {
+    for (const auto& [k, v] : p.items())
+      if (k != "type" && k != "properties" && k != "required" && k != "additionalProperties" && k != "$defs" &&
+          k != "definitions" && k != "title" && k != "description" && k != "$schema")
+        fail("unsupported JSON-schema keyword '{}' at # of the parameters", k);
+    if (auto props = p.find("properties"); props != p.end() && props->is_object())
+      for (const auto& [k, v] : props->items()) params.push_back({k, v, false});
+    if (auto req = p.find("required"); req != p.end() && req->is_array())
+      for (const auto& r : *req) {
+        if (!r.is_string()) continue;
+        auto it = std::find_if(params.begin(), params.end(), [&](const Param& x) { return x.name == r.get<std::string>(); });
+        if (it == params.end()) params.push_back({r.get<std::string>(), ojson::object(), true});
+        else it->required = true;
+      }
+  }
+  uint32_t next = g.rule({{}});
+  for (size_t i = params.size(); i-- > 0;) {
+    const Param& q = params[i];
+    const Seq one = lit("<parameter=" + q.name + ">\n") + ref(xml_value(g, c, q.schema, path + "/properties/" + q.name)) +
+                    lit("\n</parameter>\n");
+    std::vector<Seq> alts = {one + ref(next)};
+    if (!q.required) alts.push_back(ref(next));
+    next = g.rule(alts);
+  }
+  return lit("<tool_call>\n<function=" + tool.name + ">\n") + ref(next) + lit("</function>\n</tool_call>");
+}
+
+// `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`
+Seq json_call(Grammar& g, const ToolSpec& tool, const std::string& path) {
+  JsonSchemaCompiler c(g, tool.parameters);
+  // Arguments are an object whatever the schema leaves open (no parameters, or an empty schema).
+  const bool open = tool.parameters.is_null() || tool.parameters.empty();
+  const uint32_t args = open ? c.any_object() : c.value(tool.parameters, path);
+  return lit("<tool_call>\n{\"name\": " + ojson(tool.name).dump() + ", \"arguments\": ") + ref(args) + lit("}\n</tool_call>");
+}
+
+}  // namespace
+
+std::shared_ptr<const Grammar> answer_grammar(const CompletionRequest& req, TemplateKind kind, bool think_opened) {
+  using TC = CompletionRequest::ToolChoice;
+  using F = CompletionRequest::Format;
+  const bool forced = !req.tools.empty() && (req.tool_choice == TC::Required || req.tool_choice == TC::Named);
+  if (!forced && req.format == F::Text) return nullptr;
+  auto g = std::make_shared<Grammar>();
+  std::string param;
+  try {
+    std::vector<Seq> body;
+    if (forced) {
+      const bool xml = kind == TemplateKind::Qwen35 || kind == TemplateKind::Qwen36;
+      for (size_t i = 0; i < req.tools.size(); ++i) {
+        const ToolSpec& t = req.tools[i];
+        if (req.tool_choice == TC::Named && t.name != req.tool_choice_name) continue;
+        param = fmt::format("tools[{}].function.parameters", i);
+        body.push_back(xml ? xml_call(*g, t, "#") : json_call(*g, t, "#"));
+      }
+    } else {
+      param = "response_format.json_schema.schema";
+      JsonSchemaCompiler c(*g, req.json_schema);
+      body.push_back(ref(req.format == F::JsonObject ? c.any_object() : c.value(req.json_schema)));
+    }
+    Seq root = ref(g->rule(body));
+    if (think_opened) {
+      JsonSchemaCompiler c(*g, ojson::object());
+      root = ref(c.raw_text("<")) + lit("</think>\n\n") + root;
+    }
+    g->set_root(g->rule({root}));
+    g->finalize();
+  } catch (const Error& e) {
+    throw invalid_request(e.what(), param, "unsupported_schema");
+  }
+  return g;
+}
+
+}  // namespace swiftlet::server

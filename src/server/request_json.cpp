@@ -1,0 +1,88 @@
+#include "server/request_json.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+
+namespace swiftlet::server {
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a number";
+    default: return "something else";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const char* expected, const json& v) {
+  throw invalid_request(fmt::format("Invalid type for '{}': expected {}, but got {} instead.", param, expected, type_name(v)),
+                        param, "invalid_type");
+}
+
+[[noreturn]] void missing(const std::string& param) {
+  throw invalid_request(fmt::format("Missing required parameter: '{}'.", param), param, "missing_required_parameter");
+}
+[[noreturn]] void bad_value(const std::string& param, const std::string& why) {
+  throw invalid_request(fmt::format("Invalid value for '{}': {}", param, why), param, "invalid_value");
+}
+
+// A present, non-null field, or nullptr.
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<double> get_number(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(key, "a number", *v);
+  return v->get<double>();
+}
+
+namespace {
+bool is_integral(const json& v) {
+  if (v.is_number_integer()) return true;
+  if (!v.is_number_float()) return false;
+  const double d = v.get<double>();
+  return d == double(int64_t(d)) && d >= -9e18 && d <= 9e18;
+}
+
+}  // namespace
+
+std::optional<int64_t> get_integer(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!is_integral(*v)) wrong_type(key, "an integer", *v);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) bad_value(key, "too large");
+  return v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>();
+}
+
+std::optional<bool> get_bool(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) wrong_type(key, "a string", *v);
+  return v->get<std::string>();
+}
+
+std::optional<float> get_in_range(const json& obj, const char* key, double lo, double hi, bool lo_open) {
+  auto v = get_number(obj, key);
+  if (!v) return std::nullopt;
+  if (!(lo_open ? *v > lo : *v >= lo) || !(*v <= hi))
+    bad_value(key, fmt::format("{} is outside {}{}, {}]", *v, lo_open ? "(" : "[", lo, hi));
+  return float(*v);
+}
+
+}  // namespace swiftlet::server

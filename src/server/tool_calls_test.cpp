@@ -1,0 +1,188 @@
+// Tool calls: the template forms of call arguments against what Python Jinja2 printed (the chat
+// goldens), and the output parser on call texts rendered by the real templates (the goldens'
+// assistant turns), streamed in every split, malformed and cut off.
+#include "server/tool_calls.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace swiftlet::server {
+namespace {
+
+ojson load_golden(const std::string& name) {
+  std::ifstream f(std::filesystem::path(SWIFTLET_SOURCE_DIR) / "tests" / "data" / "chat" / name, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ojson::parse(ss.str());
+}
+
+// Every structured call in the goldens: its OpenAI form and the forms Python printed.
+struct GoldenCall {
+  ojson openai;    // {"id", "type", "function": {"name", "arguments": {...}}}
+  ojson prepared;  // {"name", "arguments_json", "arguments": [...]}
+};
+std::vector<GoldenCall> golden_calls(const std::string& file) {
+  std::vector<GoldenCall> out;
+  const ojson doc = load_golden(file);
+  for (const auto& c : doc.at("cases"))
+    for (const auto& m : c.at("messages"))
+      if (m.contains("prepared_calls"))
+        for (size_t k = 0; k < m["tool_calls"].size(); ++k) out.push_back({m["tool_calls"][k], m["prepared_calls"][k]});
+  return out;
+}
+
+TEST(ToolCalls, TemplateFormsMatchPythonJinja) {
+  const auto calls = golden_calls("qwen3.5.json");
+  ASSERT_GT(calls.size(), 5u);
+  for (const auto& g : calls) {
+    const ToolCall c = template_tool_call(g.openai["function"]["name"], g.openai["function"]["arguments"]);
+    EXPECT_EQ(c.name, g.prepared["name"]);
+    EXPECT_EQ(c.arguments_json, g.prepared["arguments_json"]);
+    ASSERT_EQ(c.arguments.size(), g.prepared["arguments"].size());
+    for (size_t i = 0; i < c.arguments.size(); ++i) {
+      const auto& want = g.prepared["arguments"][i];
+      EXPECT_EQ(c.arguments[i].name, want["name"]);
+      EXPECT_EQ(c.arguments[i].json, want["json"]);
+      EXPECT_EQ(c.arguments[i].is_string, want["is_string"]);
+      EXPECT_EQ(c.arguments[i].is_container, want["is_container"]);
+      if (!c.arguments[i].is_container) {  // str() of a dict is never printed
+        EXPECT_EQ(c.arguments[i].text, want["text"]);
+      }
+    }
+  }
+}
+
+// The text of each assistant call in a rendered golden: from "<tool_call>" to "</tool_call>".
+std::vector<std::string> call_texts(const std::string& rendered) {
+  std::vector<std::string> out;
+  for (size_t pos = 0; (pos = rendered.find("<tool_call>\n", pos)) != std::string::npos;) {
+    const size_t end = rendered.find("</tool_call>", pos);
+    const std::string call = rendered.substr(pos, end + 12 - pos);
+    if (call.find("<function-name>") != std::string::npos || call.find("example_function_name") != std::string::npos) {
+      pos = end;  // the system prompt's example of the format
+      continue;
+    }
+    out.push_back(call);
+    pos = end;
+  }
+  return out;
+}
+
+const std::vector<ToolSpec> kTools = {
+    {"get_weather", ojson::parse(R"({"type":"object","properties":{"city":{"type":"string"},"text":{"type":"string"},
+        "empty":{"type":"string"},"when":{"type":"string"}}})")},
+    {"now", ojson::parse(R"({"type":"object","properties":{}})")}};
+
+// Each call the real template rendered parses back to the call the conversation held.
+void expect_parsed_as_golden(const std::string& file) {
+  const ojson doc = load_golden(file);
+  int checked = 0;
+  for (const auto& c : doc.at("cases")) {
+    if (!c.contains("expected")) continue;
+    std::vector<ojson> want;  // the calls of the conversation, in order
+    for (const auto& m : c.at("messages"))
+      if (m.contains("tool_calls"))
+        for (const auto& tc : m["tool_calls"]) want.push_back(tc["function"]);
+    if (want.empty()) continue;
+    const std::vector<std::string> texts = call_texts(c["expected"].get<std::string>());
+    ASSERT_EQ(texts.size(), want.size()) << c["name"];
+    for (size_t i = 0; i < texts.size(); ++i) {
+      SCOPED_TRACE(texts[i]);
+      const std::string body = texts[i].substr(11, texts[i].size() - 11 - 12);
+      auto call = parse_tool_call(body, kTools);
+      ASSERT_TRUE(call.has_value());
+      EXPECT_EQ(call->name, want[i]["name"]);
+      // Qwen3.5 prints booleans and null with str() (True, None): they parse back as what they were.
+      EXPECT_EQ(ojson::parse(call->arguments), want[i]["arguments"]);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 10);
+}
+
+TEST(ToolCalls, ParsesCallsRenderedByEveryTemplate) {
+  for (const char* f : {"qwen3.json", "qwen3-next-instruct.json", "qwen3-next-thinking.json", "qwen3.5.json", "qwen3.6.json"}) {
+    SCOPED_TRACE(f);
+    expect_parsed_as_golden(f);
+  }
+}
+
+// Feeds `text` to a parser in pieces of `step` bytes.
+ToolCallParser::Out run(std::string_view text, size_t step) {
+  ToolCallParser p(kTools);
+  ToolCallParser::Out all;
+  auto add = [&](ToolCallParser::Out o) {
+    all.content += o.content;
+    for (auto& c : o.calls) all.calls.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < text.size(); i += step) add(p.feed(text.substr(i, step)));
+  add(p.finish());
+  return all;
+}
+
+TEST(ToolCalls, StreamsContentAndCallsInAnySplit) {
+  const std::string answer =
+      "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  for (size_t step : {1, 2, 3, 5, 7, 11, 64, 1000}) {
+    SCOPED_TRACE(step);
+    const auto out = run(answer, step);
+    EXPECT_EQ(out.content, "Let me check.");
+    ASSERT_EQ(out.calls.size(), 2u);
+    EXPECT_EQ(out.calls[0].name, "get_weather");
+    EXPECT_EQ(out.calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(out.calls[1].name, "now");
+    EXPECT_EQ(out.calls[1].arguments, "{}");
+  }
+  // Plain text, '<' that is not a tag, and trailing whitespace pass through unchanged.
+  for (size_t step : {1, 4, 100}) {
+    const std::string plain = "a < b and <tool but not a call\n\n";
+    EXPECT_EQ(run(plain, step).content, plain);
+    EXPECT_TRUE(run(plain, step).calls.empty());
+  }
+}
+
+TEST(ToolCalls, MalformedAndCutCallsStayContent) {
+  for (const std::string bad : {
+           "<tool_call>\n{\"name\": \"now\", \"arguments\": [1]}\n</tool_call>",  // arguments not an object
+           "<tool_call>\n{\"arguments\": {}}\n</tool_call>",                      // no name
+           "<tool_call>\nnot json\n</tool_call>",
+           "<tool_call>\n<function=now>\n<parameter=x>\n1\n</function>\n</tool_call>",  // parameter never closed
+           "<tool_call>\n{\"name\": \"now\", \"argu",                                 // cut off
+       }) {
+    SCOPED_TRACE(bad);
+    const auto out = run(bad, 3);
+    EXPECT_TRUE(out.calls.empty());
+    EXPECT_EQ(out.content, bad);
+  }
+  // A call the model did not close but whose text is complete is still a call.
+  const auto open = run("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"a\": 1}}\n", 4);
+  ASSERT_EQ(open.calls.size(), 1u);
+  EXPECT_EQ(open.calls[0].arguments, R"({"a":1})");
+}
+
+TEST(ToolCalls, XmlValuesFollowTheParameterTypes) {
+  const std::vector<ToolSpec> tools = {
+      {"f", ojson::parse(R"({"properties":{"s":{"type":"string"},"n":{"type":"integer"},"b":{"type":"boolean"},
+          "o":{"type":"object"},"u":{}}})")}};
+  auto c = parse_tool_call(
+      "<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n</parameter>\n<parameter=b>\nTrue\n</parameter>\n"
+      "<parameter=o>\n{\"k\": [1]}\n</parameter>\n<parameter=u>\nfree text\n</parameter>\n</function>",
+      tools);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->arguments, R"({"s":"42","n":42,"b":true,"o":{"k":[1]},"u":"free text"})");
+}
+
+TEST(ToolCalls, PythonJsonAndStr) {
+  EXPECT_EQ(py_json(ojson::parse(R"({"b": [1, 2.5, "é\n"], "a": {}, "c": null})")),
+            "{\"b\": [1, 2.5, \"é\\n\"], \"a\": {}, \"c\": null}");
+  EXPECT_EQ(py_str(ojson(true)), "True");
+  EXPECT_EQ(py_str(ojson(nullptr)), "None");
+  EXPECT_EQ(py_str(ojson("x y")), "x y");
+}
+
+}  // namespace
+}  // namespace swiftlet::server
