@@ -1,5 +1,6 @@
 #include "server/engine_worker.h"
 
+#include "core/data_error.h"
 #include "core/error.h"
 #include "server/metrics.h"
 
@@ -222,6 +223,10 @@ void EngineWorker::run_job(Job& job) {
       add_experts(st.experts, head.experts);
     }
     done(res.finish, st);
+  } catch (const DataError& e) {  // the model's files, not the request: a 500
+    if (used) used->reset();
+    metrics_.on_job_failed();
+    job.push({JobEvent::Kind::Failed, e.what(), FinishReason::Stop, {}, false});
   } catch (const Error& e) {
     if (used) used->reset();  // its state may be half-fed
     metrics_.on_job_failed();
