@@ -59,6 +59,7 @@ EngineWorker::Status EngineWorker::wait_loaded() const {
 std::shared_ptr<Job> EngineWorker::submit(JobSpec spec) {
   std::lock_guard lock(mu_);
   if (stopping_ || queue_.size() >= opts_.max_queue) return nullptr;
+  if (opts_.max_new_tokens > 0) spec.max_new_tokens = std::min(spec.max_new_tokens, opts_.max_new_tokens);
   auto job = std::make_shared<Job>(std::move(spec));
   queue_.push_back(job);
   cv_.notify_all();

@@ -22,14 +22,15 @@ function required(name) {
   return v;
 }
 
-export async function startServer({ apiKey = '', args = [] } = {}) {
+// env: extra environment variables for the server (e.g. the fault shim's); host: where it listens.
+export async function startServer({ apiKey = '', args = [], env = {}, host = '127.0.0.1' } = {}) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'swiftlet-server-test-'));
   const model = path.join(dir, 'tiny.qpack');
   execFileSync(required('SWIFTLET_REPACK'), ['--synthetic', 'tiny', '--tokenizer', TOKENIZER, '--output', model, '--quiet'],
                { stdio: ['ignore', 'ignore', 'inherit'] });
-  const argv = ['--model', model, '--host', '127.0.0.1', '--port', '0', ...args];
+  const argv = ['--model', model, '--host', host, '--port', '0', ...args];
   if (apiKey) argv.push('--api-key', apiKey);
-  const proc = spawn(required('SWIFTLET_SERVER'), argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(required('SWIFTLET_SERVER'), argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let stderr = '';
   proc.stderr.on('data', (d) => { stderr += d; });
   const port = await new Promise((resolve, reject) => {
@@ -37,7 +38,7 @@ export async function startServer({ apiKey = '', args = [] } = {}) {
     const timer = setTimeout(() => reject(new Error('the server did not print its port:\n' + out + stderr)), 20000);
     proc.stdout.on('data', (d) => {
       out += d;
-      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(out);
+      const m = /listening on http:\/\/[^:\s]+:(\d+)/.exec(out);
       if (m) { clearTimeout(timer); resolve(Number(m[1])); }
     });
     proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`the server exited with ${code}:\n${stderr}`)); });
