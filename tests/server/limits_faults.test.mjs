@@ -1,6 +1,6 @@
-// swiftlet-server's limits and its behaviour under injected expert-read faults, each on a server
-// of its own: --max-header-kb (431), --max-tokens, the warning for a non-loopback address
-// without --api-key, and EIO on expert reads (the fault shim, tests/fault/fault_shim.cpp):
+// swiftlet-server's limits and its behaviour under injected expert-read faults, on servers
+// started for them: --max-header-kb (431) and --max-tokens, the warning for a non-loopback
+// address without --api-key, and EIO on expert reads (the fault shim, tests/fault/fault_shim.cpp):
 // that request gets a 500 naming the layer and expert, the next one is served.
 //
 //   SWIFTLET_SERVER=... SWIFTLET_REPACK=... SWIFTLET_FAULT_SHIM=build/bin/libswiftlet_fault_shim.so \
@@ -14,27 +14,17 @@ import { startServer, rawRequest } from './helpers.mjs';
 
 const chat = (content, extra = {}) => JSON.stringify({ model: 'tiny', messages: [{ role: 'user', content }], temperature: 0, ...extra });
 
-test('request headers over --max-header-kb get 431, smaller ones are served', async () => {
-  const server = await startServer({ args: ['--max-header-kb', '4'] });
+test('request headers over --max-header-kb get 431; --max-tokens caps what one request generates', async () => {
+  const server = await startServer({ args: ['--max-header-kb', '4', '--max-tokens', '3'] });
   try {
     const headers = {};
     for (let i = 0; i < 6; ++i) headers[`X-Padding-${i}`] = 'p'.repeat(1000);
     const r = await rawRequest(server, { body: chat('hi', { max_tokens: 2 }), headers });
     assert.equal(r.status, 431);
     assert.equal(JSON.parse(r.body).error.code, 'headers_too_large');
-    const ok = await rawRequest(server, { body: chat('hi', { max_tokens: 2 }), headers: { 'X-Small': 'p'.repeat(1000) } });
+    const ok = await rawRequest(server, { body: chat('Write a long story.', { max_tokens: 50 }), headers: { 'X-Small': 'p'.repeat(1000) } });
     assert.equal(ok.status, 200, ok.body);
-  } finally {
-    await server.stop();
-  }
-});
-
-test('--max-tokens caps what one request generates', async () => {
-  const server = await startServer({ args: ['--max-tokens', '3'] });
-  try {
-    const r = await rawRequest(server, { body: chat('Write a long story.', { max_tokens: 50 }) });
-    assert.equal(r.status, 200, r.body);
-    const j = JSON.parse(r.body);
+    const j = JSON.parse(ok.body);
     assert.ok(j.usage.completion_tokens <= 3, `generated ${j.usage.completion_tokens} tokens`);
     assert.equal(j.choices[0].finish_reason, 'length');
   } finally {
