@@ -41,6 +41,7 @@ int serve(int argc, char** argv) {
   swiftlet::server::WorkerOptions wo;
   double max_body_mb = double(so.max_body_bytes) / (1 << 20);
   app.set_version_flag("--version", std::string(swiftlet::version()));
+  size_t max_header_kb = so.max_header_bytes >> 10;
   mf.add(&app, swiftlet::cli::FlagSet::Server);
   app.add_option("--alias", alias, "model name to serve under (default: the model's file name)");
   app.add_option("--host", so.host, "address to listen on; anything but loopback should come with --api-key")
@@ -55,11 +56,21 @@ int serve(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-body-mb", max_body_mb, "largest request body accepted, in MiB (larger: 413)")
       ->capture_default_str();
-  app.add_option("--http-threads", so.http_threads, "connections served at once")->capture_default_str();
+  app.add_option("--max-header-kb", max_header_kb, "largest request line + headers accepted, in KiB (larger: 431)")
+      ->capture_default_str();
+  app.add_option("--max-connections,--http-threads", so.http_threads,
+                 "connections served at once (at least --max-queue + 8); more wait for a free one")
+      ->capture_default_str();
+  app.add_option("--idle-timeout", so.idle_timeout_s, "seconds an open connection may stay without a request")
+      ->capture_default_str();
+  app.add_option("--max-tokens", wo.max_new_tokens,
+                 "most tokens one request may generate, whatever it asks (0: what the context leaves)")
+      ->capture_default_str();
   app.add_flag("--log-requests", so.log_requests, "print one line per request on stderr");
   CLI11_PARSE(app, argc, argv);
 
   so.max_body_bytes = size_t(max_body_mb * (1 << 20));
+  so.max_header_bytes = max_header_kb << 10;
   so.http_threads = std::max<int>(so.http_threads, int(wo.max_queue) + 8);
   // Every kept conversation holds a KV cache of up to --ctx tokens: the RAM budget leaves room
   // for all of them.

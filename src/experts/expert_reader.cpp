@@ -1,5 +1,6 @@
 #include "experts/expert_reader.h"
 
+#include "core/data_error.h"
 #include "core/error.h"
 #include "format/qpack.h"
 
@@ -18,7 +19,7 @@ void ExpertReader::read(int layer, int expert, void* dst, size_t bytes) {
   submit(layer, expert, dst, bytes, 0, -1);
   std::vector<ReadDone> done;
   while (done.empty()) reap(true, done);
-  if (!done.front().error.empty()) fail("{}", done.front().error);
+  if (!done.front().error.empty()) fail_data("{}", done.front().error);
 }
 
 LayerFiles::LayerFiles(const QpackContainer& qc, bool direct) : stride_(qc.layout.expert_stride) {
@@ -170,7 +171,7 @@ void UringExpertReader::reap(bool wait, std::vector<ReadDone>& done) {
       r = io_uring_wait_cqe(ring_.get(), &cqe);
       if (r == -EINTR) continue;
     }
-    if (r < 0) fail("io_uring wait failed: {}", std::strerror(-r));
+    if (r < 0) fail_data("io_uring wait failed: {}", std::strerror(-r));
     const size_t index = size_t(io_uring_cqe_get_data64(cqe));
     const int res = cqe->res;
     io_uring_cqe_seen(ring_.get(), cqe);

@@ -1,5 +1,6 @@
 #include "experts/qpack_experts.h"
 
+#include "core/data_error.h"
 #include "core/error.h"
 
 #include <algorithm>
@@ -161,7 +162,7 @@ void QpackExperts::acquire(int layer, std::span<const int32_t> experts, std::spa
     if (!errors_[size_t(s)].empty()) {
       const std::string msg = errors_[size_t(s)];
       give_up(slots.size());
-      fail("{}", msg);
+      fail_data("{}", msg);
     }
   }
   if (waited || io_ == IoMode::Serial) stats_.wait_seconds += seconds(Clock::now() - t0);

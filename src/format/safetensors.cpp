@@ -51,7 +51,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path, Residency mode) : file
           if (v.is_string()) metadata_[k] = v.get<std::string>();
       continue;
     }
-    auto bad = [&](const std::string& why) {
+    auto bad = [&, &name = name](const std::string& why) {
       fail("'{}': tensor '{}' has a corrupt header entry: {}", path, name, why);
     };
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||

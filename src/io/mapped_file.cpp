@@ -7,8 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -24,6 +29,91 @@ Residency parse_residency(const std::string& s) {
 }
 
 namespace {
+
+// The file mappings of this process, for the SIGBUS handler. A file truncated (or rewritten
+// shorter) while mapped turns a read of its lost pages into SIGBUS, which would otherwise end
+// the process with a bare "Bus error" that names no file.
+struct MappingSlot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<size_t> size{0};
+  char path[480];
+};
+constexpr int kMappingSlots = 512;
+MappingSlot g_mappings[kMappingSlots];
+struct sigaction g_previous_sigbus;
+
+void write_str(const char* s) {
+  size_t n = std::strlen(s);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= size_t(w);
+  }
+}
+
+void on_sigbus(int sig, siginfo_t* info, void* ctx) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const MappingSlot& m : g_mappings) {
+    const uintptr_t b = m.begin.load();
+    if (b == 0 || a < b || a >= b + m.size.load()) continue;
+    char offset[24];
+    int i = sizeof offset - 1;
+    offset[i] = '\0';
+    uintptr_t off = a - b;
+    do {
+      offset[--i] = char('0' + off % 10);
+      off /= 10;
+    } while (off > 0 && i > 0);
+    write_str("swiftlet: '");
+    write_str(m.path);
+    write_str("' was truncated or rewritten while this process had it mapped (nothing to read at offset ");
+    write_str(offset + i);
+    write_str("); the process cannot go on. Replace a container in use with `swiftlet-repack --force` (it "
+              "swaps in a new one atomically), never in place; `swiftlet verify` checks one.\n");
+    ::signal(SIGBUS, SIG_DFL);
+    ::raise(SIGBUS);
+    return;
+  }
+  // Not one of ours: whoever handled SIGBUS before, else the default action.
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) && g_previous_sigbus.sa_sigaction) {
+    g_previous_sigbus.sa_sigaction(sig, info, ctx);
+  } else if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
+    g_previous_sigbus.sa_handler(sig);
+  } else {
+    ::signal(SIGBUS, SIG_DFL);
+    ::raise(SIGBUS);
+  }
+}
+
+void register_mapping(const void* p, size_t n, const std::string& path) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+  for (MappingSlot& m : g_mappings) {
+    uintptr_t expected = 0;
+    // Claim a free slot with a placeholder, fill it, then publish the real address.
+    if (!m.begin.compare_exchange_strong(expected, 1)) continue;
+    std::snprintf(m.path, sizeof m.path, "%s", path.c_str());
+    m.size.store(n);
+    m.begin.store(reinterpret_cast<uintptr_t>(p));
+    return;
+  }
+  // More mappings than slots: this one's SIGBUS stays anonymous.
+}
+
+void unregister_mapping(const void* p) {
+  for (MappingSlot& m : g_mappings) {
+    uintptr_t expected = reinterpret_cast<uintptr_t>(p);
+    if (m.begin.compare_exchange_strong(expected, 0)) return;
+  }
+}
+
 // Anonymous memory holding the whole file, read with O_DIRECT where the file system allows it.
 void* read_whole(int fd, const std::string& path, size_t size) {
   const size_t rounded = (size + 4095) & ~size_t(4095);
@@ -77,6 +167,7 @@ MappedFile::MappedFile(const std::string& path, Residency mode) : path_(path) {
       fail("cannot map '{}': {}", path, std::strerror(e));
     }
     data_ = static_cast<const uint8_t*>(p);
+    register_mapping(p, size_, path);
   }
   ::close(fd);
 }
@@ -99,6 +190,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
 }
 
 void MappedFile::reset() {
+  if (data_ && !anonymous_) unregister_mapping(data_);
   if (data_) ::munmap(const_cast<uint8_t*>(data_), anonymous_ ? (size_ + 4095) & ~size_t(4095) : size_);
   data_ = nullptr;
   size_ = 0;

@@ -19,6 +19,8 @@ class MappedFile {
  public:
   MappedFile() = default;
   // Maps `path` read-only. Throws Error naming the file when it cannot be opened or mapped.
+  // Should the file be truncated while mapped, reading a lost page raises SIGBUS: a handler
+  // then names the file on stderr before the process dies of it.
   explicit MappedFile(const std::string& path, Residency mode = Residency::Map);
   ~MappedFile();
   MappedFile(MappedFile&& o) noexcept;

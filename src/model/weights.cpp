@@ -64,7 +64,14 @@ QMatrix view_linear(const TensorSet& ts, const std::string& path, int64_t rows, 
   QMatrix m;
   m.rows = rows;
   m.cols = cols;
-  if (is_float(w.dtype)) {
+  // As mlx-lm decides: a module is quantised exactly when its `.scales` exist, whatever its name
+  // (an MLX checkpoint may keep its router in bf16, or quantise it at 8 bits).
+  const TensorView* s = ts.find(path + ".scales");
+  if (!s) {
+    if (!is_float(w.dtype))
+      fail("tensor '{}' in '{}' has dtype {} but there is no '{}.scales': a float weight or an MLX "
+           "quantised one (U32 with .scales and .biases) was expected (a corrupted checkpoint?)",
+           w.name, *w.file, dtype_name(w.dtype), path);
     expect_shape(w, index, rows, cols);
     m.format = w.dtype == DType::F32 ? WeightFormat::F32
                : w.dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F16;
@@ -72,37 +79,38 @@ QMatrix view_linear(const TensorSet& ts, const std::string& path, int64_t rows, 
     return m;
   }
   if (w.dtype != DType::U32)
-    fail("tensor '{}' in '{}' has dtype {}; expected a float type or U32 (MLX quantised)", w.name,
-         *w.file, dtype_name(w.dtype));
-  const TensorView& s = ts.get(path + ".scales");
+    fail("tensor '{}' in '{}' has dtype {} but '{}.scales' exists; MLX quantised weights are U32",
+         w.name, *w.file, dtype_name(w.dtype), path);
   const TensorView& b = ts.get(path + ".biases");
-  QuantSpec spec = q.for_module(path);
-  if (spec.bits == 0) {
-    // Not described by the config: infer from the shapes (MLX always writes scales per group).
-    const int64_t groups = s.shape.empty() ? 0 : s.shape.back();
-    const int64_t packed = w.shape.empty() ? 0 : w.shape.back();
-    if (groups <= 0 || cols % groups != 0 || (packed * 32) % cols != 0)
-      fail("tensor '{}' in '{}' is quantised but its shapes {} / {} fit no bit width for {} "
-           "columns", w.name, *w.file, w.shape_str(), s.shape_str(), cols);
-    spec.group_size = int(cols / groups);
-    spec.bits = int(packed * 32 / cols);
-  }
-  if (cols % spec.group_size != 0 || (cols * spec.bits) % 32 != 0)
-    fail("'{}': {} columns are not a multiple of the group size {}", path, cols, spec.group_size);
+  // The shapes say the bits and group size: [.., cols * bits / 32] codes, [.., cols / group]
+  // scales. The config's per-module entry, where it names this module, must agree.
+  const int64_t groups = s->shape.empty() ? 0 : s->shape.back();
+  const int64_t packed = w.shape.empty() ? 0 : w.shape.back();
+  if (groups <= 0 || cols % groups != 0 || (packed * 32) % cols != 0)
+    fail("tensor '{}' in '{}' is quantised but its shapes {} / {} fit no bit width and group size "
+         "for {} columns", w.name, *w.file, w.shape_str(), s->shape_str(), cols);
+  QuantSpec spec{int(packed * 32 / cols), int(cols / groups)};
+  if (auto it = q.overrides.find(path); it != q.overrides.end() && it->second.bits != 0 &&
+                                        (it->second.bits != spec.bits || it->second.group_size != spec.group_size))
+    fail("'{}' is stored with {} bits in groups of {} but config.json declares {} bits in groups of {} "
+         "for it (a corrupted checkpoint or a config.json from another one?)", path, spec.bits,
+         spec.group_size, it->second.bits, it->second.group_size);
   if (spec.bits != 4 && spec.bits != 8)
     fail("'{}' is quantised at {} bits; only 4 and 8 are supported", path, spec.bits);
+  if (cols % spec.group_size != 0 || spec.group_size % (32 / spec.bits) != 0)
+    fail("'{}': group size {} does not fit {} columns at {} bits", path, spec.group_size, cols, spec.bits);
   expect_shape(w, index, rows, cols * spec.bits / 32);
-  expect_shape(s, index, rows, cols / spec.group_size);
+  expect_shape(*s, index, rows, cols / spec.group_size);
   expect_shape(b, index, rows, cols / spec.group_size);
-  if (!is_float(s.dtype) || s.dtype != b.dtype)
-    fail("'{}': scales ({}) and biases ({}) must share one float dtype", path, dtype_name(s.dtype),
+  if (!is_float(s->dtype) || s->dtype != b.dtype)
+    fail("'{}': scales ({}) and biases ({}) must share one float dtype", path, dtype_name(s->dtype),
          dtype_name(b.dtype));
   m.format = WeightFormat::Affine;
   m.bits = spec.bits;
   m.group_size = spec.group_size;
-  m.scale_dtype = s.dtype;
+  m.scale_dtype = s->dtype;
   m.data = stack_ptr(w, index);
-  m.scales = stack_ptr(s, index);
+  m.scales = stack_ptr(*s, index);
   m.biases = stack_ptr(b, index);
   return m;
 }

@@ -135,8 +135,10 @@ void for_each_dense_tensor(const ModelConfig& c, const NameScheme& n, ModelWeigh
 }
 
 // Views a (possibly quantised) matrix stored under module path `path`: `path.weight` (float)
-// or `path.weight` U32 + `path.scales` + `path.biases` (MLX affine). `index` >= 0 selects one
-// matrix of a stacked [N, rows, ...] tensor. Validates shapes against rows x cols.
+// or `path.weight` U32 + `path.scales` + `path.biases` (MLX affine). The presence of `.scales`
+// decides which, never the module's name; bits and group size come from the shapes, and where
+// `q` names the module, it must agree. `index` >= 0 selects one matrix of a stacked
+// [N, rows, ...] tensor. Validates shapes against rows x cols.
 QMatrix view_linear(const TensorSet& ts, const std::string& path, int64_t rows, int64_t cols,
                     const QuantConfig& q, int64_t index = -1, const std::string& weight_suffix = ".weight");
 

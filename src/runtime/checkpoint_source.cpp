@@ -1,6 +1,7 @@
 // The checkpoint-directory source of swiftlet-repack: a Hugging Face checkpoint (bf16, any of the
 // three expert layouts, single file or sharded) is quantised to MLX affine; an MLX-quantised one
-// is copied byte for byte. Tensors are renamed to MLX names and conventions (docs/qpack.md 4).
+// is copied byte for byte, every tensor as stored (quantised or float, at whatever bits and group
+// size each module has). Tensors are renamed to MLX names and conventions (docs/qpack.md 4).
 #include "runtime/repack.h"
 
 #include "core/error.h"
@@ -32,7 +33,8 @@ void drop_matrix_pages(const QMatrix& m) {
 }
 
 bool is_eight_bit_module(const std::string& path) {
-  // mlx-lm's quant_predicate for qwen3_next / qwen3_5: the router and the shared expert gate.
+  // mlx-lm's quant_predicate for qwen3_next / qwen3_5, used when quantising a float checkpoint:
+  // the router and the shared expert gate get 8 bits.
   return path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate");
 }
 
@@ -103,7 +105,8 @@ class CheckpointSource : public RepackSource {
     experts_ = std::make_unique<TensorExperts>(*ts_, config_, src_names_);
     group_ = o.group_size;
 
-    if (config_.quant.quantized()) {
+    pass_through_ = config_.quant.quantized();
+    if (pass_through_) {
       if (o.bits != 0 && o.bits != config_.quant.default_spec.bits)
         fail("'{}' is already MLX-quantised ({} bits); its tensors are copied untouched, so "
              "--bits {} cannot apply (omit --bits)", dir, config_.quant.default_spec.bits, o.bits);
@@ -119,7 +122,8 @@ class CheckpointSource : public RepackSource {
     for (int p = 0; p < 3; ++p) {
       const QMatrix& m = projection(first, p);
       ProjectionFormat f = format_of(m);
-      if (!f.affine() && bits_ != 16 && m.cols % group_ == 0) f = ProjectionFormat{bits_, group_, DType::BF16};
+      if (!pass_through_ && !f.affine() && bits_ != 16 && m.cols % group_ == 0)
+        f = ProjectionFormat{bits_, group_, DType::BF16};
       formats_[size_t(p)] = f;
       src_formats_[size_t(p)] = format_of(m);
     }
@@ -227,7 +231,8 @@ class CheckpointSource : public RepackSource {
           };
           return it;
         }
-        const int bits = bits_ == 16 ? 16 : is_eight_bit_module(s.name) ? 8 : bits_;
+        // A float matrix of an MLX-quantised checkpoint (a bf16 router, say) stays as stored.
+        const int bits = bits_ == 16 || pass_through_ ? 16 : is_eight_bit_module(s.name) ? 8 : bits_;
         if (bits == 16 || s.cols % group_ != 0) {
           const DType dt = float_dtype(m.format);
           it.tensors = {{w, dt, {s.rows, s.cols}, nullptr}};
@@ -291,6 +296,7 @@ class CheckpointSource : public RepackSource {
   std::unique_ptr<TensorSet> ts_;
   NameScheme src_names_, dst_names_;
   bool shifted_ = false;
+  bool pass_through_ = false;  // MLX-quantised source: every tensor is copied as stored
   std::unique_ptr<TensorExperts> experts_;
   int bits_ = 4, group_ = 64;
   std::array<ProjectionFormat, 3> formats_, src_formats_;

@@ -1,5 +1,6 @@
 #include "server/engine_worker.h"
 
+#include "core/data_error.h"
 #include "core/error.h"
 #include "server/metrics.h"
 
@@ -58,6 +59,7 @@ EngineWorker::Status EngineWorker::wait_loaded() const {
 std::shared_ptr<Job> EngineWorker::submit(JobSpec spec) {
   std::lock_guard lock(mu_);
   if (stopping_ || queue_.size() >= opts_.max_queue) return nullptr;
+  if (opts_.max_new_tokens > 0) spec.max_new_tokens = std::min(spec.max_new_tokens, opts_.max_new_tokens);
   auto job = std::make_shared<Job>(std::move(spec));
   queue_.push_back(job);
   cv_.notify_all();
@@ -223,6 +225,10 @@ void EngineWorker::run_job(Job& job) {
       add_experts(st.experts, head.experts);
     }
     done(res.finish, st, res.stop_string);
+  } catch (const DataError& e) {  // the model's files, not the request: a 500
+    if (used) used->reset();
+    metrics_.on_job_failed();
+    job.push({JobEvent::Kind::Failed, e.what(), FinishReason::Stop, {}, false});
   } catch (const Error& e) {
     if (used) used->reset();  // its state may be half-fed
     metrics_.on_job_failed();

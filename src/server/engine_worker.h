@@ -76,6 +76,7 @@ struct WorkerOptions {
   int sessions = 4;         // conversations kept for prefix reuse (--parallel)
   size_t max_queue = 32;    // jobs waiting (not counting the running one); more -> rejected
   int64_t max_context = 8192;
+  int max_new_tokens = 0;   // per request, whatever it asks (--max-tokens); 0: what the context leaves
   int max_snapshots = 3;    // DeltaNet snapshots per session
 };
 

@@ -8,10 +8,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <xxhash.h>
+
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 
 namespace swiftlet::server {
 
@@ -103,15 +106,26 @@ void set_reply(httplib::Response& res, const Reply& r) {
   res.set_content(r.body, r.content_type);
 }
 
-// Compares keys without stopping at the first difference (the length may leak; the key does not).
-bool keys_equal(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
+// The request line and every header, as they came (name, ": ", value, CRLF).
+size_t header_bytes(const httplib::Request& req) {
+  size_t n = req.method.size() + req.target.size() + req.version.size() + 4;
+  for (const auto& [k, v] : req.headers) n += k.size() + v.size() + 4;
+  return n;
 }
 
 }  // namespace
+
+bool api_key_matches(std::string_view given, std::string_view key) {
+  // A keyed hash: the seed is secret and differs per process, so digests cannot be precomputed.
+  static const uint64_t seed = [] {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ rd();
+  }();
+  const XXH128_hash_t a = XXH3_128bits_withSeed(given.data(), given.size(), seed);
+  const XXH128_hash_t b = XXH3_128bits_withSeed(key.data(), key.size(), seed);
+  volatile uint64_t diff = (a.low64 ^ b.low64) | (a.high64 ^ b.high64);
+  return diff == 0 && given.size() == key.size();
+}
 
 HttpServer::HttpServer(Routes& routes, Metrics& metrics, ServerOptions opts)
     : routes_(routes), metrics_(metrics), opts_(std::move(opts)), svr_(std::make_unique<httplib::Server>()),
@@ -125,6 +139,7 @@ void HttpServer::install_routes() {
   httplib::Server& svr = *svr_;
   const int threads = std::max(4, opts_.http_threads);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  svr.set_keep_alive_timeout(opts_.idle_timeout_s);
   svr.set_read_timeout(opts_.read_timeout_s);
   svr.set_write_timeout(opts_.write_timeout_s);
   svr.set_payload_max_length(opts_.max_body_bytes);  // a second line behind the check below
@@ -132,6 +147,11 @@ void HttpServer::install_routes() {
   // Checks that need only the headers, made before any of the body is read: the size limit
   // (a 100 MB body is refused without receiving it) and the API key.
   auto admit = [this](const httplib::Request& req) -> std::optional<ApiError> {
+    if (const size_t h = header_bytes(req); h > opts_.max_header_bytes)
+      return ApiError(431, "invalid_request_error",
+                      fmt::format("the request line and headers have {} bytes; the limit is {} bytes", h,
+                                  opts_.max_header_bytes),
+                      "", "headers_too_large");
     if (req.has_header("Content-Length")) {
       const std::string v = req.get_header_value("Content-Length");
       uint64_t len = 0;
@@ -148,8 +168,9 @@ void HttpServer::install_routes() {
       // OpenAI's clients send 'Authorization: Bearer KEY', Anthropic's 'x-api-key: KEY'.
       const std::string auth = req.get_header_value("Authorization");
       const std::string prefix = "Bearer ";
-      const bool bearer = auth.rfind(prefix, 0) == 0 && keys_equal(auth.substr(prefix.size()), opts_.api_key);
-      if (!bearer && !keys_equal(req.get_header_value("x-api-key"), opts_.api_key))
+      const bool bearer =
+          auth.rfind(prefix, 0) == 0 && api_key_matches(std::string_view(auth).substr(prefix.size()), opts_.api_key);
+      if (!bearer && !api_key_matches(req.get_header_value("x-api-key"), opts_.api_key))
         return unauthorized("Incorrect or missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.");
     }
     return std::nullopt;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace httplib {
 class Server;
@@ -17,12 +18,17 @@ class Server;
 
 namespace swiftlet::server {
 
+// The limits have safe defaults; README.md ("Server limits") documents them and their flags.
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                      // 0: any free port (see bind())
   std::string api_key;                  // "": no authentication
   size_t max_body_bytes = 8u << 20;     // larger request bodies get 413 before being read
-  int http_threads = 40;                // connections served at once
+  // Request line and headers together; more gets 431. (cpp-httplib itself refuses a single
+  // header line over 8 KiB with 400.)
+  size_t max_header_bytes = 32u << 10;
+  int http_threads = 40;                // connections served at once; more wait their turn
+  int idle_timeout_s = 5;               // an open connection with no request is closed after this
   int read_timeout_s = 10;
   int write_timeout_s = 20;             // a client that reads nothing for this long is dropped
   bool log_requests = false;            // one line per request on stderr
@@ -30,6 +36,10 @@ struct ServerOptions {
 
 // True for 127.0.0.0/8, ::1 and "localhost".
 bool is_loopback_host(const std::string& host);
+
+// Whether `given` is the API key, in a time that depends on neither (both are hashed first, then
+// every byte of the digests is compared), so the answer time tells nothing about the key.
+bool api_key_matches(std::string_view given, std::string_view key);
 
 class HttpServer {
  public:

@@ -3,6 +3,8 @@
 // accepted; anything else fails with a message naming the unsupported field.
 #include <nlohmann/json.hpp>
 
+#include <limits>
+
 #include "core/error.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -118,8 +120,22 @@ void check_bpe_options(const json& model) {
   }
 }
 
+// A token id from the json: an integer in [0, limit). The limit follows from the number of
+// tokens the file lists (ids are dense in real tokenizers), so a stray huge id is an error, not
+// gigabytes of empty table.
+int64_t token_id(const json& v, int64_t limit, const std::string& token) {
+  if (!v.is_number_integer())
+    fail("tokenizer.json: the id of token '{}' is {}, not an integer", token, v.dump());
+  const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
+                         ? -1
+                         : v.get<int64_t>();
+  if (id < 0 || id >= limit)
+    fail("tokenizer.json: token '{}' has id {}, outside [0, {}) for a file of this many tokens", token,
+         v.dump(), limit);
+  return id;
+}
+
 void ensure_id(Tokenizer::Impl& impl, int64_t id) {
-  if (id < 0 || id > (int64_t{1} << 30)) fail("tokenizer.json: token id {} is out of range", id);
   if (id >= static_cast<int64_t>(impl.id_text.size())) {
     impl.id_text.resize(id + 1);
     impl.id_bytes.resize(id + 1);
@@ -142,7 +158,7 @@ std::pair<std::string, std::string> merge_pair(const json& m, size_t rank) {
   fail("tokenizer.json: merge #{} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, m.dump());
 }
 
-void load_model(const json& model, Tokenizer::Impl& impl) {
+void load_model(const json& model, Tokenizer::Impl& impl, int64_t id_limit) {
   check_bpe_options(model);
   impl.ignore_merges = flag(model, "ignore_merges", false);
   const json& vocab = model.at("vocab");
@@ -150,7 +166,7 @@ void load_model(const json& model, Tokenizer::Impl& impl) {
   StringToId vocab_ids;
   vocab_ids.reserve(vocab.size());
   for (const auto& [text, id_json] : vocab.items()) {
-    const int64_t id = id_json.get<int64_t>();
+    const int64_t id = token_id(id_json, id_limit, text);
     ensure_id(impl, id);
     impl.id_text[id] = text;
     impl.id_bytes[id] = token_to_bytes(text);
@@ -191,13 +207,13 @@ void load_model(const json& model, Tokenizer::Impl& impl) {
   }
 }
 
-void load_added_tokens(const json& list, Tokenizer::Impl& impl) {
+void load_added_tokens(const json& list, Tokenizer::Impl& impl, int64_t id_limit) {
   if (list.is_null()) return;
   if (!list.is_array()) fail("tokenizer.json: added_tokens must be an array");
   for (const json& t : list) {
     AddedToken token;
-    token.id = t.at("id").get<int32_t>();
     token.content = t.at("content").get<std::string>();
+    token.id = int32_t(token_id(t.at("id"), id_limit, token.content));
     token.special = flag(t, "special", false);
     token.lstrip = flag(t, "lstrip", false);
     token.rstrip = flag(t, "rstrip", false);
@@ -243,8 +259,12 @@ std::shared_ptr<Tokenizer::Impl> load_tokenizer_json(std::string_view text) {
     parse_pre_tokenizer(j.value("pre_tokenizer", json()), *impl, byte_level);
     if (!byte_level) fail("tokenizer.json: only byte-level BPE is supported; the pre-tokenizer has no ByteLevel");
     check_decoder(j.value("decoder", json()));
-    load_model(j["model"], *impl);
-    load_added_tokens(j.value("added_tokens", json()), *impl);
+    const json added = j.value("added_tokens", json());
+    size_t listed = added.size();
+    if (j["model"].is_object() && j["model"].contains("vocab")) listed += j["model"]["vocab"].size();
+    const int64_t id_limit = 2 * int64_t(listed) + 1024;
+    load_model(j["model"], *impl, id_limit);
+    load_added_tokens(added, *impl, id_limit);
   } catch (const json::exception& e) {
     fail("tokenizer.json has an unexpected shape: {}", e.what());
   }

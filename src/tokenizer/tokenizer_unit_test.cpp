@@ -116,6 +116,17 @@ TEST(TokenizerUnit, LoadErrorsSayWhatIsWrong) {
   j = tiny_tokenizer({});
   j["model"]["byte_fallback"] = true;
   expect_load_error(j.dump(), "byte_fallback");
+  // Found by fuzz/tokenizer_load_fuzz.cpp: an id of 4.4e70 was converted to an integer (undefined
+  // behaviour); ids far beyond the file's token count would size tables of gigabytes.
+  j = tiny_tokenizer({});
+  j["model"]["vocab"]["!"] = 4.4e70;
+  expect_load_error(j.dump(), "not an integer");
+  j = tiny_tokenizer({});
+  j["model"]["vocab"]["!"] = 1000000000;
+  expect_load_error(j.dump(), "token '!' has id 1000000000, outside [0, ");
+  j = tiny_tokenizer({});
+  j["added_tokens"] = json::array({{{"id", -3}, {"content", "<x>"}}});
+  expect_load_error(j.dump(), "token '<x>' has id -3");
   try {
     Tokenizer::from_file("/nonexistent/model/dir");
     ADD_FAILURE() << "no error for a missing file";

@@ -24,7 +24,8 @@ function required(name) {
 
 // chatTemplate: a template file to ship with the tokenizer (chat_template.jinja) instead of the
 // Qwen3 one in the tokenizer's tokenizer_config.json, e.g. tests/data/chat/templates/qwen3.5.jinja.
-export async function startServer({ apiKey = '', args = [], chatTemplate = '' } = {}) {
+// env: extra environment variables for the server (e.g. the fault shim's); host: where it listens.
+export async function startServer({ apiKey = '', args = [], chatTemplate = '', env = {}, host = '127.0.0.1' } = {}) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'swiftlet-server-test-'));
   const model = path.join(dir, 'tiny.qpack');
   let tokenizer = TOKENIZER;
@@ -36,9 +37,9 @@ export async function startServer({ apiKey = '', args = [], chatTemplate = '' } 
   }
   execFileSync(required('SWIFTLET_REPACK'), ['--synthetic', 'tiny', '--tokenizer', tokenizer, '--output', model, '--quiet'],
                { stdio: ['ignore', 'ignore', 'inherit'] });
-  const argv = ['--model', model, '--host', '127.0.0.1', '--port', '0', ...args];
+  const argv = ['--model', model, '--host', host, '--port', '0', ...args];
   if (apiKey) argv.push('--api-key', apiKey);
-  const proc = spawn(required('SWIFTLET_SERVER'), argv, { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(required('SWIFTLET_SERVER'), argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let stderr = '';
   proc.stderr.on('data', (d) => { stderr += d; });
   const port = await new Promise((resolve, reject) => {
@@ -46,7 +47,7 @@ export async function startServer({ apiKey = '', args = [], chatTemplate = '' } 
     const timer = setTimeout(() => reject(new Error('the server did not print its port:\n' + out + stderr)), 20000);
     proc.stdout.on('data', (d) => {
       out += d;
-      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(out);
+      const m = /listening on http:\/\/[^:\s]+:(\d+)/.exec(out);
       if (m) { clearTimeout(timer); resolve(Number(m[1])); }
     });
     proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`the server exited with ${code}:\n${stderr}`)); });

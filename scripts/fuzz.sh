@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan + UBSan, build-fuzz/) and runs each for a while from
+# its seed corpus in fuzz/corpus/<target>/; new inputs go to build-fuzz/corpus/<target>/, crashes
+# to build-fuzz/crashes/. Exits non-zero when a target finds a crash, leak, timeout or OOM.
+#   scripts/fuzz.sh [SECONDS_PER_TARGET (default 60)] [TARGET ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-60}
+shift || true
+targets=("$@")
+((${#targets[@]})) || targets=(safetensors config qpack tokenizer_load tokenizer_encode chat_template stream routes)
+
+# -O1 with line tables: what libFuzzer + ASan want, and the quickest to compile in CI.
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only" \
+      -DCMAKE_CXX_COMPILER=clang++ -DSWIFTLET_FUZZ=ON -DSWIFTLET_TESTS=OFF -DSWIFTLET_CUDA=OFF \
+      ${SWIFTLET_FUZZ_CMAKE_ARGS:-} >/dev/null
+ninja -C build-fuzz -j "$(nproc)" $(printf 'fuzz_%s ' "${targets[@]}")
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+mkdir -p build-fuzz/crashes
+failed=()
+for t in "${targets[@]}"; do
+  mkdir -p "build-fuzz/corpus/$t"
+  log="build-fuzz/fuzz_$t.log"
+  if build-fuzz/bin/fuzz_$t -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 -max_len=8192 \
+       -print_final_stats=1 -artifact_prefix="build-fuzz/crashes/$t-" \
+       "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
+    echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$') executions in ${secs} s, nothing found"
+  else
+    echo "fuzz_$t: FAILED (see $log; the input is in build-fuzz/crashes/)"
+    tail -n 40 "$log"
+    failed+=("$t")
+  fi
+done
+((${#failed[@]} == 0)) || { echo "fuzz targets that failed: ${failed[*]}"; exit 1; }
