@@ -7,11 +7,13 @@
 // needs no offset term.
 // GCC 12's AVX-512 intrinsics pass undefined vectors to masked builtins, which its uninitialised-
 // value analysis reports inside immintrin.h; the diagnostics are silenced for those header lines.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#endif
 
 #include "kernels/cpu/matmul_avx512.h"
 
@@ -23,9 +25,8 @@
 namespace swiftlet::avx512 {
 
 bool cpu_has_avx512_vnni() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return avx2::cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
 namespace {
