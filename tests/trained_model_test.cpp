@@ -105,5 +105,20 @@ TEST(TrainedModel, ChatAnswerTextMatchesTransformers) {
   EXPECT_GE(checked, 3);
 }
 
+// The 4-bit container's perplexity on the first window of the test slice equals what transformers
+// computed on the same weights (reference.json: slice.window_nll, the mean NLL of each window's
+// scored half), within 0.5%.
+TEST(TrainedModel, PerplexityOfTheTestSliceMatchesTransformers) {
+  auto ref = reference();
+  const double want = std::exp(ref["slice"]["window_nll"][0].get<double>());
+  CmdResult r = run("perplexity " + model() + " --file " + source_path("tests/data/trained/test_slice.txt") +
+                        " --ctx 512 --chunks 1 --backend cpu-f32 --json",
+                    true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto got = nlohmann::json::parse(r.out);
+  EXPECT_EQ(got["n_scored"].get<int>(), 255);
+  EXPECT_NEAR(got["ppl"].get<double>(), want, 0.005 * want);
+}
+
 }  // namespace
 }  // namespace swiftlet
