@@ -67,6 +67,8 @@ QuantConfig parse_quant(const json& q, const std::string& source) {
     if (!o.is_object() || !o.contains("bits") || !o["bits"].is_number_integer())
       fail("{}: quantization entry '{}' needs integer 'bits'", source, where);
     s.bits = o["bits"].get<int>();
+    if (o.contains("group_size") && !o["group_size"].is_number_integer())
+      fail("{}: quantization entry '{}' needs an integer 'group_size'", source, where);
     s.group_size = o.value("group_size", 64);
     if (s.bits != 4 && s.bits != 8)
       fail("{}: quantization '{}' uses {} bits; only 4 and 8 are supported", source, where, s.bits);
@@ -92,6 +94,8 @@ QuantConfig parse_quant(const json& q, const std::string& source) {
 ModelConfig ModelConfig::parse(const json& root, const std::string& source) {
   if (!root.is_object()) fail("{}: not a JSON object", source);
   ModelConfig c;
+  if (root.contains("model_type") && !root["model_type"].is_string())
+    fail("{}: 'model_type' must be a string, not {}", source, root["model_type"].type_name());
   const std::string top_type = root.value("model_type", "");
   const json* text = &root;
   if (top_type == "qwen3_next") {

@@ -91,6 +91,13 @@ TEST(HfConfig, RefusesWhatItCannotRun) {
   j = next_80b();
   j["quantization"] = {{"bits", 3}, {"group_size", 64}};
   EXPECT_NE(error_of(j).find("3 bits"), std::string::npos);
+  // Wrong JSON types are errors that say so, not uncaught json exceptions (fuzz findings).
+  j = next_80b();
+  j["model_type"] = 7;
+  EXPECT_NE(error_of(j).find("'model_type' must be a string, not number"), std::string::npos);
+  j = next_80b();
+  j["quantization"] = {{"bits", 4}, {"group_size", "64"}};
+  EXPECT_NE(error_of(j).find("needs an integer 'group_size'"), std::string::npos);
 }
 
 TEST(HfConfig, MlxQuantizationOverrides) {
