@@ -3,6 +3,9 @@
 # its seed corpus in fuzz/corpus/<target>/; new inputs go to build-fuzz/corpus/<target>/, crashes
 # to build-fuzz/crashes/. Exits non-zero when a target finds a crash, leak, timeout or OOM.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET (default 60)] [TARGET ...]
+# SWIFTLET_FUZZ_SEED fixes libFuzzer's seed (default 0: a new one each run). The test script's
+# short run fixes it, so CI replays the same inputs each time and stays a regression check;
+# campaigns meant to find new bugs run without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -23,7 +26,7 @@ failed=()
 for t in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$t"
   log="build-fuzz/fuzz_$t.log"
-  if build-fuzz/bin/fuzz_$t -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 -max_len=8192 \
+  if build-fuzz/bin/fuzz_$t -max_total_time="$secs" -seed="${SWIFTLET_FUZZ_SEED:-0}" -timeout=20 -rss_limit_mb=2048 -max_len=8192 \
        -print_final_stats=1 -artifact_prefix="build-fuzz/crashes/$t-" \
        "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
     echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$') executions in ${secs} s, nothing found"

@@ -11,4 +11,4 @@ ninja -C build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900
-scripts/fuzz.sh "${SWIFTLET_FUZZ_SECONDS:-30}"
+SWIFTLET_FUZZ_SEED=${SWIFTLET_FUZZ_SEED:-1} scripts/fuzz.sh "${SWIFTLET_FUZZ_SECONDS:-30}"
