@@ -340,10 +340,12 @@ QpackManifest QpackManifest::parse(const json& j, const std::string& source) {
     fail("{}: container version {} is not supported; this swiftlet reads version {}{}", source,
          m.version, kQpackVersion,
          m.version > kQpackVersion ? " (update swiftlet)" : " (re-run swiftlet-repack)");
-  m.model_name = j.value("modelName", "");
-  m.source_checkpoint = j.value("sourceCheckpoint", "");
-  m.quant_bits = int(j.value("quantBits", 0));
-  m.quant_group_size = int(j.value("quantGroupSize", 0));
+  // Optional fields: absent (or null) takes the default, present must have the right type.
+  auto present = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
+  m.model_name = present("modelName") ? string_field(j, "modelName", source) : "";
+  m.source_checkpoint = present("sourceCheckpoint") ? string_field(j, "sourceCheckpoint", source) : "";
+  m.quant_bits = present("quantBits") ? int(int_field(j, "quantBits", source)) : 0;
+  m.quant_group_size = present("quantGroupSize") ? int(int_field(j, "quantGroupSize", source)) : 0;
   if (j.contains("files")) {
     if (!j["files"].is_object()) fail("{}: 'files' must map paths to byte sizes", source);
     for (auto& [k, v] : j["files"].items()) {

@@ -146,6 +146,18 @@ TEST(QpackFormat, ManifestChecksMagicAndVersion) {
   bad = j;
   bad["files"]["../etc/passwd"] = 1;
   EXPECT_NE(error_of([&] { QpackManifest::parse(bad, "m"); }).find("relative path"), std::string::npos);
+  // Optional fields of the wrong JSON type are errors that say so (a fuzz finding), absent ones
+  // take their defaults.
+  bad = j;
+  bad["modelName"] = 8;
+  EXPECT_NE(error_of([&] { QpackManifest::parse(bad, "m"); }).find("'modelName' must be a string"), std::string::npos);
+  bad = j;
+  bad["quantBits"] = "4";
+  EXPECT_NE(error_of([&] { QpackManifest::parse(bad, "m"); }).find("'quantBits' must be an integer"), std::string::npos);
+  bad = j;
+  bad.erase("modelName");
+  bad.erase("quantGroupSize");
+  EXPECT_EQ(QpackManifest::parse(bad, "m").model_name, "");
 }
 
 TEST(QpackFormat, Xxh3MatchesTheLibraryAtEverySize) {
