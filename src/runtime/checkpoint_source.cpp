@@ -83,7 +83,7 @@ TensorBytes view_bytes(const void* p, size_t n) {
   return b;
 }
 
-const char* kCopiedFiles[] = {"tokenizer.json",         "tokenizer_config.json", "chat_template.jinja",
+const char* kCopiedFiles[] = {"tokenizer.json",         "tokenizer.json.zst",    "tokenizer_config.json", "chat_template.jinja",
                               "chat_template.json",     "generation_config.json", "special_tokens_map.json",
                               "vocab.json",             "merges.txt",             "added_tokens.json"};
 

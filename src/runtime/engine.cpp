@@ -60,8 +60,8 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts) {
     else std::fprintf(stderr, "swiftlet: GPU: %s\n", gpu_summary(*gpu_).c_str());
   }
   const std::string dir = model_dir(opts.model);
-  const std::string tok = !opts.tokenizer.empty() ? opts.tokenizer : (fs::path(dir) / "tokenizer.json").string();
-  if (fs::exists(tok)) {
+  const std::string tok = !opts.tokenizer.empty() ? opts.tokenizer : Tokenizer::file_in(dir);
+  if (!tok.empty() && fs::exists(tok)) {
     tokenizer_ = Tokenizer::from_file(tok);
     if (tokenizer_->vocab_size() > config().vocab_size)
       fail("the tokenizer '{}' has {} tokens but the model's vocabulary has {} rows: they do not "

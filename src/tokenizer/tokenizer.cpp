@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/zstd_frame.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/utf8.h"
@@ -178,11 +179,24 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 Tokenizer Tokenizer::from_json_string(std::string_view json) { return Tokenizer(load_tokenizer_json(json)); }
 
+std::string Tokenizer::file_in(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const char* name : {"tokenizer.json", "tokenizer.json.zst"}) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::is_regular_file(p, ec)) return p.string();
+  }
+  return "";
+}
+
 Tokenizer Tokenizer::from_file(const std::string& path) {
   namespace fs = std::filesystem;
   fs::path file = path;
   std::error_code ec;
-  if (fs::is_directory(file, ec)) file /= "tokenizer.json";
+  if (fs::is_directory(file, ec)) {
+    const std::string found = file_in(path);
+    file = found.empty() ? file / "tokenizer.json" : fs::path(found);
+  }
   std::ifstream in(file, std::ios::binary);
   if (!in) {
     fail("cannot open {}: pass a tokenizer.json or a model directory that contains one", file.string());
@@ -190,7 +204,9 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   std::ostringstream buffer;
   buffer << in.rdbuf();
   try {
-    return from_json_string(buffer.str());
+    std::string text = std::move(buffer).str();
+    if (is_zstd_frame(text)) text = zstd_decompress(text, file.string());
+    return from_json_string(text);
   } catch (const Error& e) {
     fail("{}: {}", file.string(), e.what());
   }

@@ -34,8 +34,11 @@ struct AddedToken {
 
 class Tokenizer {
  public:
-  // `path`: a tokenizer.json, or a directory that contains one. Throws swiftlet::Error.
+  // `path`: a tokenizer.json (plain or a Zstandard frame, as tokenizer.json.zst), or a directory
+  // that contains one. Throws swiftlet::Error.
   static Tokenizer from_file(const std::string& path);
+  // The tokenizer file of a model directory: tokenizer.json, else tokenizer.json.zst; "" if none.
+  static std::string file_in(const std::string& dir);
   static Tokenizer from_json_string(std::string_view json);
 
   // parse_special = false: special added tokens (special: true, e.g. <|im_start|>) are

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -14,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "core/error.h"
+#include "core/zstd_frame.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer_test_data.h"
 #include "tokenizer/utf8.h"
@@ -349,6 +354,32 @@ TEST_F(TokenizerGolden, EncodeIsThreadSafe) {
   }
   for (std::thread& th : threads) th.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST_F(TokenizerGolden, ZstdCompressedTokenizerInADirectoryEncodesTheSame) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("swiftlet_tok_zst_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir / "tokenizer.json.zst", std::ios::binary);
+    const std::string z = zstd_compress(read_file(testing::qwen3_tokenizer_path()));
+    out.write(z.data(), std::streamsize(z.size()));
+  }
+  EXPECT_EQ(Tokenizer::file_in(dir.string()), (dir / "tokenizer.json.zst").string());
+  const Tokenizer compressed = Tokenizer::from_file(dir.string());
+  int checked = 0;
+  for (const json& c : (*goldens)["encode"]) {
+    EXPECT_EQ(compressed.encode(c["text"].get<std::string>()), ids_of(c["ids"])) << c["name"];
+    if (++checked == 40) break;
+  }
+  // A plain tokenizer.json beside it is preferred; none at all names the directory.
+  fs::copy_file(testing::qwen3_tokenizer_path(), dir / "tokenizer.json");
+  EXPECT_EQ(Tokenizer::file_in(dir.string()), (dir / "tokenizer.json").string());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  EXPECT_EQ(Tokenizer::file_in(dir.string()), "");
+  EXPECT_THROW(Tokenizer::from_file(dir.string()), swiftlet::Error);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -109,12 +109,14 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--new", type=int, default=24)
     ap.add_argument("--slice-windows", type=int, default=4)
+    ap.add_argument("--tokenizer", default="",
+                    help="directory with tokenizer.json (default: the container's own, when stored plain)")
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tok = Tokenizer.from_file(os.path.join(args.qpack, "tokenizer.json"))
+    tok = Tokenizer.from_file(os.path.join(args.tokenizer or args.qpack, "tokenizer.json"))
     model = build_model(args.qpack).to(dev)
     ref = {"prompts": []}
     for i, q in enumerate(PROMPTS):
