@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <vector>
 
 struct CUstream_st;  // = cudaStream_t's pointee, so a cudaStream_t converts to GpuStream
 struct CUevent_st;   // = cudaEvent_t's pointee
@@ -54,9 +53,6 @@ void stream_wait(GpuStream s, GpuEvent e);  // later work on s waits for e
 void event_sync(GpuEvent e);
 GpuEvent event_create_timed();  // timing enabled (profiling)
 float event_elapsed_ms(GpuEvent start, GpuEvent end);  // both recorded and complete
-// cudaHostRegister / unregister (makes host memory DMA-able; false when the driver refuses).
-bool host_register(void* p, size_t bytes);
-void host_unregister(void* p);
 // Free and total device memory in bytes (cudaMemGetInfo).
 void device_memory(size_t* free_bytes, size_t* total_bytes);
 
@@ -187,7 +183,7 @@ void set_fused_launch(bool pdl, int blocks_per_sm);
 void probe_begin();
 std::string probe_end();
 #endif
-// The streamed products (sm_90+, on by default there; SWIFTLET_GPU_STREAM=0 turns them off):
+// The streamed products (sm_90+, on there; tests and benchmarks turn them off to compare):
 // fused_matvec, expert_act(_routed) and expert_down_add bring each block's weight rows into shared
 // memory by bulk copies (TMA) kept in flight ahead of the arithmetic, the first ones before the
 // PDL wait. Shapes they cannot take (unaligned scales, rows too long for two stages) use the
@@ -195,36 +191,13 @@ std::string probe_end();
 // fused_matvec and expert_act, 16 (default) or 8. Not thread-safe.
 void set_streamed_products(bool on, int warps = 16);
 bool streamed_products();  // on, and the device can
-// The streamed products' arithmetic on the tensor cores (on by default with them;
-// SWIFTLET_GPU_TC=0 turns it off): integer MMAs of the weights' codes with x split into three
-// 8-bit digits per group of 64 (exact sums; x rounded to 2^-22 of its group's largest value).
-// fused_matvec, expert_act(_routed) and expert_down_add, for 4/8-bit weights in groups of 64 and
-// rows of at most 4096 columns; other shapes keep the streamed kernels. Not thread-safe.
+// The streamed products' arithmetic on the tensor cores (on with them): integer MMAs of the
+// weights' codes with x split into three 8-bit digits per group of 64 (exact sums; x rounded to
+// 2^-22 of its group's largest value). fused_matvec, expert_act(_routed) and expert_down_add, for
+// 4/8-bit weights in groups of 64 and rows of at most 4096 columns; other shapes keep the
+// streamed kernels. Not thread-safe.
 void set_tensor_core_products(bool on);
 bool tensor_core_products();  // on, with the streamed products
-// A development measurement (swiftlet_bench_cuda; sync_cost.cu): microseconds a step of `steps`
-// dependent steps (even), each reading a hidden-size vector its predecessor wrote and writing its
-// share of the next, one block of 512 threads an SM, best of `reps` runs of a CUDA graph: as kernels
-// chained with PDL (sm_90), as kernels without it, and as grid barriers inside one persistent
-// kernel (the one the removed moe_decode used; one by acquire/release atomics with a busy spin; one on
-// a count that only grows). ok: every variant's result matched the host's.
-struct SyncCost {
-  double boundary_pdl_us, boundary_us, barrier_us, barrier_ar_us, barrier_count_us;
-  bool ok;
-};
-SyncCost measure_sync_cost(int steps = 256, int reps = 10);
-// A development measurement (swiftlet_bench_cuda; stream_chain.cu): `layers` layers of phases of
-// phase_bytes[p] weight bytes each (multiples of 16 after rounding up), every phase reading the
-// vector its predecessor wrote, the bytes streamed through 192 KB of shared memory a block in 16 KB
-// bulk copies and only summed. Microseconds a layer, best of `reps` graph runs: the bytes alone (no
-// chain), a kernel a phase with PDL (the decode's present shape), and one persistent kernel whose
-// copies run ahead of its chain. layer_bytes: the bytes a layer reads. ok: the chain's result and
-// the sum of every word matched the host's. All zero (ok false) below sm_90.
-struct StreamChain {
-  double layer_bytes, stream_us, kernels_us, persistent_us;
-  bool ok;
-};
-StreamChain measure_stream_chain(const std::vector<int64_t>& phase_bytes, int layers, int reps = 5);
 // Asks the driver once for what the fused kernels' launches need (occupancy, device facts), so no
 // query happens later inside a CUDA graph capture. Idempotent.
 void prepare_fused_kernels();
@@ -397,14 +370,9 @@ void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w,
 // also scaled by q_scale), one launch.
 void l2_norm_qk_rows(float* d_x, int64_t T, int64_t row_stride, int hk, int64_t n, float eps, float q_scale,
                      GpuStream s = nullptr);
-// unpack_deltanet_grouped for T tokens: qkvz rows at qkvz_stride, ba rows at ba_stride, into
-// mixed [T][conv_dim], z [T][value_dim], b and a [T][hv] (hv = hk r).
-void unpack_deltanet_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
-                                  int hk, int r, int dk, int dv, int64_t T, float* d_mixed, float* d_z, float* d_b,
-                                  float* d_a, GpuStream s = nullptr);
-// deltanet_prep_grouped for T tokens in order: unpack_deltanet_grouped_rows into d_mixed ([T]
+// deltanet_prep_grouped for T tokens in order: unpack_deltanet_grouped per row into d_mixed ([T]
 // [conv_dim] scratch), conv1d_silu_scan into u [T][conv_dim], l2_norm_qk_rows on u's q/k heads.
-// z [T][value_dim], b and a [T][hv] as unpack_deltanet_grouped_rows. Three launches.
+// z [T][value_dim], b and a [T][hv] (hv = hk r). Three launches.
 void deltanet_prep_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
                                 const float* d_conv_w, float* d_conv_state, int hk, int r, int dk, int dv, int K,
                                 float eps, float q_scale, int64_t T, float* d_mixed, float* d_u, float* d_z,

@@ -174,6 +174,9 @@ void l2_norm_qk_rows(float* d_x, int64_t T, int64_t row_stride, int hk, int64_t 
   SWIFTLET_CUDA_LAUNCHED();
 }
 
+namespace {
+// unpack_deltanet_grouped for T tokens: qkvz rows at qkvz_stride, ba rows at ba_stride, into
+// mixed [T][conv_dim], z [T][value_dim], b and a [T][hv] (hv = hk r).
 void unpack_deltanet_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
                                   int hk, int r, int dk, int dv, int64_t T, float* d_mixed, float* d_z, float* d_b,
                                   float* d_a, GpuStream s) {
@@ -186,6 +189,7 @@ void unpack_deltanet_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, cons
                                                   d_b, d_a);
   SWIFTLET_CUDA_LAUNCHED();
 }
+}  // namespace
 
 void deltanet_prep_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
                                 const float* d_conv_w, float* d_conv_state, int hk, int r, int dk, int dv, int K,

@@ -119,14 +119,6 @@ float event_elapsed_ms(GpuEvent start, GpuEvent end) {
   SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
   return ms;
 }
-bool host_register(void* p, size_t bytes) {
-  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
-  (void)cudaGetLastError();  // clear the sticky-free error so later checks do not see it
-  return false;
-}
-void host_unregister(void* p) {
-  if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
-}
 void device_memory(size_t* free_bytes, size_t* total_bytes) {
   SWIFTLET_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }
