@@ -58,13 +58,12 @@ void gpu_host_free(void* p);
 // saying why, when the binary has no CUDA or no usable GPU is present; the weights' formats are all
 // supported, so other problems throw Error.
 std::shared_ptr<GpuModel> make_gpu_model(const Model& m, const GpuOptions& opts, std::string* reason);
-// A forward pass for one session over a shared GpuModel.
-std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g);
+// A forward pass for one session over a shared GpuModel. With `profile`, decode launches kernel by
+// kernel (no CUDA graph) with a timing event after each part of each layer (gpu_decode_profile).
+std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g, bool profile = false);
 GpuStats gpu_stats(const GpuModel& g);
-// Where the GPU time of decode steps and batched prompts goes, part by part in forward order, when
-// the pass was made with SWIFTLET_GPU_PROFILE=1 in the environment (then decode launches kernel by
-// kernel, no CUDA graph, and a timing event follows each part of each layer): lines "part
-// us/token share", a table each. Empty otherwise.
+// Where the GPU time of decode steps and batched prompts goes, part by part in forward order, for a
+// pass made with `profile`: lines "part us/token share", a table each. Empty otherwise.
 std::string gpu_decode_profile(const ForwardPass& f);
 // The host's share of one-token runs (decode steps), averaged: enqueueing a step, waiting for the
 // GPU and the logits, and the time between runs. Empty before two such runs.

@@ -356,6 +356,46 @@ void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t head
                     GpuStream s = nullptr);
 
 
+// --- one decode token, the kernels chosen by device and shape (dispatch.cpp) --------------------
+// What the DeltaNet decode needs where deltanet_step does not apply: u [conv_dim], and for the
+// grouped layout mixed [conv_dim], z [value_dim], b and a [hv].
+struct DeltaNetScratch {
+  float *mixed = nullptr, *u = nullptr, *z = nullptr, *b = nullptr, *a = nullptr;
+};
+// One token's DeltaNet after its projections, arguments as deltanet_step: that one launch where it
+// applies, else the prep kernels (deltanet_prep_grouped, or conv1d_silu_step + l2_norm_qk) and
+// delta_rule_norm_step through the scratch.
+void deltanet_decode(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
+                     const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
+                     int hk, int hv, int dk, int dv, int K, const DeltaNetScratch& scratch, float* d_o,
+                     GpuStream s = nullptr, bool state_early = false);
+// The routed experts' buffers: act [n + 1][I] (the activations, the shared expert's last), and
+// where the fused kernels do not apply, up [n][I] and y [n][H].
+struct ExpertScratch {
+  float *act = nullptr, *up = nullptr, *y = nullptr;
+};
+// act = SiLU(gate x) * up x for the n chosen experts (and, with sh, the shared one): expert_act
+// where experts_fusable, else expert_gate_up + silu_mul (sh must be null then).
+void experts_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,
+                 const SharedExpert* sh, const float* d_x, const ExpertScratch& scratch, GpuStream s = nullptr);
+// h += sum_i w[i] down_i act[i] (+ the gated shared expert with sh): expert_down_add, else
+// expert_down + moe_combine. ids_early as expert_down_add.
+void experts_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
+                      int n, const SharedExpert* sh, const ExpertScratch& scratch, float* d_h, GpuStream s = nullptr,
+                      bool ids_early = true);
+// Decode with every expert resident: the top k of the router's E logits into d_ids / d_w, then
+// experts_act. The top-k runs inside the act kernel where it can (routes_in_act: the shared expert
+// fused, expert_act_routes), else as router_topk first.
+bool routes_in_act(const ExpertLayout& l, int E, int k, const SharedExpert* sh);
+void route_experts_act(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                       bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
+                       const ExpertScratch& scratch, GpuStream s = nullptr);
+// The down half after route_experts_act (the same l, E, k, sh).
+void routed_experts_down_add(const ExpertLayout& l, const void* const* d_table, int E, int k, const int32_t* d_ids,
+                             const float* d_w, const SharedExpert* sh, const ExpertScratch& scratch, float* d_h,
+                             GpuStream s = nullptr);
+
+
 // --- prompts: T tokens per launch (prefill.cu) ------------------------------------------------
 // A GPU prefill runs all T tokens of a prompt chunk through a layer at once. Each op below equals T
 // calls of its one-token form in token order (state included), in one launch each. Buffers are

@@ -1,6 +1,8 @@
-// Host-side launch helpers of the CUDA kernels (fused.cu, forward_ops.cu): the device's SM count,
-// the launch settings (PDL, streamed and tensor-core products, chosen once from the device and the
-// environment), and cudaLaunchKernelEx with the PDL attribute and optional thread-block clusters.
+// Host-side launch helpers of the CUDA kernels (fused.cu, forward_ops.cu, deltanet.cu): the
+// device's SM count, the launch settings (PDL, streamed and tensor-core
+// products: chosen once from the device; tests and benchmarks change them through
+// set_fused_launch, set_streamed_products and set_tensor_core_products), and cudaLaunchKernelEx
+// with the PDL attribute and optional thread-block clusters.
 // A kernel launched here with PDL on must run griddepcontrol.wait (pdl_wait_and_release,
 // cuda_common.cuh) before it reads what its predecessor writes. Not part of the API.
 #pragma once
@@ -8,9 +10,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,9 +32,9 @@ inline int sm_count() {
 struct Tuning {
   bool capable = false;  // sm_90+
   bool pdl = false;
-  bool stream = false;  // the streamed products (sm_90+; SWIFTLET_GPU_STREAM=0 turns them off)
+  bool stream = false;  // the streamed products (sm_90+)
   int stream_warps = 16;  // warps per block of the streamed products (8 or 16)
-  bool tc = false;  // the streamed products on the tensor cores where they fit (SWIFTLET_GPU_TC=0: off)
+  bool tc = false;  // the streamed products on the tensor cores where they fit
   int blocks_per_sm = 0;  // 0: by registers (R = 1, 2, 4 use ~45, ~80, ~115 per thread)
 };
 inline Tuning& tuning() {
@@ -43,11 +43,7 @@ inline Tuning& tuning() {
     int dev = 0, major = 0;
     SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
     SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    v.capable = v.pdl = major >= 9;
-    const char* env = std::getenv("SWIFTLET_GPU_STREAM");
-    v.stream = v.capable && !(env && std::string(env) == "0");
-    const char* tc = std::getenv("SWIFTLET_GPU_TC");
-    v.tc = v.capable && !(tc && std::string(tc) == "0");
+    v.capable = v.pdl = v.stream = v.tc = major >= 9;
     return v;
   }();
   return t;
