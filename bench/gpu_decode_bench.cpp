@@ -116,7 +116,7 @@ void op_breakdown(const ModelConfig& c, double ms_per_token) {
   };
   double total_us = 0;
   std::printf("\nthe unfused small ops of the earlier decode path (reference; decode now uses the fused\n"
-              "kernels of kernels/cuda/fused.cu, timed by swiftlet_bench_cuda):\n");
+              "kernels of kernels/cuda/matvec.cu and moe_experts.cu, timed by swiftlet_bench_cuda):\n");
   std::printf("%-28s %10s %10s %12s\n", "small op", "us/launch", "per token", "us/token");
   for (const Op& op : ops) {
     const double us = 1e3 * cu::gpu_time_ms(op.fn, 200);

@@ -3,6 +3,11 @@
 // reference (kernels/cpu/ops_ref.h, or the loops of model/qwen3_hybrid.cpp) and is tested
 // against it in cuda_kernels_test.cpp. Activations are fp32, accumulation fp32.
 //
+// The sources by operation (src/kernels/cuda/README.md): runtime.cu (memory, streams, graphs),
+// matmul.cu (products over T tokens, the prompt's experts, embedding rows), matvec.cu (the decode's
+// fused products), moe_experts.cu (the decode's routed experts), router.cu, attention.cu,
+// deltanet.cu, norms.cu (norms and element-wise ops), dispatch.cpp (the decode's variant choice).
+//
 // Errors: a failed CUDA call is a broken invariant here (the caller checked cuda_available()
 // first), so it prints the CUDA error with file and line and aborts.
 #pragma once
@@ -101,7 +106,7 @@ GpuGraph graph_capture_end(GpuStream s);
 void graph_launch(GpuGraph g, GpuStream s);
 void graph_destroy(GpuGraph g);
 
-// --- products ---------------------------------------------------------------------------------
+// --- products over T tokens (matmul.cu) -------------------------------------------------------
 // Y[t, rows] = W X[t, cols] for t < n (row-major, device). A warp per row streams the row once
 // for up to 8 tokens; larger n runs as tiles of 8 tokens in the same launch.
 void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
@@ -111,7 +116,7 @@ void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s = 
 // Y[t] += W X[t] for t < n (a prompt's output projections added into its residual rows).
 void matmul_add_rows(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
 
-// --- fused decode products (fused.cu) ---------------------------------------------------------
+// --- decode products (matvec.cu; the routed experts: moe_experts.cu) --------------------------
 // One launch for several matrices that read the same input: q/k/v, qkvz + ba, router + the
 // shared expert's gate logit, an output projection added into the residual stream. Segment i
 // computes y_i = W_i x, or y_i += W_i x with `add`. With d_norm_w non-null, x is RMSNorm'd first
@@ -177,7 +182,7 @@ void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d
 // (0: by register use). Not thread-safe; set before launching.
 void set_fused_launch(bool pdl, int blocks_per_sm);
 #ifdef SWIFTLET_GPU_PROBE
-// Phase timestamps of the decode kernels (fused.cu; a development build, -DSWIFTLET_GPU_PROBE=ON):
+// Phase timestamps of the decode kernels (matvec.cu; a development build, -DSWIFTLET_GPU_PROBE=ON):
 // probe_begin() arms them, probe_end() synchronises, disarms and reports, per probed kernel and
 // mark, when its blocks passed the mark.
 void probe_begin();
@@ -246,7 +251,7 @@ void l2_norm_qk(float* d_x, int hk, int64_t n, float eps, float q_scale, GpuStre
 // out[d] += sum_i w[i] y[i][d] for i < n (the weighted sum of the routed experts, 3.10 step 4).
 void moe_combine(float* d_out, const float* d_y, const float* d_w, int n, int64_t H, GpuStream s = nullptr);
 
-// --- element-wise and norms -------------------------------------------------------------------
+// --- element-wise and norms (norms.cu) ---------------------------------------------------------
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for each of `rows` rows of n (ref::rms_norm);
 // x and y may alias. w is one n-vector shared by all rows (q_norm/k_norm over heads too).
 void rms_norm(const float* d_x, const float* d_w, int64_t rows, int64_t n, float eps, float* d_y,
@@ -260,15 +265,15 @@ void axpy(float* d_y, const float* d_x, int64_t n, float a, const float* d_a = n
 // y[i] += sigmoid(*d_gate) * x[i]   (the shared expert's scalar gate, model-spec.md 3.10 step 5-6)
 void add_sigmoid_scaled(float* d_y, const float* d_x, const float* d_gate, int64_t n, GpuStream s = nullptr);
 
-// --- router -----------------------------------------------------------------------------------
+// --- router (router.cu) --------------------------------------------------------------------------
 // For each of n_tok rows of E logits: softmax over all E, the top k (k <= 16, ties to the lower
 // index), weights renormalised over the k when `renormalise` (model-spec.md 3.10). A bitonic sort
-// in shared memory (fused.cu).
+// in shared memory.
 // Writes d_ids[t][k] (descending probability) and d_weights[t][k]. E <= 4096.
 void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
                  float* d_weights, GpuStream s = nullptr);
 
-// --- attention --------------------------------------------------------------------------------
+// --- attention (attention.cu) ----------------------------------------------------------------
 // NeoX rotate-half RoPE on dims [0, rot_dim) of n_heads heads (head i at x + i * head_stride),
 // position pos, frequencies theta^(-2i/rot_dim) computed as the CPU does (model-spec.md 3.2).
 void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_t pos, float theta,
@@ -301,7 +306,7 @@ void attention_decode_at(const float* d_q, const float* d_k_cache, const float* 
                          const int64_t* d_pos, int n_heads, int n_kv_heads, int head_dim, float scale,
                          const float* d_gate, float* d_out, GpuStream s = nullptr);
 
-// --- Gated DeltaNet, one token (model-spec.md 3.5 - 3.9) --------------------------------------
+// --- Gated DeltaNet, one token (deltanet.cu; model-spec.md 3.5 - 3.9) --------------------------
 // Causal depthwise conv + SiLU for one token: u[c] = SiLU(w[c][K-1] x[c] + sum_j w[c][j] state[j][c]);
 // then the state (rows oldest first, [K-1][C]) shifts and takes x. conv_w: [C][K].
 void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, int64_t C, int K, float* d_u,
@@ -396,7 +401,7 @@ void routed_experts_down_add(const ExpertLayout& l, const void* const* d_table, 
                              GpuStream s = nullptr);
 
 
-// --- prompts: T tokens per launch (prefill.cu) ------------------------------------------------
+// --- prompts: T tokens per launch (attention.cu, deltanet.cu, norms.cu) ------------------------
 // A GPU prefill runs all T tokens of a prompt chunk through a layer at once. Each op below equals T
 // calls of its one-token form in token order (state included), in one launch each. Buffers are
 // row-major [T][...]; an input that is columns of a wider row takes that row's stride in floats

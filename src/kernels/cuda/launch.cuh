@@ -1,5 +1,5 @@
-// Host-side launch helpers of the CUDA kernels (fused.cu, forward_ops.cu, deltanet.cu): the
-// device's SM count, the launch settings (PDL, streamed and tensor-core
+// Host-side launch helpers of the CUDA kernels (matvec.cu, moe_experts.cu, attention.cu,
+// deltanet.cu): the device's SM count, the launch settings (PDL, streamed and tensor-core
 // products: chosen once from the device; tests and benchmarks change them through
 // set_fused_launch, set_streamed_products and set_tensor_core_products), and cudaLaunchKernelEx
 // with the PDL attribute and optional thread-block clusters.

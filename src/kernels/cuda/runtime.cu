@@ -205,4 +205,35 @@ GpuMatrix upload_matrix(const QMatrix& w, void** d_owner, GpuStream s) {
   return upload_matrix_to(w, *d_owner, s);
 }
 
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs, and a decode step's token and position written in stream order (graph replay).
+
+namespace {
+__global__ void set_step_kernel(int32_t* a, int32_t av, int64_t* b, int64_t bv) {
+  *a = av;
+  *b = bv;
+}
+}  // namespace
+
+void set_step(int32_t* d_i32, int32_t a, int64_t* d_i64, int64_t b, GpuStream s) {
+  set_step_kernel<<<1, 1, 0, s>>>(d_i32, a, d_i64, b);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void graph_capture_begin(GpuStream s) {
+  SWIFTLET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+}
+GpuGraph graph_capture_end(GpuStream s) {
+  cudaGraph_t g;
+  SWIFTLET_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  SWIFTLET_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  SWIFTLET_CUDA_CHECK(cudaGraphDestroy(g));
+  return e;
+}
+void graph_launch(GpuGraph g, GpuStream s) { SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s)); }
+void graph_destroy(GpuGraph g) {
+  if (g) SWIFTLET_CUDA_CHECK(cudaGraphExecDestroy(g));
+}
+
 }  // namespace swiftlet::cuda
