@@ -11,6 +11,7 @@
 // [--host-cache-gb G|all] [--prompt-tokens N] [--trace STEPS (default 8; 0: off; CUPTI builds)] With random weights (the synthetic containers) routing is near uniform:
 // the hit rate of a partial cache is a worst case; real models route with much more locality.
 #include "core/sys_stats.h"
+#include "experts/expert_slots.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "model/gpu_forward.h"
 #include "runtime/model_loader.h"
@@ -205,6 +206,7 @@ int main(int argc, char** argv) {
     for (const std::string& cs : split(caches)) {
       GpuOptions go;
       go.cache_bytes = cs == "all" ? 0 : size_t(std::atof(cs.c_str()) * 1e9);
+      go.make_slots = make_expert_slots;
       const auto t0 = Clock::now();
       auto g = make_gpu_model(m, go, &why);
       if (!g) {

@@ -81,10 +81,8 @@ void GpuModel::learn_layout(const ExpertWeights& w) {
   // Fewer slots than top-k work too (the experts then run in groups of `slots`).
   slots_ = std::clamp<int64_t>(int64_t(budget / slot_bytes_), 1, n_keys);
   arena_ = static_cast<uint8_t*>(cu::gpu_alloc(size_t(slots_) * slot_bytes_));
-  slot_key_.assign(size_t(slots_), -1);
-  last_use_.assign(size_t(slots_), 0);
-  free_.clear();
-  for (int64_t s = slots_ - 1; s >= 0; --s) free_.push_back(s);
+  SWIFTLET_CHECK(opts.make_slots, "GpuOptions::make_slots is required for a model with routed experts");
+  placement_ = opts.make_slots(c.num_layers, c.num_experts, int(slots_));
   layout_known_ = true;
 }
 
@@ -104,16 +102,11 @@ void GpuModel::upload_expert(const ExpertWeights& w, void* slot) {
 void GpuModel::ensure(int layer, const int32_t* ids, int n, cu::GpuStream compute, cu::GpuEvent after_group) {
   const int E = c.num_experts;
   std::vector<int32_t> missing;
-  std::vector<int64_t> group_slots;
-  ++tick_;
+  std::vector<int> group_slots;  // pinned (never evicted) until the group is in
   for (int i = 0; i < n; ++i) {
-    const int64_t key = int64_t(layer) * E + ids[i];
-    ++uses_[size_t(key)];
-    if (const void* p = h_table_[size_t(key)]) {
+    const int s = placement_->use(layer, ids[i]);
+    if (s >= 0) {
       ++stats_.hits;
-      const int64_t s = (static_cast<const uint8_t*>(p) - arena_) / int64_t(slot_bytes_);
-      victims_.erase({uses_[size_t(key)] - 1, last_use_[size_t(s)], s});
-      last_use_[size_t(s)] = tick_;
       group_slots.push_back(s);
     } else {
       ++stats_.misses;
@@ -132,23 +125,16 @@ void GpuModel::ensure(int layer, const int32_t* ids, int n, cu::GpuStream comput
       m.experts->acquire(layer, part, std::span(host_).first(nb));
       if (!layout_known_) learn_layout(host_[0]);
       for (size_t i = 0; i < nb; ++i) {
-        int64_t s;
-        if (!free_.empty()) {
-          s = free_.back();
-          free_.pop_back();
-        } else {
-          SWIFTLET_CHECK(!victims_.empty(), "VRAM expert cache: all {} slots in use", slots_);
-          s = std::get<2>(*victims_.begin());
-          victims_.erase(victims_.begin());
-          const int64_t old = slot_key_[size_t(s)];
-          h_table_[size_t(old)] = nullptr;
+        int old_layer = -1, old_expert = -1;
+        const int s = placement_->place(layer, part[i], &old_layer, &old_expert);
+        SWIFTLET_CHECK(s >= 0, "VRAM expert cache: all {} slots in use", slots_);
+        if (old_layer >= 0) {
+          h_table_[size_t(int64_t(old_layer) * E + old_expert)] = nullptr;
           ++stats_.evictions;
         }
         const int64_t key = int64_t(layer) * E + part[i];
         void* slot = arena_ + size_t(s) * slot_bytes_;
         upload_expert(host_[i], slot);
-        slot_key_[size_t(s)] = key;
-        last_use_[size_t(s)] = tick_;
         h_table_[size_t(key)] = slot;
         // The table entry travels on the copy stream after the data (pageable: staged at once).
         cu::gpu_upload(d_table_ + key, &h_table_[size_t(key)], sizeof(void*), copy_);
@@ -162,7 +148,7 @@ void GpuModel::ensure(int layer, const int32_t* ids, int n, cu::GpuStream comput
     cu::stream_wait(compute, copied_);
     stats_.upload_seconds += since(t0);
   }
-  for (int64_t s : group_slots) victims_.insert({uses_[size_t(slot_key_[size_t(s)])], last_use_[size_t(s)], s});
+  for (int s : group_slots) placement_->unpin(s);
 }
 
 void GpuModel::preload() {

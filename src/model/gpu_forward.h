@@ -5,6 +5,7 @@
 // (SWIFTLET_HAVE_CUDA); without it make_gpu_model says so and the caller runs on the CPU.
 #pragma once
 
+#include "model/expert_slots.h"
 #include "model/forward_pass.h"
 
 #include <cstddef>
@@ -25,6 +26,9 @@ struct GpuOptions {
   // when VRAM is short the chunk halves, down to 16 tokens, and below that prompts go token by
   // token.
   int prefill_chunk = 1024;
+  // The VRAM expert cache's bookkeeping, under the host cache's policy (experts/expert_slots.h:
+  // make_expert_slots). Required when the model has routed experts.
+  MakeExpertSlots make_slots;
 };
 
 // The VRAM expert cache's counters, and where the memory went.

@@ -7,8 +7,8 @@
 // the device and find their weights without the host. When every expert fits (all_resident), a
 // token runs without a single host round trip. Otherwise, per MoE layer the top-k ids come back to
 // the host (k int32, while the shared expert runs), misses are acquired from the ExpertSource and
-// copied into slots on a copy stream, evicting the slot with the lowest (use count, last use):
-// counts are remembered across evictions (LFU with history).
+// copied into slots on a copy stream. Which slot a miss takes is the host cache's policy
+// (GpuOptions::make_slots, experts/expert_slots.h): here the slots are only allocated and filled.
 #pragma once
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -16,8 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <set>
-#include <tuple>
+#include <memory>
 #include <vector>
 
 namespace swiftlet {
@@ -101,14 +100,9 @@ class GpuModel {
   size_t slot_bytes_ = 0;
   int64_t slots_ = 0;
   uint8_t* arena_ = nullptr;
-  const void** d_table_ = nullptr;                             // [layer][expert] slot address (device)
-  std::vector<const void*> h_table_;                           // the same on the host; null: not resident
-  std::vector<int64_t> slot_key_;                              // [slot] layer * E + expert, -1 free
-  std::vector<uint32_t> uses_;                                 // [layer * E + expert], kept across evictions
-  std::vector<uint64_t> last_use_;                             // [slot]
-  std::set<std::tuple<uint32_t, uint64_t, int64_t>> victims_;  // (uses, last use, slot), evictable
-  std::vector<int64_t> free_;
-  uint64_t tick_ = 0;
+  const void** d_table_ = nullptr;        // [layer][expert] slot address (device)
+  std::vector<const void*> h_table_;      // the same on the host; null: not resident
+  std::unique_ptr<ExpertSlots> placement_;  // which expert sits in which slot (the policy)
   cu::GpuStream copy_ = nullptr;
   cu::GpuEvent copied_ = nullptr;
   std::vector<ExpertWeights> host_;  // acquire() output

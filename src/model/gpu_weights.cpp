@@ -59,7 +59,6 @@ GpuModel::GpuModel(const Model& model, const GpuOptions& o) : m(model), c(model.
   owned_.push_back(d_table_);
   cu::gpu_memset(d_table_, 0, n_keys * sizeof(void*));
   h_table_.assign(n_keys, nullptr);
-  uses_.assign(n_keys, 0);
   copy_ = cu::stream_create();
   copied_ = cu::event_create();
   cu::gpu_sync();
