@@ -44,8 +44,7 @@ int blocks_per_sm(int R) {
   return R >= 4 ? 2 : R == 2 ? 3 : 4;
 }
 
-constexpr int kMaxTopk = 16;
-
+constexpr int kMaxTopk = 16;  // the routed experts a token takes
 
 // Tiles of a grid-strided loop over `total` this block takes (b, b + grid, ...).
 __device__ __forceinline__ int block_tiles(int total) {
@@ -71,13 +70,13 @@ unsigned grid_for(int64_t groups, int R) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Streamed products (sm_90). The kernels above are latency-bound (ncu: 3.5 resident warps per
-// scheduler, each with one row group's loads in flight, ~10% of the DRAM peak). Here a block's
-// weights come into shared memory as tiles of whole rows, by bulk copies (cp.async.bulk, the
+// Streamed products (sm_90). The FP32 register kernels are latency-bound (ncu: 3.5 resident
+// warps per scheduler, each with one row group's loads in flight, ~10% of the DRAM peak). Here a
+// block's weights come into shared memory as tiles of whole rows, by bulk copies (cp.async.bulk, the
 // TMA's 1D form) that complete on one mbarrier per stage. Thread 0 keeps up to S tiles in flight
 // (~90 KB a block), whatever the warps are doing, and issues the first ones before the PDL wait:
 // the weights do not depend on the predecessor, so they load during its tail. The warps read the
-// rows from shared memory with the same arithmetic as the kernels above (rows_dot<SMEM>). One
+// rows from shared memory with the same arithmetic as the register kernels (rows_dot<SMEM>). One
 // block per SM and at most kStreamSmem of shared memory: with 8 warps a block of the successor
 // fits beside it, but the default 16 warps measured faster (more latency hidden) without that.
 
