@@ -11,6 +11,7 @@
 // [--host-cache-gb G|all] [--prompt-tokens N] [--trace STEPS (default 8; 0: off; CUPTI builds)] With random weights (the synthetic containers) routing is near uniform:
 // the hit rate of a partial cache is a worst case; real models route with much more locality.
 #include "core/sys_stats.h"
+#include "experts/expert_slots.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "model/gpu_forward.h"
 #include "runtime/model_loader.h"
@@ -116,7 +117,7 @@ void op_breakdown(const ModelConfig& c, double ms_per_token) {
   };
   double total_us = 0;
   std::printf("\nthe unfused small ops of the earlier decode path (reference; decode now uses the fused\n"
-              "kernels of kernels/cuda/fused.cu, timed by swiftlet_bench_cuda):\n");
+              "kernels of kernels/cuda/matvec.cu and moe_experts.cu, timed by swiftlet_bench_cuda):\n");
   std::printf("%-28s %10s %10s %12s\n", "small op", "us/launch", "per token", "us/token");
   for (const Op& op : ops) {
     const double us = 1e3 * cu::gpu_time_ms(op.fn, 200);
@@ -205,6 +206,7 @@ int main(int argc, char** argv) {
     for (const std::string& cs : split(caches)) {
       GpuOptions go;
       go.cache_bytes = cs == "all" ? 0 : size_t(std::atof(cs.c_str()) * 1e9);
+      go.make_slots = make_expert_slots;
       const auto t0 = Clock::now();
       auto g = make_gpu_model(m, go, &why);
       if (!g) {
@@ -259,13 +261,6 @@ int main(int argc, char** argv) {
             double(after.preload_bytes) / 1e9 / after.preload_seconds, after.preload_upload_seconds);
       std::printf(")\n");
       if (!host_timing.empty()) std::printf("         %s", host_timing.c_str());
-      // A fresh forward pass made with one environment switch set (read when it is made).
-      auto forward_with = [&](const char* var, const char* value) {
-        setenv(var, value, 1);
-        auto fp = make_gpu_forward(g);
-        unsetenv(var);
-        return fp;
-      };
       // Decode tok/s of a forward pass on a fresh session after the short prompt.
       auto fresh_decode_tok_s = [&](ForwardPass& fp) {
         SessionState s = SessionState::create(c);
@@ -290,15 +285,6 @@ int main(int argc, char** argv) {
           std::printf("%s\n", swiftlet::cuda::probe_end().c_str());
         }
 #endif
-        // The same decode launching kernel by kernel, no CUDA graph: what the graph saves.
-        std::printf("         without CUDA graphs: %.2f tok/s\n",
-                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_GRAPHS", "0")));
-        // The top-k as a kernel of its own (router_topk) instead of inside expert_act.
-        std::printf("         top-k as its own kernel: %.2f tok/s\n",
-                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_ROUTE_IN_ACT", "0")));
-        // The token mixers' prep (DeltaNet conv/norms, attention q/k norms/RoPE) as kernels of its own.
-        std::printf("         mixer prep as its own kernels: %.2f tok/s\n",
-                    fresh_decode_tok_s(*forward_with("SWIFTLET_GPU_MIXER_STEP", "0")));
         // Launch settings of the fused kernels (PDL, blocks per SM of the products), each in a
         // fresh forward pass (its own graph); the default comes last again.
         struct Variant {
@@ -323,11 +309,12 @@ int main(int argc, char** argv) {
         op_breakdown(c, 1e3 * dt / tokens);
         // Where a step's and a prompt's time goes, part by part (timing events between the parts,
         // decode without the graph).
-        auto fp = forward_with("SWIFTLET_GPU_PROFILE", "1");
+        auto fp = make_gpu_forward(g, /*profile=*/true);
         const double profiled_tok_s = fresh_decode_tok_s(*fp);
         SessionState stq = SessionState::create(c);
         fp->run(stq, long_prompt, LogitsMode::Last, logits);
-        std::printf("\nby part, timing events between the parts (decode kernel by kernel: %.2f tok/s):\n%s",
+        std::printf("\nby part, timing events between the parts (decode kernel by kernel, no CUDA graph: %.2f "
+                    "tok/s):\n%s",
                     profiled_tok_s, gpu_decode_profile(*fp).c_str());
       }
       if (prompt_tokens > 1) {

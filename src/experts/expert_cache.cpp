@@ -157,6 +157,7 @@ int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function
       evictable_.erase(it);
       const Meta& old = meta_[size_t(slot)];
       where_[key(old.layer, old.expert)] = -1;
+      last_evicted_ = {old.layer, old.expert};
       if (evicted) *evicted = true;
     }
   }

@@ -25,6 +25,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace swiftlet {
@@ -59,6 +60,8 @@ class ExpertCache {
   // may_evict, when given, vetoes victims (the lowest-ranked slot it accepts is taken).
   int claim(int layer, int expert, bool* evicted = nullptr,
             const std::function<bool(int slot)>& may_evict = {});
+  // The (layer, expert) the last claim() that set *evicted dropped.
+  std::pair<int, int> last_evicted() const { return last_evicted_; }
   // The read into a Loading slot finished: Ready (ok) or dropped (failed).
   void loaded(int slot);
   void drop(int slot);
@@ -116,6 +119,7 @@ class ExpertCache {
   bool stop_ = false;
   std::thread grower_;
   uint64_t tick_ = 0;
+  std::pair<int, int> last_evicted_{-1, -1};
 };
 
 }  // namespace swiftlet

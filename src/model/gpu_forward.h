@@ -5,6 +5,7 @@
 // (SWIFTLET_HAVE_CUDA); without it make_gpu_model says so and the caller runs on the CPU.
 #pragma once
 
+#include "model/expert_slots.h"
 #include "model/forward_pass.h"
 
 #include <cstddef>
@@ -25,6 +26,9 @@ struct GpuOptions {
   // when VRAM is short the chunk halves, down to 16 tokens, and below that prompts go token by
   // token.
   int prefill_chunk = 1024;
+  // The VRAM expert cache's bookkeeping, under the host cache's policy (experts/expert_slots.h:
+  // make_expert_slots). Required when the model has routed experts.
+  MakeExpertSlots make_slots;
 };
 
 // The VRAM expert cache's counters, and where the memory went.
@@ -58,13 +62,12 @@ void gpu_host_free(void* p);
 // saying why, when the binary has no CUDA or no usable GPU is present; the weights' formats are all
 // supported, so other problems throw Error.
 std::shared_ptr<GpuModel> make_gpu_model(const Model& m, const GpuOptions& opts, std::string* reason);
-// A forward pass for one session over a shared GpuModel.
-std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g);
+// A forward pass for one session over a shared GpuModel. With `profile`, decode launches kernel by
+// kernel (no CUDA graph) with a timing event after each part of each layer (gpu_decode_profile).
+std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g, bool profile = false);
 GpuStats gpu_stats(const GpuModel& g);
-// Where the GPU time of decode steps and batched prompts goes, part by part in forward order, when
-// the pass was made with SWIFTLET_GPU_PROFILE=1 in the environment (then decode launches kernel by
-// kernel, no CUDA graph, and a timing event follows each part of each layer): lines "part
-// us/token share", a table each. Empty otherwise.
+// Where the GPU time of decode steps and batched prompts goes, part by part in forward order, for a
+// pass made with `profile`: lines "part us/token share", a table each. Empty otherwise.
 std::string gpu_decode_profile(const ForwardPass& f);
 // The host's share of one-token runs (decode steps), averaged: enqueueing a step, waiting for the
 // GPU and the logits, and the time between runs. Empty before two such runs.

@@ -4,6 +4,7 @@
 // restore of the device state). Skipped where there is no usable GPU.
 #include "model/gpu_forward.h"
 
+#include "experts/expert_slots.h"
 #include "runtime/model_loader.h"
 #include "runtime/repack.h"
 #include "runtime/session.h"
@@ -100,7 +101,15 @@ Trace cpu_trace(const Model& m) {
   });
 }
 
+// GpuOptions with the VRAM cache's policy (what the engine passes).
+GpuOptions gpu_options() {
+  GpuOptions o;
+  o.make_slots = make_expert_slots;
+  return o;
+}
+
 Trace gpu_trace(const Model& m, GpuOptions o, GpuStats* stats = nullptr) {
+  o.make_slots = make_expert_slots;
   std::string why;
   auto g = make_gpu_model(m, o, &why);
   EXPECT_TRUE(g) << why;
@@ -243,7 +252,7 @@ TEST(GpuForward, LongPromptInChunksMatchesTheCpu) {
   };
   const Trace want = trace(c, cpu_run, prompt, LogitsMode::Last, 4);
   for (int chunk : {1024, 100}) {  // 2 chunks, then 11
-    GpuOptions o;
+    GpuOptions o = gpu_options();
     o.prefill_chunk = chunk;
     std::string why;
     auto g = make_gpu_model(lm->model, o, &why);
@@ -263,7 +272,7 @@ TEST(GpuForward, SessionPrefixReuseMatchesAFreshRunAndTheCpu) {
   SKIP_WITHOUT_GPU();
   auto lm = load_model(tiny_qpack());
   std::string why;
-  auto g = make_gpu_model(lm->model, {}, &why);
+  auto g = make_gpu_model(lm->model, gpu_options(), &why);
   ASSERT_TRUE(g) << why;
   SessionOptions gpu_opts;
   gpu_opts.gpu = g;

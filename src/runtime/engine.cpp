@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "experts/expert_slots.h"
 #include "io/mapped_file.h"
 #include "model/gpu_forward.h"
 
@@ -55,6 +56,7 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts) {
   if (gpu) {
     GpuOptions go;
     go.cache_bytes = opts.gpu_cache_bytes;
+    go.make_slots = make_expert_slots;
     gpu_ = make_gpu_model(loaded_->model, go, &no_gpu);
     if (!gpu_) std::fprintf(stderr, "swiftlet: --gpu: %s; falling back to the CPU\n", no_gpu.c_str());
     else std::fprintf(stderr, "swiftlet: GPU: %s\n", gpu_summary(*gpu_).c_str());

@@ -107,20 +107,6 @@ __device__ __forceinline__ void prefetch_lines(const void* p, int64_t bytes, int
   for (int64_t o = int64_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(c + o);
 }
 
-// A grid-wide count that only grows (the development measurements: sync_cost.cu, stream_chain.cu).
-// count_arrive adds 1 as a release (the thread's writes, and its block's ordered before it by a
-// block barrier, are visible to whoever then sees the count); count_wait spins until the count is
-// at least `target` (acquire).
-__device__ __forceinline__ void count_arrive(unsigned* count) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-}
-__device__ __forceinline__ void count_wait(const unsigned* count, unsigned target) {
-  unsigned c;
-  do {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(count) : "memory");
-  } while (c < target);
-}
-
 }  // namespace swiftlet::cuda::detail
 
 #define SWIFTLET_CUDA_CHECK(call)                                                               \

@@ -3,6 +3,11 @@
 // reference (kernels/cpu/ops_ref.h, or the loops of model/qwen3_hybrid.cpp) and is tested
 // against it in cuda_kernels_test.cpp. Activations are fp32, accumulation fp32.
 //
+// The sources by operation (src/kernels/cuda/README.md): runtime.cu (memory, streams, graphs),
+// matmul.cu (products over T tokens, the prompt's experts, embedding rows), matvec.cu (the decode's
+// fused products), moe_experts.cu (the decode's routed experts), router.cu, attention.cu,
+// deltanet.cu, norms.cu (norms and element-wise ops), dispatch.cpp (the decode's variant choice).
+//
 // Errors: a failed CUDA call is a broken invariant here (the caller checked cuda_available()
 // first), so it prints the CUDA error with file and line and aborts.
 #pragma once
@@ -13,7 +18,6 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <vector>
 
 struct CUstream_st;  // = cudaStream_t's pointee, so a cudaStream_t converts to GpuStream
 struct CUevent_st;   // = cudaEvent_t's pointee
@@ -54,9 +58,6 @@ void stream_wait(GpuStream s, GpuEvent e);  // later work on s waits for e
 void event_sync(GpuEvent e);
 GpuEvent event_create_timed();  // timing enabled (profiling)
 float event_elapsed_ms(GpuEvent start, GpuEvent end);  // both recorded and complete
-// cudaHostRegister / unregister (makes host memory DMA-able; false when the driver refuses).
-bool host_register(void* p, size_t bytes);
-void host_unregister(void* p);
 // Free and total device memory in bytes (cudaMemGetInfo).
 void device_memory(size_t* free_bytes, size_t* total_bytes);
 
@@ -105,7 +106,7 @@ GpuGraph graph_capture_end(GpuStream s);
 void graph_launch(GpuGraph g, GpuStream s);
 void graph_destroy(GpuGraph g);
 
-// --- products ---------------------------------------------------------------------------------
+// --- products over T tokens (matmul.cu) -------------------------------------------------------
 // Y[t, rows] = W X[t, cols] for t < n (row-major, device). A warp per row streams the row once
 // for up to 8 tokens; larger n runs as tiles of 8 tokens in the same launch.
 void matmul(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
@@ -115,7 +116,7 @@ void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s = 
 // Y[t] += W X[t] for t < n (a prompt's output projections added into its residual rows).
 void matmul_add_rows(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
 
-// --- fused decode products (fused.cu) ---------------------------------------------------------
+// --- decode products (matvec.cu; the routed experts: moe_experts.cu) --------------------------
 // One launch for several matrices that read the same input: q/k/v, qkvz + ba, router + the
 // shared expert's gate logit, an output projection added into the residual stream. Segment i
 // computes y_i = W_i x, or y_i += W_i x with `add`. With d_norm_w non-null, x is RMSNorm'd first
@@ -181,13 +182,13 @@ void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d
 // (0: by register use). Not thread-safe; set before launching.
 void set_fused_launch(bool pdl, int blocks_per_sm);
 #ifdef SWIFTLET_GPU_PROBE
-// Phase timestamps of the decode kernels (fused.cu; a development build, -DSWIFTLET_GPU_PROBE=ON):
+// Phase timestamps of the decode kernels (matvec.cu; a development build, -DSWIFTLET_GPU_PROBE=ON):
 // probe_begin() arms them, probe_end() synchronises, disarms and reports, per probed kernel and
 // mark, when its blocks passed the mark.
 void probe_begin();
 std::string probe_end();
 #endif
-// The streamed products (sm_90+, on by default there; SWIFTLET_GPU_STREAM=0 turns them off):
+// The streamed products (sm_90+, on there; tests and benchmarks turn them off to compare):
 // fused_matvec, expert_act(_routed) and expert_down_add bring each block's weight rows into shared
 // memory by bulk copies (TMA) kept in flight ahead of the arithmetic, the first ones before the
 // PDL wait. Shapes they cannot take (unaligned scales, rows too long for two stages) use the
@@ -195,36 +196,13 @@ std::string probe_end();
 // fused_matvec and expert_act, 16 (default) or 8. Not thread-safe.
 void set_streamed_products(bool on, int warps = 16);
 bool streamed_products();  // on, and the device can
-// The streamed products' arithmetic on the tensor cores (on by default with them;
-// SWIFTLET_GPU_TC=0 turns it off): integer MMAs of the weights' codes with x split into three
-// 8-bit digits per group of 64 (exact sums; x rounded to 2^-22 of its group's largest value).
-// fused_matvec, expert_act(_routed) and expert_down_add, for 4/8-bit weights in groups of 64 and
-// rows of at most 4096 columns; other shapes keep the streamed kernels. Not thread-safe.
+// The streamed products' arithmetic on the tensor cores (on with them): integer MMAs of the
+// weights' codes with x split into three 8-bit digits per group of 64 (exact sums; x rounded to
+// 2^-22 of its group's largest value). fused_matvec, expert_act(_routed) and expert_down_add, for
+// 4/8-bit weights in groups of 64 and rows of at most 4096 columns; other shapes keep the
+// streamed kernels. Not thread-safe.
 void set_tensor_core_products(bool on);
 bool tensor_core_products();  // on, with the streamed products
-// A development measurement (swiftlet_bench_cuda; sync_cost.cu): microseconds a step of `steps`
-// dependent steps (even), each reading a hidden-size vector its predecessor wrote and writing its
-// share of the next, one block of 512 threads an SM, best of `reps` runs of a CUDA graph: as kernels
-// chained with PDL (sm_90), as kernels without it, and as grid barriers inside one persistent
-// kernel (the one the removed moe_decode used; one by acquire/release atomics with a busy spin; one on
-// a count that only grows). ok: every variant's result matched the host's.
-struct SyncCost {
-  double boundary_pdl_us, boundary_us, barrier_us, barrier_ar_us, barrier_count_us;
-  bool ok;
-};
-SyncCost measure_sync_cost(int steps = 256, int reps = 10);
-// A development measurement (swiftlet_bench_cuda; stream_chain.cu): `layers` layers of phases of
-// phase_bytes[p] weight bytes each (multiples of 16 after rounding up), every phase reading the
-// vector its predecessor wrote, the bytes streamed through 192 KB of shared memory a block in 16 KB
-// bulk copies and only summed. Microseconds a layer, best of `reps` graph runs: the bytes alone (no
-// chain), a kernel a phase with PDL (the decode's present shape), and one persistent kernel whose
-// copies run ahead of its chain. layer_bytes: the bytes a layer reads. ok: the chain's result and
-// the sum of every word matched the host's. All zero (ok false) below sm_90.
-struct StreamChain {
-  double layer_bytes, stream_us, kernels_us, persistent_us;
-  bool ok;
-};
-StreamChain measure_stream_chain(const std::vector<int64_t>& phase_bytes, int layers, int reps = 5);
 // Asks the driver once for what the fused kernels' launches need (occupancy, device facts), so no
 // query happens later inside a CUDA graph capture. Idempotent.
 void prepare_fused_kernels();
@@ -273,7 +251,7 @@ void l2_norm_qk(float* d_x, int hk, int64_t n, float eps, float q_scale, GpuStre
 // out[d] += sum_i w[i] y[i][d] for i < n (the weighted sum of the routed experts, 3.10 step 4).
 void moe_combine(float* d_out, const float* d_y, const float* d_w, int n, int64_t H, GpuStream s = nullptr);
 
-// --- element-wise and norms -------------------------------------------------------------------
+// --- element-wise and norms (norms.cu) ---------------------------------------------------------
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for each of `rows` rows of n (ref::rms_norm);
 // x and y may alias. w is one n-vector shared by all rows (q_norm/k_norm over heads too).
 void rms_norm(const float* d_x, const float* d_w, int64_t rows, int64_t n, float eps, float* d_y,
@@ -287,15 +265,15 @@ void axpy(float* d_y, const float* d_x, int64_t n, float a, const float* d_a = n
 // y[i] += sigmoid(*d_gate) * x[i]   (the shared expert's scalar gate, model-spec.md 3.10 step 5-6)
 void add_sigmoid_scaled(float* d_y, const float* d_x, const float* d_gate, int64_t n, GpuStream s = nullptr);
 
-// --- router -----------------------------------------------------------------------------------
+// --- router (router.cu) --------------------------------------------------------------------------
 // For each of n_tok rows of E logits: softmax over all E, the top k (k <= 16, ties to the lower
 // index), weights renormalised over the k when `renormalise` (model-spec.md 3.10). A bitonic sort
-// in shared memory (fused.cu).
+// in shared memory.
 // Writes d_ids[t][k] (descending probability) and d_weights[t][k]. E <= 4096.
 void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
                  float* d_weights, GpuStream s = nullptr);
 
-// --- attention --------------------------------------------------------------------------------
+// --- attention (attention.cu) ----------------------------------------------------------------
 // NeoX rotate-half RoPE on dims [0, rot_dim) of n_heads heads (head i at x + i * head_stride),
 // position pos, frequencies theta^(-2i/rot_dim) computed as the CPU does (model-spec.md 3.2).
 void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_t pos, float theta,
@@ -328,7 +306,7 @@ void attention_decode_at(const float* d_q, const float* d_k_cache, const float* 
                          const int64_t* d_pos, int n_heads, int n_kv_heads, int head_dim, float scale,
                          const float* d_gate, float* d_out, GpuStream s = nullptr);
 
-// --- Gated DeltaNet, one token (model-spec.md 3.5 - 3.9) --------------------------------------
+// --- Gated DeltaNet, one token (deltanet.cu; model-spec.md 3.5 - 3.9) --------------------------
 // Causal depthwise conv + SiLU for one token: u[c] = SiLU(w[c][K-1] x[c] + sum_j w[c][j] state[j][c]);
 // then the state (rows oldest first, [K-1][C]) shifts and takes x. conv_w: [C][K].
 void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, int64_t C, int K, float* d_u,
@@ -383,7 +361,47 @@ void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t head
                     GpuStream s = nullptr);
 
 
-// --- prompts: T tokens per launch (prefill.cu) ------------------------------------------------
+// --- one decode token, the kernels chosen by device and shape (dispatch.cpp) --------------------
+// What the DeltaNet decode needs where deltanet_step does not apply: u [conv_dim], and for the
+// grouped layout mixed [conv_dim], z [value_dim], b and a [hv].
+struct DeltaNetScratch {
+  float *mixed = nullptr, *u = nullptr, *z = nullptr, *b = nullptr, *a = nullptr;
+};
+// One token's DeltaNet after its projections, arguments as deltanet_step: that one launch where it
+// applies, else the prep kernels (deltanet_prep_grouped, or conv1d_silu_step + l2_norm_qk) and
+// delta_rule_norm_step through the scratch.
+void deltanet_decode(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
+                     const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
+                     int hk, int hv, int dk, int dv, int K, const DeltaNetScratch& scratch, float* d_o,
+                     GpuStream s = nullptr, bool state_early = false);
+// The routed experts' buffers: act [n + 1][I] (the activations, the shared expert's last), and
+// where the fused kernels do not apply, up [n][I] and y [n][H].
+struct ExpertScratch {
+  float *act = nullptr, *up = nullptr, *y = nullptr;
+};
+// act = SiLU(gate x) * up x for the n chosen experts (and, with sh, the shared one): expert_act
+// where experts_fusable, else expert_gate_up + silu_mul (sh must be null then).
+void experts_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,
+                 const SharedExpert* sh, const float* d_x, const ExpertScratch& scratch, GpuStream s = nullptr);
+// h += sum_i w[i] down_i act[i] (+ the gated shared expert with sh): expert_down_add, else
+// expert_down + moe_combine. ids_early as expert_down_add.
+void experts_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
+                      int n, const SharedExpert* sh, const ExpertScratch& scratch, float* d_h, GpuStream s = nullptr,
+                      bool ids_early = true);
+// Decode with every expert resident: the top k of the router's E logits into d_ids / d_w, then
+// experts_act. The top-k runs inside the act kernel where it can (routes_in_act: the shared expert
+// fused, expert_act_routes), else as router_topk first.
+bool routes_in_act(const ExpertLayout& l, int E, int k, const SharedExpert* sh);
+void route_experts_act(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                       bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
+                       const ExpertScratch& scratch, GpuStream s = nullptr);
+// The down half after route_experts_act (the same l, E, k, sh).
+void routed_experts_down_add(const ExpertLayout& l, const void* const* d_table, int E, int k, const int32_t* d_ids,
+                             const float* d_w, const SharedExpert* sh, const ExpertScratch& scratch, float* d_h,
+                             GpuStream s = nullptr);
+
+
+// --- prompts: T tokens per launch (attention.cu, deltanet.cu, norms.cu) ------------------------
 // A GPU prefill runs all T tokens of a prompt chunk through a layer at once. Each op below equals T
 // calls of its one-token form in token order (state included), in one launch each. Buffers are
 // row-major [T][...]; an input that is columns of a wider row takes that row's stride in floats
@@ -397,14 +415,9 @@ void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w,
 // also scaled by q_scale), one launch.
 void l2_norm_qk_rows(float* d_x, int64_t T, int64_t row_stride, int hk, int64_t n, float eps, float q_scale,
                      GpuStream s = nullptr);
-// unpack_deltanet_grouped for T tokens: qkvz rows at qkvz_stride, ba rows at ba_stride, into
-// mixed [T][conv_dim], z [T][value_dim], b and a [T][hv] (hv = hk r).
-void unpack_deltanet_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
-                                  int hk, int r, int dk, int dv, int64_t T, float* d_mixed, float* d_z, float* d_b,
-                                  float* d_a, GpuStream s = nullptr);
-// deltanet_prep_grouped for T tokens in order: unpack_deltanet_grouped_rows into d_mixed ([T]
+// deltanet_prep_grouped for T tokens in order: unpack_deltanet_grouped per row into d_mixed ([T]
 // [conv_dim] scratch), conv1d_silu_scan into u [T][conv_dim], l2_norm_qk_rows on u's q/k heads.
-// z [T][value_dim], b and a [T][hv] as unpack_deltanet_grouped_rows. Three launches.
+// z [T][value_dim], b and a [T][hv] (hv = hk r). Three launches.
 void deltanet_prep_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
                                 const float* d_conv_w, float* d_conv_state, int hk, int r, int dk, int dv, int K,
                                 float eps, float q_scale, int64_t T, float* d_mixed, float* d_u, float* d_z,

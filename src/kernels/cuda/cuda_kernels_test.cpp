@@ -865,32 +865,5 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
   restore_product_mode(streamed_default, tc_default);
 }
 
-// measure_stream_chain with phases smaller than a tile, ragged, and of several tiles a block; an
-// odd number in all (the result in the second vector). The words' sum says every byte was consumed
-// once, the vector that every phase saw its predecessor's.
-TEST(CudaKernels, StreamChainConsumesEveryByteInOrder) {
-  REQUIRE_GPU();
-  const cuda::StreamChain c = cuda::measure_stream_chain({1000, 16 * 1024 * 300 + 48, 5 << 20}, 3, 1);
-  if (c.layer_bytes == 0) GTEST_SKIP() << "bulk copies need sm_90";
-  EXPECT_TRUE(c.ok);
-  EXPECT_EQ(c.layer_bytes, double(1008 + 16 * 1024 * 300 + 48 + (5 << 20)));
-  for (double us : {c.stream_us, c.kernels_us, c.persistent_us}) {
-    EXPECT_GT(us, 0.0);
-    EXPECT_LT(us, 1e5);
-  }
-}
-
-// The dependent steps of measure_sync_cost (the benchmark of a kernel boundary against three grid
-// barriers) compute what the host does: no block reads a stale vector.
-TEST(CudaKernels, SyncStepsSeeTheirPredecessors) {
-  REQUIRE_GPU();
-  const cuda::SyncCost c = cuda::measure_sync_cost(64, 2);
-  EXPECT_TRUE(c.ok);
-  for (double us : {c.boundary_pdl_us, c.boundary_us, c.barrier_us, c.barrier_ar_us, c.barrier_count_us}) {
-    EXPECT_GT(us, 0.0);
-    EXPECT_LT(us, 1e4);
-  }
-}
-
 }  // namespace
 }  // namespace swiftlet

@@ -1,7 +1,7 @@
-// The T-token token-mixer kernels (prefill.cu) against their one-token forms run T times in order
-// on a copy of the same state: outputs and final states must agree. Random ragged shapes (T = 1, 7,
-// 33; widths off multiples of 32; inputs that are columns of wider rows). Skips where no usable GPU
-// is present (CI), saying why.
+// The T-token token-mixer kernels (attention.cu, deltanet.cu, norms.cu) against their one-token
+// forms run T times in order on a copy of the same state: outputs and final states must agree.
+// Random ragged shapes (T = 1, 7, 33; widths off multiples of 32; inputs that are columns of wider
+// rows). Skips where no usable GPU is present (CI), saying why.
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/cuda_test_support.h"
 

@@ -1,6 +1,8 @@
-// Host-side launch helpers of the CUDA kernels (fused.cu, forward_ops.cu): the device's SM count,
-// the launch settings (PDL, streamed and tensor-core products, chosen once from the device and the
-// environment), and cudaLaunchKernelEx with the PDL attribute and optional thread-block clusters.
+// Host-side launch helpers of the CUDA kernels (matvec.cu, moe_experts.cu, attention.cu,
+// deltanet.cu): the device's SM count, the launch settings (PDL, streamed and tensor-core
+// products: chosen once from the device; tests and benchmarks change them through
+// set_fused_launch, set_streamed_products and set_tensor_core_products), and cudaLaunchKernelEx
+// with the PDL attribute and optional thread-block clusters.
 // A kernel launched here with PDL on must run griddepcontrol.wait (pdl_wait_and_release,
 // cuda_common.cuh) before it reads what its predecessor writes. Not part of the API.
 #pragma once
@@ -8,10 +10,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <mutex>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,9 +32,9 @@ inline int sm_count() {
 struct Tuning {
   bool capable = false;  // sm_90+
   bool pdl = false;
-  bool stream = false;  // the streamed products (sm_90+; SWIFTLET_GPU_STREAM=0 turns them off)
+  bool stream = false;  // the streamed products (sm_90+)
   int stream_warps = 16;  // warps per block of the streamed products (8 or 16)
-  bool tc = false;  // the streamed products on the tensor cores where they fit (SWIFTLET_GPU_TC=0: off)
+  bool tc = false;  // the streamed products on the tensor cores where they fit
   int blocks_per_sm = 0;  // 0: by registers (R = 1, 2, 4 use ~45, ~80, ~115 per thread)
 };
 inline Tuning& tuning() {
@@ -44,11 +43,7 @@ inline Tuning& tuning() {
     int dev = 0, major = 0;
     SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
     SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    v.capable = v.pdl = major >= 9;
-    const char* env = std::getenv("SWIFTLET_GPU_STREAM");
-    v.stream = v.capable && !(env && std::string(env) == "0");
-    const char* tc = std::getenv("SWIFTLET_GPU_TC");
-    v.tc = v.capable && !(tc && std::string(tc) == "0");
+    v.capable = v.pdl = v.stream = v.tc = major >= 9;
     return v;
   }();
   return t;
@@ -107,53 +102,4 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   launch_ex(kernel, grid, block, smem, s, false, std::forward<Args>(args)...);
 }
 
-// Development measurements (sync_cost.cu, stream_chain.cu): the launches `launches` makes on s,
-// captured and instantiated as a graph; and the fastest of `reps` runs of one, in microseconds.
-template <typename F>
-cudaGraphExec_t capture_graph(cudaStream_t s, F&& launches) {
-  cudaGraph_t g;
-  cudaGraphExec_t exec;
-  SWIFTLET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  launches();
-  SWIFTLET_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  SWIFTLET_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-  SWIFTLET_CUDA_CHECK(cudaGraphDestroy(g));
-  return exec;
-}
-inline double best_graph_us(cudaGraphExec_t g, cudaStream_t s, int reps) {
-  cudaEvent_t t0, t1;
-  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t0));
-  SWIFTLET_CUDA_CHECK(cudaEventCreate(&t1));
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    SWIFTLET_CUDA_CHECK(cudaEventRecord(t0, s));
-    SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s));
-    SWIFTLET_CUDA_CHECK(cudaEventRecord(t1, s));
-    SWIFTLET_CUDA_CHECK(cudaEventSynchronize(t1));
-    float ms = 0.0f;
-    SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    best = std::min(best, double(ms) * 1e3);
-  }
-  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t0));
-  SWIFTLET_CUDA_CHECK(cudaEventDestroy(t1));
-  return best;
-}
-// Their dependent step, out[i] = (in[i] + mean(in)) / 2 + 1 (a stale input is off by ~1: the mean
-// grows by ~1 a step): where `steps` of it take x0, in double on the host; and whether the
-// device's result matches that within 1e-3 (relative).
-inline std::vector<double> chain_reference(const std::vector<float>& x0, int steps) {
-  std::vector<double> v(x0.begin(), x0.end());
-  for (int t = 0; t < steps; ++t) {
-    double mean = 0.0;
-    for (double e : v) mean += e;
-    mean /= double(v.size());
-    for (double& e : v) e = 0.5 * (e + mean) + 1.0;
-  }
-  return v;
-}
-inline bool chain_matches(const std::vector<float>& got, const std::vector<double>& want) {
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(double(got[i]) - want[i]) <= 1e-3 * (1.0 + std::fabs(want[i])))) return false;
-  return true;
-}
 }  // namespace swiftlet::cuda::detail

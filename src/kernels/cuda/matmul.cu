@@ -7,6 +7,7 @@
 // so the weights are read once per 8 tokens. Larger
 // batches run as tiles of 8 tokens in one launch (a tensor-core GEMM for prefill is future work);
 // a prompt's routed experts run per expert over the tokens routed to it (pairs_affine_kernel).
+// Also here: rows of a weight matrix as fp32 (dequant_row(s): the embedding lookup).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -14,6 +15,7 @@
 
 namespace swiftlet::cuda {
 
+using detail::blocks_for;
 using detail::warp_sum;
 
 namespace {
@@ -448,6 +450,69 @@ void expert_down_pairs(const ExpertLayout& l, const void* const* d_table, const 
   check_expert_matrix(l.down);
   const AffineOffsets o = offsets_of(l.down);
   run_pairs(l.down, o, o, false, d_table, eb, d_act, l.down.cols, 1, d_y, nullptr, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows of a weight matrix as fp32 (the embedding lookup).
+
+namespace {
+// One row of a weight matrix as fp32 (the embedding lookup), one thread per column.
+__global__ void dequant_row_kernel(GpuMatrix w, int64_t row, const int32_t* __restrict__ d_row,
+                                   float* __restrict__ out) {
+  if (d_row) row = d_row[blockIdx.y];
+  out += int64_t(blockIdx.y) * w.cols;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= w.cols) return;
+  float v;
+  switch (w.format) {
+    case WeightFormat::F32:
+      v = static_cast<const float*>(w.data)[row * w.cols + c];
+      break;
+    case WeightFormat::BF16:
+      v = __uint_as_float(uint32_t(static_cast<const uint16_t*>(w.data)[row * w.cols + c]) << 16);
+      break;
+    case WeightFormat::F16:
+      v = __half2float(static_cast<const __half*>(w.data)[row * w.cols + c]);
+      break;
+    default: {
+      const int per_word = 32 / w.bits;
+      const uint32_t word = static_cast<const uint32_t*>(w.data)[row * (w.cols / per_word) + c / per_word];
+      const uint32_t q = (word >> (w.bits * int(c % per_word))) & ((1u << w.bits) - 1u);
+      const int64_t g = row * (w.cols / w.group_size) + c / w.group_size;
+      float sc, bi;
+      if (w.scale_dtype == DType::F32) {
+        sc = static_cast<const float*>(w.scales)[g];
+        bi = static_cast<const float*>(w.biases)[g];
+      } else if (w.scale_dtype == DType::BF16) {
+        sc = __uint_as_float(uint32_t(static_cast<const uint16_t*>(w.scales)[g]) << 16);
+        bi = __uint_as_float(uint32_t(static_cast<const uint16_t*>(w.biases)[g]) << 16);
+      } else {
+        sc = __half2float(static_cast<const __half*>(w.scales)[g]);
+        bi = __half2float(static_cast<const __half*>(w.biases)[g]);
+      }
+      v = sc * float(q) + bi;
+    }
+  }
+  out[c] = v;
+}
+}  // namespace
+
+void dequant_row(const GpuMatrix& w, int64_t row, float* d_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(row >= 0 && row < w.rows);
+  dequant_row_kernel<<<blocks_for(w.cols, 256), 256, 0, s>>>(w, row, nullptr, d_out);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void dequant_row_at(const GpuMatrix& w, const int32_t* d_row, float* d_out, GpuStream s) {
+  dequant_row_kernel<<<blocks_for(w.cols, 256), 256, 0, s>>>(w, 0, d_row, d_out);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(n <= 65535);
+  if (n == 0) return;
+  dequant_row_kernel<<<dim3(blocks_for(w.cols, 256), unsigned(n)), 256, 0, s>>>(w, 0, d_rows, d_out);
+  SWIFTLET_CUDA_LAUNCHED();
 }
 
 }  // namespace swiftlet::cuda

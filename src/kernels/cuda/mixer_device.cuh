@@ -1,5 +1,5 @@
 // The per-block (or per-element) device code of the token-mixer kernels, shared by their one-token
-// forms (ops.cu, forward_ops.cu) and their T-token forms (prefill.cu): each kernel is a thin
+// forms and their T-token forms (attention.cu, deltanet.cu, norms.cu): each kernel is a thin
 // wrapper that points these at its token's rows. Not part of the API.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Phase timestamps of the decode kernels, a development tool (cmake -DSWIFTLET_GPU_PROBE=ON; off
 // by default, and then probe() is empty). Thread 0 of each block of a kernel of kind `kind` writes
-// %globaltimer and clock64 at mark m into the buffer probe_begin() (fused.cu) installs;
+// %globaltimer and clock64 at mark m into the buffer probe_begin() (matvec.cu) installs;
 // probe_end() reports per mark when the blocks passed it. The last launch of a kind in the step is
 // what remains. Without relocatable device code each translation unit that probes has a pointer of
 // its own (g_probe, internal linkage), which probe_begin sets through probe_install_* functions.
@@ -14,6 +14,7 @@ enum ProbeKind { kProbeAct, kProbeDown, kProbeProduct, kProbeDeltaNet, kProbeKin
 #ifdef SWIFTLET_GPU_PROBE
 constexpr int kProbeBlocks = 256, kProbeMarks = 16;
 void probe_install_deltanet(unsigned long long* buf);  // deltanet.cu
+void probe_install_experts(unsigned long long* buf);   // moe_experts.cu
 namespace {
 __device__ unsigned long long* g_probe;  // [kind][block][kProbeMarks timers, kProbeMarks clocks]
 __device__ __forceinline__ void probe(int kind, int mark) {

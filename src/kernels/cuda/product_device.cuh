@@ -1,7 +1,7 @@
-// The device code of the fused decode products (fused.cu), shared by its kernels: the dequantising
-// dot product over rows in global or shared memory with its staged input, the ring of shared-memory
-// stages filled by TMA bulk copies (the PDL and L2 prefetch helpers are in cuda_common.cuh). Not
-// part of the API.
+// The device code of the fused decode products (matvec.cu, moe_experts.cu), shared by their
+// kernels: the dequantising dot product over rows in global or shared memory with its staged
+// input, the ring of shared-memory stages filled by TMA bulk copies (the PDL and L2 prefetch
+// helpers are in cuda_common.cuh). Not part of the API.
 //
 // The product loop. A block stages its input x once in shared memory, already multiplied per
 // column by a power of two (below) and with the sum of every 16-byte chunk's x values beside it;

@@ -119,14 +119,6 @@ float event_elapsed_ms(GpuEvent start, GpuEvent end) {
   SWIFTLET_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
   return ms;
 }
-bool host_register(void* p, size_t bytes) {
-  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
-  (void)cudaGetLastError();  // clear the sticky-free error so later checks do not see it
-  return false;
-}
-void host_unregister(void* p) {
-  if (cudaHostUnregister(p) != cudaSuccess) (void)cudaGetLastError();
-}
 void device_memory(size_t* free_bytes, size_t* total_bytes) {
   SWIFTLET_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }
@@ -211,6 +203,37 @@ size_t matrix_device_bytes(const QMatrix& w) {
 GpuMatrix upload_matrix(const QMatrix& w, void** d_owner, GpuStream s) {
   *d_owner = gpu_alloc(matrix_device_bytes(w));
   return upload_matrix_to(w, *d_owner, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs, and a decode step's token and position written in stream order (graph replay).
+
+namespace {
+__global__ void set_step_kernel(int32_t* a, int32_t av, int64_t* b, int64_t bv) {
+  *a = av;
+  *b = bv;
+}
+}  // namespace
+
+void set_step(int32_t* d_i32, int32_t a, int64_t* d_i64, int64_t b, GpuStream s) {
+  set_step_kernel<<<1, 1, 0, s>>>(d_i32, a, d_i64, b);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void graph_capture_begin(GpuStream s) {
+  SWIFTLET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+}
+GpuGraph graph_capture_end(GpuStream s) {
+  cudaGraph_t g;
+  SWIFTLET_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  SWIFTLET_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  SWIFTLET_CUDA_CHECK(cudaGraphDestroy(g));
+  return e;
+}
+void graph_launch(GpuGraph g, GpuStream s) { SWIFTLET_CUDA_CHECK(cudaGraphLaunch(g, s)); }
+void graph_destroy(GpuGraph g) {
+  if (g) SWIFTLET_CUDA_CHECK(cudaGraphExecDestroy(g));
 }
 
 }  // namespace swiftlet::cuda

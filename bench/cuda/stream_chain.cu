@@ -19,11 +19,12 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "bench/cuda/measure.cuh"
+#include "bench/cuda/measure.h"
 #include "kernels/cuda/product_device.cuh"
 
-namespace swiftlet::cuda {
+namespace swiftlet::cuda::bench {
 namespace {
 using namespace detail;
 
@@ -255,4 +256,4 @@ StreamChain measure_stream_chain(const std::vector<int64_t>& phase_bytes, int la
   return r;
 }
 
-}  // namespace swiftlet::cuda
+}  // namespace swiftlet::cuda::bench

@@ -2,6 +2,7 @@
 // against a device-to-device copy measured in the same run (the practical HBM ceiling), and
 // host-to-device upload GB/s from pinned and pageable memory (the expert-streaming path).
 // Usage: swiftlet_bench_cuda [iterations]
+#include "bench/cuda/measure.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <algorithm>
@@ -14,6 +15,10 @@
 
 using namespace swiftlet;
 using namespace swiftlet::cuda;
+using swiftlet::cuda::bench::measure_stream_chain;
+using swiftlet::cuda::bench::measure_sync_cost;
+using swiftlet::cuda::bench::StreamChain;
+using swiftlet::cuda::bench::SyncCost;
 
 namespace {
 

@@ -1,309 +1,20 @@
-// Fused decode kernels (issue 8): the products of a decoder layer in a few fat launches instead of
-// one launch per matrix, for affine 4/8-bit weights (MLX, model-spec.md 5.1), and the router's
-// top-k. The product loop and the shared-memory tile ring they use are in product_device.cuh; the
-// DeltaNet step's kernels in deltanet.cu.
-#include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
-#include "kernels/cuda/launch.cuh"
+// The routed experts of one decode token (and the shared expert riding along as one more): the
+// act (SiLU(gate x) * up x, optionally with the router's top-k taken inside: warp_topk) and the
+// down products added into the residual stream (model-spec.md 3.10), in the three generations of
+// decode_products.cuh. Each chosen expert's weights sit in a slot of the VRAM expert cache, found
+// through a device table. The T-token forms (a prompt's experts grouped per expert) are in
+// matmul.cu.
+#include "kernels/cuda/decode_products.cuh"
 #include "kernels/cuda/probe.cuh"
-#include "kernels/cuda/product_device.cuh"
-
-#include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <mutex>
-#include <string>
-#include <utility>
-#include <vector>
 
 namespace swiftlet::cuda {
 
-using namespace detail;  // cuda_common.cuh's helpers and product_device.cuh's product loop
-
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxParts = 17;                 // routed experts (top-k <= 16) + the shared expert
-constexpr int kActMaxE = 512;                 // experts expert_act_routed takes (16 logits per lane of a warp)
-constexpr size_t kMaxSmem = 48 * 1024;        // dynamic shared memory without an opt-in
-
-// Chunks per lane for rows_dot_fixed (0: the general loop).
-template <int BITS>
-int fixed_chunks(int64_t cols, int R) {
-  const int64_t n = cols / per_chunk<BITS>();
-  if (n == 64 && R <= 4) return 2;
-  if (n == 128 && R <= 2) return 4;
-  return 0;
-}
-
-int blocks_per_sm(int R) {
-  if (tuning().blocks_per_sm > 0) return tuning().blocks_per_sm;
-  return R >= 4 ? 2 : R == 2 ? 3 : 4;
-}
-
 // ---------------------------------------------------------------------------------------------
-// Several matrices over one input.
-
-struct Segment {
-  const uint4* data;
-  const void* scales;
-  const void* biases;
-  float* y;
-  int rows;
-  int add;  // y += W x instead of y = W x
-  int rg0;  // first row group (of R rows) of this segment
-};
-
-struct MultiArgs {
-  Segment seg[kMaxSegments];
-  int n_seg, total_rg;
-  int cols, gs, st;
-  const float* x;
-  const float* norm_w;  // null: x as it is
-  float eps;
-  float* x_out;  // block 0 writes the normed x here (when norm_w)
-  int stages, stage_bytes, ring_off;  // streamed products only (below)
-  int tc_rbt;  // the tensor-core kernel's 16-row blocks a tile (fewer than tc_geom's for small matrices)
-};
-
-// 1 / sqrt(mean(x^2) + eps) over x[0..n), by the whole block (any size); synchronises it.
-__device__ __forceinline__ float block_rms_inv(const float* x, int n, float eps, float* red) {
-  float ss = 0.0f;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(x[i], x[i], ss);
-  ss = block_sum(ss, red);
-  return rsqrtf(ss / float(n) + eps);
-}
-
-// Tiles of a grid-strided loop over `total` this block takes (b, b + grid, ...).
-__device__ __forceinline__ int block_tiles(int total) {
-  return int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-}
-// This block's tile i of a's segments (tiles of `rows` rows, numbered from each segment's rg0):
-// its segment si and first row r0.
-__device__ __forceinline__ void segment_tile(const MultiArgs& a, int i, int rows, int& si, int& r0) {
-  const int t = int(blockIdx.x) + i * int(gridDim.x);
-  si = 0;
-  while (si + 1 < a.n_seg && t >= a.seg[si + 1].rg0) ++si;
-  r0 = (t - a.seg[si].rg0) * rows;
-}
-
-// The products' input value i: a.x[i], or RMSNorm(a.x)[i] when a.norm_w (inv: 1 / rms), which
-// block 0 also writes to a.x_out.
-__device__ __forceinline__ float input_value(const MultiArgs& a, float inv, int i) {
-  float v = a.x[i];
-  if (a.norm_w) {
-    v = v * inv * a.norm_w[i];
-    if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
-  }
-  return v;
-}
-// 1 / rms of a.x when a.norm_w (else 1), by the whole block. `red`: 32 floats of shared memory.
-__device__ __forceinline__ float input_rms_inv(const MultiArgs& a, float* red) {
-  return a.norm_w ? block_rms_inv(a.x, a.cols, a.eps, red) : 1.0f;
-}
-
-// Stages the products' input (see stage; input_value).
-template <int BITS>
-__device__ __forceinline__ void stage_input(float* xs, const MultiArgs& a, float* red) {
-  const float inv = input_rms_inv(a, red);
-  stage<BITS>(xs, a.cols, [&](int i) { return input_value(a, inv, i); });
-}
-
-template <int BITS, int R, int J>
-__global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_constant__ MultiArgs a) {
-  constexpr int kPer = per_chunk<BITS>();
-  extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  __shared__ float red[32];
-  const int cols = a.cols;
-  {  // this warp's weight rows into the L2 while the predecessor finishes
-    const int lane = threadIdx.x & 31;
-    const int64_t row_bytes = int64_t(cols) * BITS / 8, scale_bytes = int64_t(cols / a.gs) * (a.st == kScaleF32 ? 4 : 2);
-    for (int rg = int(blockIdx.x) * kWarps + (threadIdx.x >> 5); rg < a.total_rg; rg += int(gridDim.x) * kWarps) {
-      int si = 0;
-      while (si + 1 < a.n_seg && rg >= a.seg[si + 1].rg0) ++si;
-      const Segment& sg = a.seg[si];
-      const int r0 = (rg - sg.rg0) * R, nr = sg.rows - r0 < R ? sg.rows - r0 : R;
-      prefetch_lines(reinterpret_cast<const char*>(sg.data) + r0 * row_bytes, nr * row_bytes, lane);
-      prefetch_lines(static_cast<const char*>(sg.scales) + r0 * scale_bytes, nr * scale_bytes, lane);
-      prefetch_lines(static_cast<const char*>(sg.biases) + r0 * scale_bytes, nr * scale_bytes, lane);
-    }
-  }
-  pdl_wait_and_release();
-  stage_input<BITS>(xs, a, red);
-  const float* sums = xs + cols + (cols + 31) / 32 * 4;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_chunks = cols / kPer, groups = cols / a.gs;
-  int gc[J > 0 ? J : 1];
-#pragma unroll
-  for (int j = 0; j < (J > 0 ? J : 1); ++j) gc[j] = ((lane + 32 * j) * kPer) / a.gs;
-  for (int rg = int(blockIdx.x) * kWarps + warp; rg < a.total_rg; rg += int(gridDim.x) * kWarps) {
-    int si = 0;
-    while (si + 1 < a.n_seg && rg >= a.seg[si + 1].rg0) ++si;
-    const Segment& sg = a.seg[si];
-    const int r0 = (rg - sg.rg0) * R;
-    const uint4* data[R];
-    const void* scales[R];
-    const void* biases[R];
-    int64_t g0[R];
-    bool valid[R];
-    float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int64_t r = r0 + i;
-      valid[i] = r < sg.rows;
-      data[i] = sg.data + r * n_chunks;
-      scales[i] = sg.scales;
-      biases[i] = sg.biases;
-      g0[i] = r * groups;
-      acc[i] = 0.0f;
-    }
-    if constexpr (J > 0)
-      rows_dot_fixed<BITS, R, J>(data, scales, biases, g0, valid, gc, a.st, xs, sums, acc);
-    else
-      rows_dot<BITS, R>(data, scales, biases, g0, valid, n_chunks, a.gs, a.st, xs, sums, acc);
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float v = warp_sum(acc[i]);
-      if (lane == 0 && valid[i]) {
-        float* y = sg.y + r0 + i;
-        *y = sg.add ? *y + v : v;
-      }
-    }
-  }
-}
-
-Segment segment_of(const GpuMatrix& m, float* y, bool add) {
-  return {static_cast<const uint4*>(m.data), m.scales, m.biases, y, int(m.rows), add ? 1 : 0, 0};
-}
-
-bool affine_fusable(const GpuMatrix& m) {
-  if (m.format != WeightFormat::Affine || (m.bits != 4 && m.bits != 8) || m.group_size <= 0) return false;
-  const int per = 128 / m.bits;
-  auto a16 = [](const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; };
-  return m.group_size % per == 0 && m.cols % m.group_size == 0 && a16(m.data) && m.cols <= (1 << 30) &&
-         m.rows < (int64_t(1) << 30);
-}
-
-bool same_shape_kind(const GpuMatrix& a, const GpuMatrix& b) {
-  return a.bits == b.bits && a.group_size == b.group_size && a.scale_dtype == b.scale_dtype && a.cols == b.cols;
-}
-
-// Blocks for `groups` row groups: every warp busy, at most what stays resident.
-unsigned grid_for(int64_t groups, int R) {
-  const int64_t want = (groups + kWarps - 1) / kWarps, cap = int64_t(blocks_per_sm(R)) * sm_count();
-  return unsigned(want < cap ? want : cap);
-}
-
-// Rows per warp: 2 where every warp of a full grid (2 blocks per SM) still gets a group, else 1.
-// Not 4: at ~120 registers only 16 warps fit on an SM, and the product is latency-bound there
-// (ncu on the H200: 0.34 instructions issued per scheduler-cycle, 0.6 eligible warps of 3.5).
-int rows_per_warp(int64_t rows) {
-  const int64_t warps = 2 * int64_t(sm_count()) * kWarps;
-  return rows >= 2 * warps ? 2 : 1;
-}
-
-template <int BITS, int R>
-void launch_multi(MultiArgs a, cudaStream_t s) {
-  int groups = 0;
-  for (int i = 0; i < a.n_seg; ++i) {
-    a.seg[i].rg0 = groups;
-    groups += (a.seg[i].rows + R - 1) / R;
-  }
-  a.total_rg = groups;
-  const size_t smem = size_t(staged_floats<BITS>(a.cols)) * 4;
-  switch (fixed_chunks<BITS>(a.cols, R)) {
-    case 2: launch_ex(multi_matvec_kernel<BITS, R, 2>, grid_for(groups, R), kThreads, smem, s, true, a); break;
-    case 4: launch_ex(multi_matvec_kernel<BITS, R, 4>, grid_for(groups, R), kThreads, smem, s, true, a); break;
-    default: launch_ex(multi_matvec_kernel<BITS, R, 0>, grid_for(groups, R), kThreads, smem, s, true, a); break;
-  }
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
-template <int BITS>
-void launch_multi_rows(const MultiArgs& a, cudaStream_t s) {
-  int64_t rows = 0;
-  for (int i = 0; i < a.n_seg; ++i) rows += a.seg[i].rows;
-  switch (rows_per_warp(rows)) {
-    case 4: launch_multi<BITS, 4>(a, s); break;
-    case 2: launch_multi<BITS, 2>(a, s); break;
-    default: launch_multi<BITS, 1>(a, s); break;
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Router: softmax, then a bitonic sort of (probability, index) in shared memory.
-
-constexpr int kTopkThreads = 1024;
-constexpr int kTopkMaxE = 4096;
-constexpr int kMaxTopk = 16;
-
-__device__ __forceinline__ bool beats(float av, int ai, float bv, int bi) { return av > bv || (av == bv && ai < bi); }
-
-// One token's top k of E logits lr, by the whole block (any size): softmax over all E, a bitonic
-// sort of N (E rounded up to a power of two) (probability, index) pairs in pv/pi (shared, N
-// long), ties to the lower index; thread 0 writes ids[i], weights[i] (renormalised over the k
-// when asked). Ends with the block synchronised only where the caller syncs.
-__device__ __forceinline__ void block_topk(const float* __restrict__ lr, int E, int N, int k, bool renormalise,
-                                           float* pv, int* pi, float* red, int32_t* ids, float* weights) {
-  float m = -INFINITY;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, lr[i]);
-  m = detail::block_max(m, red);
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < E; i += blockDim.x) {
-    const float e = expf(lr[i] - m);
-    pv[i] = e;
-    s += e;
-  }
-  s = block_sum(s, red);
-  const float inv = 1.0f / s;
-  for (int i = threadIdx.x; i < N; i += blockDim.x) {
-    pv[i] = i < E ? pv[i] * inv : -1.0f;
-    pi[i] = i;
-  }
-  // Descending: the best first.
-  for (int size = 2; size <= N; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      __syncthreads();
-      for (int t = threadIdx.x; t < N / 2; t += blockDim.x) {
-        const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
-        const bool desc = (lo & size) == 0;
-        const float av = pv[lo], bv = pv[hi];
-        const int ai = pi[lo], bi = pi[hi];
-        if (beats(bv, bi, av, ai) == desc) {
-          pv[lo] = bv;
-          pv[hi] = av;
-          pi[lo] = bi;
-          pi[hi] = ai;
-        }
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int i = 0; i < k; ++i) sum += pv[i];
-    for (int i = 0; i < k; ++i) {
-      ids[i] = pi[i];
-      weights[i] = renormalise ? pv[i] / sum : pv[i];
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kTopkThreads) router_sort_kernel(const float* __restrict__ logits, int E, int N,
-                                                                   int k, bool renormalise, int32_t* ids,
-                                                                   float* weights) {
-  __shared__ float pv[kTopkMaxE];
-  __shared__ int pi[kTopkMaxE];
-  __shared__ float red[32];
-  pdl_wait_and_release();
-  block_topk(logits + int64_t(blockIdx.x) * E, E, N, k, renormalise, pv, pi, red, ids + int64_t(blockIdx.x) * k,
-             weights + int64_t(blockIdx.x) * k);
-}
+// The top-k inside the act kernel.
 
 // The same top k by one warp, with no block barrier (expert_act_routed runs it in warp 0 while the
 // other warps stage x): lane l holds logits l, l + 32, ... (PER of them, E <= 32 PER). The same
@@ -386,7 +97,7 @@ __device__ __forceinline__ void warp_topk(const float* __restrict__ lr, int E, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Routed (and shared) experts.
+// Routed (and shared) experts: the FP32 register kernels (any device).
 
 struct Part {  // a matrix of an expert: byte offsets from the slot base, or addresses (base 0)
   size_t data, scales, biases;
@@ -598,89 +309,7 @@ __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// Streamed products (sm_90). The kernels above are latency-bound (ncu: 3.5 resident warps per
-// scheduler, each with one row group's loads in flight, ~10% of the DRAM peak). Here a block's
-// weights come into shared memory as tiles of whole rows, by bulk copies (cp.async.bulk, the
-// TMA's 1D form) that complete on one mbarrier per stage. Thread 0 keeps up to S tiles in flight
-// (~90 KB a block), whatever the warps are doing, and issues the first ones before the PDL wait:
-// the weights do not depend on the predecessor, so they load during its tail. The warps read the
-// rows from shared memory with the same arithmetic as the kernels above (rows_dot<SMEM>). One
-// block per SM and at most kStreamSmem of shared memory: with 8 warps a block of the successor
-// fits beside it, but the default 16 warps measured faster (more latency hidden) without that.
-
-constexpr int kMaxStages = 16;
-constexpr size_t kStreamSmem = 100 * 1024;
-
-// y_s = W_s x (or +=) for the segments of a, in tiles of kTileRows rows; block b takes tiles
-// b, b + grid, ... Warp w computes rows 2w and 2w + 1 of each tile.
-template <int BITS, int NW>
-__global__ void __launch_bounds__(NW * 32, 16 / NW) stream_matvec_kernel(const __grid_constant__ MultiArgs a) {
-  constexpr int kTileRows = 2 * NW;  // rows of a tile: 2 per warp
-  constexpr int kPer = per_chunk<BITS>();
-  extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  unsigned char* ring = reinterpret_cast<unsigned char*>(smem4) + a.ring_off;
-  __shared__ uint64_t bars[kMaxStages];
-  __shared__ float red[32];
-  const int cols = a.cols, groups = cols / a.gs, S = a.stages;
-  const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(groups) * (a.st == kScaleF32 ? 4u : 2u);
-  const uint32_t sc_off = kTileRows * rb, bi_off = sc_off + align16(kTileRows * srb);
-  const int mine = block_tiles(a.total_rg);
-  auto locate = [&](int i, int& si, int& r0) { segment_tile(a, i, kTileRows, si, r0); };
-  auto issue = [&](int i) {
-    int si, r0;
-    locate(i, si, r0);
-    const Segment& sg = a.seg[si];
-    const uint32_t nr = uint32_t(min(kTileRows, sg.rows - r0));
-    const Range rs[3] = {{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr * rb, 0},
-                         {static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
-                         {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
-    issue_stage(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rs, 3);
-  };
-  if (threadIdx.x == 0) {
-    ring_init(bars, S);
-    for (int i = 0; i < mine && i < S; ++i) issue(i);
-  }
-  pdl_wait_and_release();
-  stage_input<BITS>(xs, a, red);
-  const float* sums = xs + cols + (cols + 31) / 32 * 4;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_chunks = cols / kPer;
-  for (int i = 0; i < mine; ++i) {
-    stage_wait(bars + i % S, i / S);
-    int si, r0;
-    locate(i, si, r0);
-    const Segment& sg = a.seg[si];
-    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
-    const uint4* data[2];
-    const void* scales[2];
-    const void* biases[2];
-    int64_t g0[2];
-    bool valid[2];
-    float acc[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int lr = 2 * warp + k;
-      valid[k] = r0 + lr < sg.rows;
-      data[k] = reinterpret_cast<const uint4*>(st + size_t(lr) * rb);
-      scales[k] = st + sc_off;
-      biases[k] = st + bi_off;
-      g0[k] = int64_t(lr) * groups;
-      acc[k] = 0.0f;
-    }
-    rows_dot<BITS, 2, true>(data, scales, biases, g0, valid, n_chunks, a.gs, a.st, xs, sums, acc);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const float v = warp_sum(acc[k]);
-      if (lane == 0 && valid[k]) {
-        float* y = sg.y + r0 + 2 * warp + k;
-        *y = sg.add ? *y + v : v;
-      }
-    }
-    __syncthreads();  // every warp is done with the stage
-    if (threadIdx.x == 0 && i + S < mine) issue(i + S);
-  }
-}
+// The streamed act (sm_90).
 
 // The experts' parts in streaming order: the shared expert (its address known before the wait)
 // first, then the routed ones. Returns the part's index in act / ids (the shared expert is n).
@@ -849,187 +478,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __gr
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core streamed products (product_device.cuh's tc_* functions): the same tiles and ring,
-// a tile's rows of a matrix one bulk copy (issued by warp 0), contiguous in the stage as in memory.
-// Warp w takes column part w % iters of 16-row block w / iters of every tile, so its B fragments
-// stay in registers for the whole kernel; a tile's rows are summed over the parts in shared memory
-// (`part`, double-buffered by tile) by the threads of warps 1.. after the tile's barrier.
-
-// Warps a block of the tensor-core kernels (the kernels take NW; 8 warps, two blocks an SM at 100 KB
-// each so that a successor's block starts during its predecessor's tail, measured 197 against 244
-// tok/s), and the shared memory a block may take.
-constexpr int kTcWarps = 16;
-constexpr size_t kTcSmem = 200 * 1024;
-
-// The lane's scale-and-bias map of its group G on its two rows (row k of scales sc[k] / biases
-// bi[k], st type, `groups` a row), summed over the warp's 4 groups: lane 4n holds rows n and n + 8.
-__device__ __forceinline__ void tc_fold(const TcFrags& fr, const float (&dot)[2], const void* const (&sc)[2],
-                                        const void* const (&bi)[2], const int (&row)[2], int groups, int G, int st,
-                                        float (&v)[2]) {
-  v[0] = v[1] = 0.0f;
-  if (fr.valid) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int64_t i = int64_t(row[k]) * groups + G;
-      v[k] = fmaf(smem_scale(sc[k], i, st), dot[k], smem_scale(bi[k], i, st) * fr.xsum);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    v[k] += __shfl_xor_sync(0xffffffffu, v[k], 1);
-    v[k] += __shfl_xor_sync(0xffffffffu, v[k], 2);
-  }
-}
-
-// A warp's share of every tile of a tensor-core kernel: column part `it` of 16-row block `rbk`
-// (busy: the tiles have that block), the lane's group G and row n, and its B fragments, loaded
-// once a kernel from x staged in xt.
-struct TcWarp {
-  int it, rbk, G, n;
-  bool busy;
-  TcFrags fr;
-  __device__ TcWarp(const unsigned char* xt, const TcGeom& tg) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    it = warp % tg.iters;
-    rbk = warp / tg.iters;
-    G = it * 4 + (lane & 3);
-    n = lane >> 2;
-    busy = rbk < tg.rbt;
-    tc_load(xt, tg.groups, G, G < tg.groups, fr);
-  }
-  // The warp's 16 rows of the stage `st` (rows rb bytes apart) times its columns of x, scaled
-  // (tc_fold: the lane's rows are rows[k] of scales sc[k] / biases bi[k]), into part[warp 16 + r].
-  template <int BITS>
-  __device__ void rows(const unsigned char* st, uint32_t rb, const void* const (&sc)[2], const void* const (&bi)[2],
-                       const int (&row)[2], int groups, int st_type, float* part) const {
-    float dot[2], v[2];
-    tc_rows<BITS>(st + size_t(rbk) * 16 * rb, rb, fr, G, dot);
-    tc_fold(fr, dot, sc, bi, row, groups, G, st_type, v);
-    if ((threadIdx.x & 3) == 0) {
-      part[(threadIdx.x >> 5) * 16 + n] = v[0];
-      part[(threadIdx.x >> 5) * 16 + n + 8] = v[1];
-    }
-  }
-};
-
-// Tile row tr's product once every warp's rows are in `part` (TcWarp::rows): the sum of its 16-row
-// block's column parts, in order.
-__device__ __forceinline__ float tc_row_sum(const float* part, int tr, int iters) {
-  float sum = 0.0f;
-  for (int k = 0; k < iters; ++k) sum += part[((tr >> 4) * iters + k) * 16 + (tr & 15)];
-  return sum;
-}
-
-// stage_tc of the products' input (input_value). With a norm, where each warp's groups fit in one
-// batch (a row of up to 4 groups a warp), x and the norm's weights are read once, into registers,
-// for both the sum of squares and the staging: one round of reads after the PDL wait, not two.
-template <int BITS>
-__device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArgs& a, float* red) {
-  constexpr int kBatch = 4;
-  const int groups = a.cols / kTcGs, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (!a.norm_w || groups > kBatch * nw) {
-    const float inv = input_rms_inv(a, red);
-    stage_tc<BITS>(xt, a.cols, [&](int i) { return input_value(a, inv, i); });
-    return;
-  }
-  float v[kBatch][2], w[kBatch][2], ss = 0.0f;
-#pragma unroll
-  for (int u = 0; u < kBatch; ++u)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int G = warp + u * nw, i = G * kTcGs + 32 * h + lane;
-      v[u][h] = G < groups ? a.x[i] : 0.0f;
-      w[u][h] = G < groups ? a.norm_w[i] : 0.0f;
-      ss = fmaf(v[u][h], v[u][h], ss);
-    }
-  const float inv = rsqrtf(block_sum(ss, red) / float(a.cols) + a.eps);
-#pragma unroll
-  for (int u = 0; u < kBatch; ++u) {
-    const int G = warp + u * nw;
-    if (G >= groups) break;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      v[u][h] = v[u][h] * inv * w[u][h];
-      if (blockIdx.x == 0 && a.x_out) a.x_out[G * kTcGs + 32 * h + lane] = v[u][h];
-    }
-    stage_tc_group<BITS>(xt, tc_info(xt, a.cols), G, v[u]);
-  }
-  __syncthreads();
-}
-
-// y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
-template <int BITS, int NW>
-__global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
-  extern __shared__ float4 smem4[];
-  unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
-  unsigned char* ring = xt + a.ring_off;
-  __shared__ uint64_t bars[kMaxStages];
-  __shared__ float red[32];
-  __shared__ float part[2][NW * 16];
-  const int cols = a.cols, S = a.stages;
-  TcGeom tg = tc_geom(cols, NW);
-  tg.rbt = a.tc_rbt;
-  const int TR = 16 * tg.rbt;
-  const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
-  const uint32_t sc_off = uint32_t(TR) * rb, bi_off = sc_off + align16(uint32_t(TR) * srb);
-  const int mine = block_tiles(a.total_rg);
-  auto locate = [&](int i, int& si, int& r0) { segment_tile(a, i, TR, si, r0); };
-  auto issue = [&](int i) {  // warp 0
-    int si, r0;
-    locate(i, si, r0);
-    const Segment& sg = a.seg[si];
-    const uint32_t nr = uint32_t(min(TR, sg.rows - r0));
-    const RowSet rows{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0};
-    const Range ex[2] = {{static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
-                         {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
-    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, ex, 2);
-  };
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Probed: products of 300 to 1000 tiles (the 80B's in_proj_qkvz: 386), not the lm_head.
-  const bool pr = a.total_rg >= 300 && a.total_rg <= 1000;
-  if (pr) probe(kProbeProduct, 0);
-  if (warp == 0) {
-    if (lane == 0) ring_init(bars, S);
-    __syncwarp();
-    for (int i = 0; i < mine && i < S; ++i) {
-      issue(i);
-      if (pr && i == 0) probe(kProbeProduct, 1);
-    }
-  }
-  if (pr) probe(kProbeProduct, 2);
-  pdl_wait_and_release();
-  if (pr) probe(kProbeProduct, 3);
-  stage_tc_input<BITS>(xt, a, red);
-  if (pr) probe(kProbeProduct, 4);
-  const TcWarp tw(xt, tg);
-  for (int i = 0; i < mine; ++i) {
-    stage_wait(bars + i % S, i / S);
-    if (pr && i == 0) probe(kProbeProduct, 5);
-    if (pr && i == mine - 1) probe(kProbeProduct, 6);
-    int si, r0;
-    locate(i, si, r0);
-    const Segment& sg = a.seg[si];
-    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
-    if (tw.busy) {
-      const void* const sc[2] = {st + sc_off, st + sc_off};
-      const void* const bi[2] = {st + bi_off, st + bi_off};
-      const int row[2] = {tw.rbk * 16 + tw.n, tw.rbk * 16 + tw.n + 8};
-      tw.rows<BITS>(st, rb, sc, bi, row, tg.groups, a.st, part[i & 1]);
-    }
-    __syncthreads();  // every warp is done with the stage; the parts are in
-    if (warp == 0) {
-      if (i + S < mine) issue(i + S);
-    } else {
-      const int tr = int(threadIdx.x) - 32;
-      if (tr < TR && r0 + tr < sg.rows) {
-        const float sum = tc_row_sum(part[i & 1], tr, tg.iters);
-        float* y = sg.y + r0 + tr;
-        *y = sg.add ? *y + sum : sum;
-      }
-    }
-  }
-  if (pr) probe(kProbeProduct, 7);
-}
+// On the tensor cores (sm_90).
 
 // expert_act on the tensor cores: a tile is kR = 8 rbt rows of gate and the same rows of up of one
 // part, gate's then up's (its 16-row blocks: gate's, then up's; with rbt = 1 the one block holds 8
@@ -1259,59 +708,6 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_act_kernel(const __grid_c
   probe(kProbeAct, 9);
 }
 
-// Shared memory a streamed kernel may take (beyond the default 48 KB), granted once per kernel.
-void stream_opt_in(const void* kernel, size_t bytes = kStreamSmem) {
-  static std::mutex mu;
-  static std::vector<const void*> done;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const void* k : done)
-    if (k == kernel) return;
-  SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  done.push_back(kernel);
-}
-
-bool a16(const void* p) { return reinterpret_cast<size_t>(p) % 16 == 0; }
-bool a16(size_t v) { return v % 16 == 0; }
-
-// Fills the ring fields of a for x staged in xs_bytes and stages of stage_bytes: as many stages
-// as fit in `budget` bytes (at most kMaxStages). False when fewer than 2 fit (the caller falls back).
-template <typename Args>
-bool plan_ring(Args& a, size_t xs_bytes, uint32_t stage_bytes, size_t budget = kStreamSmem) {
-  const size_t off = (xs_bytes + 127) & ~size_t(127);
-  if (off >= budget) return false;
-  const size_t n = (budget - off) / stage_bytes;
-  if (n < 2) return false;
-  a.ring_off = int(off);
-  a.stages = int(n < size_t(kMaxStages) ? n : size_t(kMaxStages));
-  a.stage_bytes = int(stage_bytes);
-  return true;
-}
-template <typename Args>
-size_t ring_smem(const Args& a) {
-  return size_t(a.ring_off) + size_t(a.stages) * size_t(a.stage_bytes);
-}
-
-bool streaming() { return tuning().capable && tuning().stream; }
-
-template <int BITS, int NW>
-bool stream_multi_nw(MultiArgs a, cudaStream_t s) {
-  constexpr uint32_t kTileRows = 2 * NW;
-  const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = uint32_t(a.cols / a.gs) * (a.st == kScaleF32 ? 4u : 2u);
-  if (!plan_ring(a, size_t(staged_floats<BITS>(a.cols)) * 4, kTileRows * rb + 2 * align16(kTileRows * srb))) return false;
-  int tiles = 0;
-  for (int i = 0; i < a.n_seg; ++i) {
-    if (!a16(a.seg[i].scales) || !a16(a.seg[i].biases)) return false;
-    a.seg[i].rg0 = tiles;
-    tiles += (a.seg[i].rows + int(kTileRows) - 1) / int(kTileRows);
-  }
-  a.total_rg = tiles;
-  const auto kernel = stream_matvec_kernel<BITS, NW>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel));
-  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
-  SWIFTLET_CUDA_LAUNCHED();
-  return true;
-}
-
 bool experts_aligned(const ExpertArgs& a) {
   for (const Part* m : {&a.gate, &a.up, &a.down, &a.sh_gate, &a.sh_up, &a.sh_down})
     if (!a16(m->data) || !a16(m->scales) || !a16(m->biases)) return false;
@@ -1336,60 +732,9 @@ bool stream_act_nw(ExpertArgs a, cudaStream_t s) {
   return true;
 }
 
-// Warps per block of the streamed kernels: 8 (two blocks fit on an SM: this kernel's and its
-// successor's) or 16.
-template <int BITS>
-bool stream_multi(const MultiArgs& a, cudaStream_t s) {
-  return tuning().stream_warps == 16 ? stream_multi_nw<BITS, 16>(a, s) : stream_multi_nw<BITS, 8>(a, s);
-}
 template <int BITS>
 bool stream_act(const ExpertArgs& a, cudaStream_t s) {
   return tuning().stream_warps == 16 ? stream_act_nw<BITS, 16>(a, s) : stream_act_nw<BITS, 8>(a, s);
-}
-
-// The tensor-core products take 4/8-bit weights in groups of 64 whose rows have at most one part
-// of 256 columns a warp (16 warps: 4096 columns); rbt: 16-row blocks a tile (tc_geom).
-bool tc_on() { return streaming() && tuning().tc; }
-bool tc_shape(int cols, int gs, int bits, int nw) {
-  return (bits == 4 || bits == 8) && gs == kTcGs && cols % kTcGs == 0 && tc_geom(cols, nw).rbt > 0;
-}
-uint32_t scale_row_bytes(int cols, int gs, int st) { return uint32_t(cols / gs) * (st == kScaleF32 ? 4u : 2u); }
-
-// Launches a tensor-core kernel: kTcWarps warps a block, at most one block an SM.
-template <typename Args>
-void launch_tc(void (*kernel)(Args), int blocks, size_t smem, cudaStream_t s, const Args& a) {
-  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, unsigned(std::min(blocks, sm_count())), kTcWarps * 32, smem, s, a);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
-template <int BITS>
-bool tc_multi(MultiArgs a, cudaStream_t s) {
-  constexpr int NW = kTcWarps;
-  if (!tc_shape(a.cols, a.gs, BITS, NW)) return false;
-  // Fewer rows a tile (warps idle) where full tiles would leave SMs without one: a small matrix
-  // (the router's 513 rows: 17 tiles of 32) then loads over more SMs.
-  auto tiles_of = [&](int rbt) {
-    int t = 0;
-    for (int i = 0; i < a.n_seg; ++i) t += (a.seg[i].rows + 16 * rbt - 1) / (16 * rbt);
-    return t;
-  };
-  a.tc_rbt = tc_geom(a.cols, NW).rbt;
-  while (a.tc_rbt > 1 && tiles_of(a.tc_rbt) < sm_count()) --a.tc_rbt;
-  const int TR = 16 * a.tc_rbt;
-  const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = scale_row_bytes(a.cols, a.gs, a.st);
-  if (!plan_ring(a, size_t(tc_staged_bytes(a.cols)), uint32_t(TR) * rb + 2 * align16(uint32_t(TR) * srb),
-                 kTcSmem))
-    return false;
-  int tiles = 0;
-  for (int i = 0; i < a.n_seg; ++i) {
-    if (!a16(a.seg[i].data) || !a16(a.seg[i].scales) || !a16(a.seg[i].biases)) return false;
-    a.seg[i].rg0 = tiles;
-    tiles += (a.seg[i].rows + TR - 1) / TR;
-  }
-  a.total_rg = tiles;
-  launch_tc(tc_matvec_kernel<BITS, NW>, tiles, ring_smem(a), s, a);
-  return true;
 }
 
 // Rows of gate (and of up) in an ActStreamTc tile of nw warps; 0 when the act does not fit.
@@ -1462,76 +807,9 @@ ExpertArgs expert_args(const ExpertLayout& l, const void* const* table, const in
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------------
-
-void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const float* d_norm_w, float eps,
-                  float* d_x_out, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(n >= 0 && n <= kMaxSegments);
-  SWIFTLET_CUDA_REQUIRE(!d_norm_w || d_x_out);
-  int first = -1;
-  bool fusable = true;
-  for (int i = 0; i < n; ++i) {
-    if (segs[i].w.rows == 0) continue;
-    if (first < 0) first = i;
-    fusable = fusable && affine_fusable(segs[i].w) && same_shape_kind(segs[i].w, segs[first].w);
-  }
-  if (first < 0) {  // nothing to multiply; the norm may still be wanted
-    SWIFTLET_CUDA_REQUIRE(!d_norm_w);
-    return;
-  }
-  const GpuMatrix& w0 = segs[first].w;
-  const int bits = w0.bits;
-  if (fusable) {
-    const size_t smem = size_t(bits == 4 ? staged_floats<4>(int(w0.cols)) : staged_floats<8>(int(w0.cols))) * 4;
-    fusable = smem <= kMaxSmem;
-  }
-  if (!fusable) {
-    const float* x = d_x;
-    if (d_norm_w) {
-      rms_norm(d_x, d_norm_w, 1, segs[first].w.cols, eps, d_x_out, s);
-      x = d_x_out;
-    }
-    for (int i = 0; i < n; ++i) {
-      if (segs[i].w.rows == 0) continue;
-      if (segs[i].add)
-        matmul_add(segs[i].w, x, segs[i].d_y, s);
-      else
-        matmul(segs[i].w, x, 1, segs[i].d_y, s);
-    }
-    return;
-  }
-  MultiArgs a{};
-  for (int i = 0; i < n; ++i) {
-    if (segs[i].w.rows == 0) continue;
-    const GpuMatrix& m = segs[i].w;
-    a.seg[a.n_seg++] = segment_of(m, segs[i].d_y, segs[i].add);
-  }
-  a.cols = int(w0.cols);
-  a.gs = w0.group_size;
-  a.st = scale_type(w0.scale_dtype);
-  a.x = d_x;
-  a.norm_w = d_norm_w;
-  a.eps = eps;
-  a.x_out = d_x_out;
-  if (tc_on() && (bits == 4 ? tc_multi<4>(a, s) : tc_multi<8>(a, s))) return;
-  if (streaming() && (bits == 4 ? stream_multi<4>(a, s) : stream_multi<8>(a, s))) return;
-  if (bits == 4)
-    launch_multi_rows<4>(a, s);
-  else
-    launch_multi_rows<8>(a, s);
-}
-
-void prepare_fused_kernels() {
+namespace detail {
+void prepare_expert_kernels() {
   const void* kernels[] = {
-      reinterpret_cast<const void*>(multi_matvec_kernel<4, 1, 0>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 1, 2>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<4, 1, 4>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 2, 0>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<4, 2, 2>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 2, 4>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<4, 4, 0>), reinterpret_cast<const void*>(multi_matvec_kernel<4, 4, 2>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<4, 4, 4>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 1, 0>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<8, 1, 2>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 1, 4>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<8, 2, 0>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 2, 2>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<8, 2, 4>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 4, 0>),
-      reinterpret_cast<const void*>(multi_matvec_kernel<8, 4, 2>), reinterpret_cast<const void*>(multi_matvec_kernel<8, 4, 4>),
       reinterpret_cast<const void*>(expert_act_kernel<4, 1, 0>),  reinterpret_cast<const void*>(expert_act_kernel<4, 1, 2>),
       reinterpret_cast<const void*>(expert_act_kernel<4, 1, 4>),  reinterpret_cast<const void*>(expert_act_kernel<4, 2, 0>),
       reinterpret_cast<const void*>(expert_act_kernel<4, 2, 2>),  reinterpret_cast<const void*>(expert_act_kernel<8, 1, 0>),
@@ -1539,32 +817,20 @@ void prepare_fused_kernels() {
       reinterpret_cast<const void*>(expert_down_kernel<4, 2>),    reinterpret_cast<const void*>(expert_down_kernel<8, 1>),
       reinterpret_cast<const void*>(expert_down_kernel<8, 2>)};
   for (const void* k : kernels) occupancy(k, 0);
-  for (const void* k : {reinterpret_cast<const void*>(stream_matvec_kernel<4, 8>), reinterpret_cast<const void*>(stream_matvec_kernel<8, 8>),
-                        reinterpret_cast<const void*>(stream_act_kernel<4, 8>), reinterpret_cast<const void*>(stream_act_kernel<8, 8>),
-                        reinterpret_cast<const void*>(stream_matvec_kernel<4, 16>), reinterpret_cast<const void*>(stream_matvec_kernel<8, 16>),
-                        reinterpret_cast<const void*>(stream_act_kernel<4, 16>), reinterpret_cast<const void*>(stream_act_kernel<8, 16>),
-})
+  for (const void* k : {reinterpret_cast<const void*>(stream_act_kernel<4, 8>), reinterpret_cast<const void*>(stream_act_kernel<8, 8>),
+                        reinterpret_cast<const void*>(stream_act_kernel<4, 16>), reinterpret_cast<const void*>(stream_act_kernel<8, 16>)})
     if (tuning().capable) stream_opt_in(k);
-  for (const void* k : {reinterpret_cast<const void*>(tc_matvec_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_matvec_kernel<8, kTcWarps>),
-                        reinterpret_cast<const void*>(tc_act_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_act_kernel<8, kTcWarps>),
+  for (const void* k : {reinterpret_cast<const void*>(tc_act_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_act_kernel<8, kTcWarps>),
                         reinterpret_cast<const void*>(tc_down_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_down_kernel<8, kTcWarps>)})
     if (tuning().capable) stream_opt_in(k, kTcSmem);
-  (void)tuning();
-  (void)sm_count();
 }
+}  // namespace detail
 
-void set_fused_launch(bool pdl, int blocks_per_sm) {
-  tuning().pdl = pdl && tuning().capable;
-  tuning().blocks_per_sm = blocks_per_sm;
+#ifdef SWIFTLET_GPU_PROBE
+void probe_install_experts(unsigned long long* buf) {
+  SWIFTLET_CUDA_CHECK(cudaMemcpyToSymbol(g_probe, &buf, sizeof(buf)));
 }
-
-void set_streamed_products(bool on, int warps) {
-  tuning().stream = on && tuning().capable;
-  tuning().stream_warps = warps == 8 ? 8 : 16;
-}
-bool streamed_products() { return streaming(); }
-void set_tensor_core_products(bool on) { tuning().tc = on && tuning().capable; }
-bool tensor_core_products() { return tc_on(); }
+#endif
 
 bool experts_fusable(const ExpertLayout& l, int n, const SharedExpert* sh) {
   if (!(affine_fusable(l.gate) && affine_fusable(l.up) && affine_fusable(l.down))) return false;
@@ -1668,89 +934,4 @@ void expert_down_add(const ExpertLayout& l, const void* const* d_table, const in
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
-                 float* d_weights, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(E >= 1 && E <= kTopkMaxE);
-  SWIFTLET_CUDA_REQUIRE(k >= 1 && k <= 16 && k <= E);
-  if (n_tok == 0) return;
-  int N = 2;
-  while (N < E) N <<= 1;
-  const int threads = N / 2 < kTopkThreads ? (N / 2 + 31) / 32 * 32 : kTopkThreads;
-  launch(router_sort_kernel, unsigned(n_tok), unsigned(threads), 0, s, d_logits, E, N, k, renormalise, d_ids,
-         d_weights);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
 }  // namespace swiftlet::cuda
-
-#ifdef SWIFTLET_GPU_PROBE
-namespace swiftlet::cuda {
-namespace {
-unsigned long long* probe_buf = nullptr;
-constexpr size_t kProbeWords = size_t(kProbeKinds) * kProbeBlocks * 2 * kProbeMarks;
-}  // namespace
-
-void probe_begin() {
-  if (!probe_buf) SWIFTLET_CUDA_CHECK(cudaMalloc(&probe_buf, kProbeWords * 8));
-  SWIFTLET_CUDA_CHECK(cudaMemset(probe_buf, 0, kProbeWords * 8));
-  SWIFTLET_CUDA_CHECK(cudaMemcpyToSymbol(g_probe, &probe_buf, sizeof(probe_buf)));
-  probe_install_deltanet(probe_buf);
-}
-
-std::string probe_end() {
-  SWIFTLET_CUDA_CHECK(cudaDeviceSynchronize());
-  unsigned long long* none = nullptr;
-  SWIFTLET_CUDA_CHECK(cudaMemcpyToSymbol(g_probe, &none, sizeof(none)));
-  probe_install_deltanet(none);
-  std::vector<unsigned long long> h(kProbeWords);
-  SWIFTLET_CUDA_CHECK(cudaMemcpy(h.data(), probe_buf, kProbeWords * 8, cudaMemcpyDeviceToHost));
-  struct Kind {
-    const char* name;
-    int wait;  // the mark after the PDL wait: time 0 is the first block's
-    std::vector<const char*> marks;
-  };
-  const Kind kinds[kProbeKinds] = {
-      {"tc_act (top-k + experts gate/up)", 2,
-       {"entry", "shared tiles issued", "PDL wait", "top-k", "slot bases", "routed tiles issued", "x staged",
-        "first tile in", "last tile in", "end"}},
-      {"tc_down", 2, {"entry", "shared rows issued", "PDL wait", "routed rows issued", "act staged", "end"}},
-      {"tc_matvec (300-1000 tiles: qkvz)", 3,
-       {"entry", "first tile issued", "tiles issued", "PDL wait", "x normed + staged", "first tile in",
-        "last tile in", "end"}},
-      {"deltanet_step", 1, {"entry", "PDL wait", "conv + q/k norms", "q/k shared", "end"}},
-  };
-  std::string out;
-  char line[256];
-  for (int k = 0; k < kProbeKinds; ++k) {
-    auto at = [&](int b) { return &h[(size_t(k) * kProbeBlocks + size_t(b)) * 2 * kProbeMarks]; };
-    std::vector<int> blocks;
-    for (int b = 0; b < kProbeBlocks; ++b)
-      if (at(b)[0]) blocks.push_back(b);
-    if (blocks.empty()) continue;
-    unsigned long long t0 = ~0ull;
-    for (int b : blocks) t0 = std::min(t0, at(b)[kinds[k].wait]);
-    std::snprintf(line, sizeof line,
-                  "probe %s, %zu blocks: us after the first block's PDL wait returned (min / median / max), "
-                  "kcycles since the block's entry (median)\n",
-                  kinds[k].name, blocks.size());
-    out += line;
-    for (size_t m = 0; m < kinds[k].marks.size(); ++m) {
-      std::vector<double> us, kc;
-      for (int b : blocks) {
-        const unsigned long long* e = at(b);
-        if (!e[m]) continue;
-        us.push_back((double(e[m]) - double(t0)) / 1000.0);
-        kc.push_back(double(e[kProbeMarks + m] - e[kProbeMarks]) / 1000.0);
-      }
-      if (us.empty()) continue;
-      std::sort(us.begin(), us.end());
-      std::sort(kc.begin(), kc.end());
-      std::snprintf(line, sizeof line, "  %-22s %7.2f %7.2f %7.2f us   %7.2f kcyc\n", kinds[k].marks[m], us.front(),
-                    us[us.size() / 2], us.back(), kc[kc.size() / 2]);
-      out += line;
-    }
-  }
-  return out;
-}
-}  // namespace swiftlet::cuda
-#endif

@@ -8,11 +8,12 @@
 
 #include <vector>
 
-#include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
+#include "bench/cuda/measure.cuh"
+#include "bench/cuda/measure.h"
 #include "kernels/cuda/cuda_common.cuh"
 
-namespace swiftlet::cuda {
+namespace swiftlet::cuda::bench {
 namespace {
 using namespace detail;
 
@@ -168,4 +169,4 @@ SyncCost measure_sync_cost(int steps, int reps) {
   return c;
 }
 
-}  // namespace swiftlet::cuda
+}  // namespace swiftlet::cuda::bench

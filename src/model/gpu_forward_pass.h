@@ -1,0 +1,146 @@
+// One session's CUDA forward pass (make_gpu_forward): its device state and activations over a
+// shared GpuModel. Its rooms: gpu_forward.cpp (state, run, snapshots), gpu_decode.cpp (one token:
+// embed, per layer gated_attention / gated_delta_net and sparse_moe, the logits; a CUDA graph when
+// every expert is resident), gpu_prefill.cpp (a prompt batched layer by layer over chunks of its
+// tokens), gpu_profile.h (timing). Internal to model/ (CUDA builds only).
+#pragma once
+
+#include "model/gpu_model.h"
+#include "model/gpu_profile.h"
+
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace swiftlet {
+
+// The smallest prefill chunk worth batching (GpuOptions::prefill_chunk is the largest).
+constexpr int64_t kMinPrefillChunk = 16;
+
+class GpuForward final : public ForwardPass {
+ public:
+  GpuForward(std::shared_ptr<GpuModel> g, bool profile);
+  ~GpuForward() override;
+
+  void run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) override;
+  StateSnapshot snapshot(const SessionState& st) override;
+  void restore(SessionState& st, const StateSnapshot& snap) override;
+  void reset(SessionState& st) override;
+  std::string profile_report() const { return prof_.report(); }
+  std::string host_timing_report() const { return host_.report(); }
+  size_t buffer_bytes() const override { return batch_.bytes; }
+  void release_buffers() override {
+    cu::gpu_sync(s_);
+    free_batch();
+  }
+
+ private:
+  // Decode (gpu_decode.cpp).
+  void step(int32_t token, int64_t pos);
+  void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)
+  void gated_attention(int l);
+  void gated_delta_net(int l);
+  void sparse_moe(int l);
+  void shared_expert(int l);  // h += the gated shared expert, where it does not ride in the experts' kernels
+  void streamed_experts(int l);
+  void logits_to(float* host_row);
+  void logits_of(const float* d_h_row, float* host_row);
+
+  // A prompt of T >= 2 tokens (gpu_prefill.cpp), in chunks of up to GpuOptions::prefill_chunk
+  // tokens, each chunk layer by layer with every product batched over its tokens: dense projections
+  // as 8-token tiles of one launch, the routed experts grouped per expert (a layer's experts are
+  // streamed once per 8 of the tokens routed to them), the DeltaNet conv / delta rule and attention
+  // over the chunk's tokens in order. With a VRAM cache smaller than the model, each layer uploads
+  // the union of the chunk's experts once. False (nothing done) where it does not apply: the
+  // unfused expert kernels (float experts), no shared expert, or a cache that cannot hold one
+  // layer's experts.
+  bool prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits);
+  void prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0);
+  void prefill_delta_net(int l, int64_t T);
+  void prefill_attention(int l, int64_t T, int64_t pos0);
+  void prefill_moe(int l, int64_t T);
+  // Buffers for a chunk of up to T tokens, or fewer when VRAM is short (halving down to
+  // kMinPrefillChunk); false when not even that fits.
+  bool grow_batch(int64_t T);
+  void free_batch();
+
+  void reserve_kv(int64_t positions);
+  // y_i (+)= W_i x for the segments in one launch; with norm_w, x is RMSNorm'd first and the normed
+  // x is left in x_.
+  void project(std::initializer_list<cu::MatvecSegment> segs, const float* x, const float* norm_w) {
+    cu::fused_matvec(segs.begin(), int(segs.size()), x, norm_w, c_.rms_norm_eps, x_, s_);
+  }
+  float* buf(size_t n) {
+    auto* p = static_cast<float*>(cu::gpu_alloc(std::max<size_t>(n, 1) * 4));
+    bufs_.push_back(p);
+    return p;
+  }
+  void mark(const char* part) { prof_.mark(part, s_); }
+
+  std::shared_ptr<GpuModel> g_;
+  const ModelConfig& c_;
+  cu::GpuStream s_ = nullptr;
+  cu::GpuEvent ids_ready_ = nullptr, group_done_ = nullptr;
+  int64_t pos_ = 0;  // positions the device state holds
+
+  // Device state, per layer (empty for the other kind).
+  struct LayerDev {
+    float *k = nullptr, *v = nullptr;  // [kv_cap][kv_dim]
+    float *conv = nullptr, *ssm = nullptr;
+  };
+  std::vector<LayerDev> dev_;
+  int64_t kv_cap_ = 0;
+
+  // Activations (device), one token. Shapes in comments.
+  std::vector<void*> bufs_;
+  float* h_;                     // [H] residual stream
+  float* x_;                     // [H] normed block input
+  float* p1_;                    // [max(q_proj_rows, qkvz rows, conv_dim)]
+  float* p2_;                    // [max(kv_dim, 2 hv)]
+  float* p3_;                    // [kv_dim]
+  float* mixed_;                 // [conv_dim]
+  float* u_;                     // [conv_dim]
+  float* z_;                     // [value_dim]
+  float* ba_;                    // [2 hv]: b then a
+  float* core_;                  // [max(attn_out_dim, value_dim)]
+  float* router_;                // [E]
+  int32_t* ids_;                 // [k]
+  float* w_;                     // [k]
+  float *eu_, *ey_;              // [k][I], [k][H]
+  float *sh_, *su_, *sg_, *sy_;  // [SI], [SI], [1], [H]
+  float* act_;                   // [k + 1][I]: SiLU(gate x) * up x of the chosen experts, then the shared one
+  cu::ExpertScratch experts_scratch() const { return {act_, eu_, ey_}; }
+  // The fused expert kernels (expert_act / expert_down_add) take this model's experts, and the
+  // shared expert (shared_[l]) rides along as one more expert.
+  bool experts_fused_ = false, shared_fused_ = false;
+  std::vector<cu::SharedExpert> shared_;
+  float* logits_;                // [vocab]
+  int32_t* h_ids_ = nullptr;     // pinned [k]
+  float* h_logits_ = nullptr;    // pinned [vocab]: the logits' download (pageable copies are slower)
+  HostTiming host_;
+  // prefill's activations for up to `cap` tokens, rows per token (shapes as the one-token buffers
+  // above); the experts' rows are per (token, choice) pair. Host side (pinned): the chosen ids, the
+  // per-expert work list (group experts [E], group starts [E + 1], pairs [cap k]; uploaded to
+  // d_groups in one copy) and the chunk's tokens.
+  struct Batch {
+    void* arena = nullptr;
+    float *h, *x, *p1, *p2, *p3, *mixed, *u, *z, *b, *a, *q, *gate, *core, *router, *w, *sg;
+    float *eg, *eu, *ey, *shg, *shu, *shy;
+    int32_t *tok, *ids, *d_groups;
+    int32_t *h_ids = nullptr, *h_groups = nullptr, *h_tok = nullptr;
+    int64_t cap = 0;
+    size_t bytes = 0;  // device bytes of the arena
+  } batch_;
+  int32_t* d_tok_ = nullptr;     // [1] this step's token
+  int64_t* d_pos_ = nullptr;     // [1] this step's position
+  // With every expert resident a token needs no host round trip: its whole forward is one CUDA
+  // graph, captured at the first step and again whenever the KV caches move (grow). A profiled
+  // pass launches kernel by kernel (its timing events sit between them).
+  cu::GpuGraph graph_ = nullptr;
+  int64_t graph_kv_cap_ = -1;
+  GpuProfile prof_;
+};
+
+}  // namespace swiftlet

@@ -1,0 +1,225 @@
+// A prompt through the model on the GPU (GpuForward::prefill): chunks of its tokens, each layer
+// by layer with every product batched over the chunk, the routed experts grouped per expert
+// (cu::ExpertBatch). The same math as the decode in gpu_decode.cpp, T tokens per launch.
+#include "model/gpu_forward_pass.h"
+
+#if SWIFTLET_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace swiftlet {
+
+void GpuForward::free_batch() {
+  if (batch_.arena) cu::gpu_free(batch_.arena);
+  if (batch_.h_ids) cu::gpu_free_pinned(batch_.h_ids);
+  batch_ = {};
+}
+
+bool GpuForward::grow_batch(int64_t T) {
+  if (T <= batch_.cap) return true;
+  cu::gpu_sync(s_);
+  free_batch();
+  const ModelConfig& c = c_;
+  const size_t n = size_t(T), H = size_t(c.hidden_size), E = size_t(c.num_experts);
+  const size_t k = size_t(c.num_experts_per_tok), I = size_t(c.moe_intermediate_size);
+  const size_t SI = size_t(c.shared_expert_intermediate_size), C = size_t(c.conv_dim());
+  const size_t vd = size_t(c.linear_value_dim()), hv = size_t(c.linear_num_value_heads), kvd = size_t(c.kv_dim());
+  const size_t ao = size_t(c.attn_out_dim());
+  const size_t p1 = size_t(std::max({c.q_proj_rows(), 2 * c.linear_key_dim() + 2 * c.linear_value_dim(), c.conv_dim()}));
+  // Carve one allocation: (pointer, floats per token) in order, each part 256-byte aligned.
+  std::vector<std::pair<float**, size_t>> parts = {
+      {&batch_.h, H},   {&batch_.x, H},      {&batch_.p1, p1},   {&batch_.p2, std::max(kvd, 2 * hv)},
+      {&batch_.p3, kvd}, {&batch_.mixed, C}, {&batch_.u, C},     {&batch_.z, vd},
+      {&batch_.b, hv},  {&batch_.a, hv},     {&batch_.q, ao},    {&batch_.gate, ao},
+      {&batch_.core, std::max(ao, vd)},      {&batch_.router, E}, {&batch_.w, k},
+      {&batch_.sg, 1},  {&batch_.eg, k * I}, {&batch_.eu, k * I}, {&batch_.ey, k * H},
+      {&batch_.shg, SI}, {&batch_.shu, SI},  {&batch_.shy, H}};
+  float *tok = nullptr, *ids = nullptr, *groups = nullptr;
+  parts.push_back({&tok, 1});
+  parts.push_back({&ids, k});
+  const size_t group_ints = E + (E + 1) + n * k;
+  size_t bytes = 0;
+  for (auto& [ptr, per] : parts) bytes += align256(std::max<size_t>(per * n, 1) * 4);
+  bytes += align256(group_ints * 4);
+  auto* base = static_cast<uint8_t*>(cu::gpu_try_alloc(bytes));
+  if (!base) {
+    if (T / 2 < kMinPrefillChunk) return false;
+    return grow_batch(T / 2);
+  }
+  batch_.arena = base;
+  batch_.bytes = bytes;
+  size_t at = 0;
+  for (auto& [ptr, per] : parts) {
+    *ptr = reinterpret_cast<float*>(base + at);
+    at += align256(std::max<size_t>(per * n, 1) * 4);
+  }
+  groups = reinterpret_cast<float*>(base + at);
+  batch_.tok = reinterpret_cast<int32_t*>(tok);
+  batch_.ids = reinterpret_cast<int32_t*>(ids);
+  batch_.d_groups = reinterpret_cast<int32_t*>(groups);
+  // Pinned: the ids, the work list, the chunk's tokens (gpu_alloc_pinned aborts when it cannot).
+  batch_.h_ids = static_cast<int32_t*>(cu::gpu_alloc_pinned((n * k + group_ints + n) * sizeof(int32_t)));
+  batch_.h_groups = batch_.h_ids + n * k;
+  batch_.h_tok = batch_.h_groups + group_ints;
+  batch_.cap = T;
+  return true;
+}
+
+bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+  const int64_t T = int64_t(tokens.size());
+  const int E = c_.num_experts;
+  if (T < 2 || E == 0 || !experts_fused_ || !shared_fused_ || !(g_->all_resident() || g_->group_limit() >= E))
+    return false;
+  const int64_t V = c_.vocab_size;
+  const int64_t first = mode == LogitsMode::All ? 0 : mode == LogitsMode::Last ? T - 1 : T;
+  if (!grow_batch(std::min<int64_t>(T, std::max<int64_t>(g_->opts.prefill_chunk, kMinPrefillChunk)))) return false;
+  logits.resize(size_t((T - first) * V));
+  prof_.begin(s_);
+  for (int64_t t0 = 0; t0 < T; t0 += batch_.cap) {
+    const int64_t n = std::min(batch_.cap, T - t0);
+    cu::gpu_sync(s_);  // h_tok may still be in an earlier chunk's upload
+    std::copy_n(tokens.begin() + t0, n, batch_.h_tok);
+    cu::gpu_upload(batch_.tok, batch_.h_tok, size_t(n) * sizeof(int32_t), s_);
+    prefill_chunk(batch_.tok, n, pos_ + t0);
+    for (int64_t t = std::max(first, t0); t < t0 + n; ++t)
+      logits_of(batch_.h + (t - t0) * c_.hidden_size, logits.data() + (t - first) * V);
+  }
+  prof_.end(prof_.prefill(), T);
+  return true;
+}
+
+void GpuForward::prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0) {
+  cu::dequant_rows(g_->embed, d_tokens, T, batch_.h, s_);
+  mark("prompt: tokens up + embedding");
+  for (int l = 0; l < c_.num_layers; ++l) {
+    if (g_->layers[size_t(l)].linear)
+      prefill_delta_net(l, T);
+    else
+      prefill_attention(l, T, pos0);
+    prefill_moe(l, T);
+  }
+}
+
+void GpuForward::prefill_delta_net(int l, int64_t T) {
+  const GpuModel::Layer& lw = g_->layers[size_t(l)];
+  const GpuModel::Gdn& w = lw.gdn;
+  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
+  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim, K = c_.linear_conv_kernel_dim;
+  const int64_t H = c_.hidden_size, C = c_.conv_dim(), kd = c_.linear_key_dim();
+  LayerDev& d = dev_[size_t(l)];
+  const float q_scale = 1.0f / std::sqrt(float(dk));
+  Batch& B = batch_;
+  cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
+  if (c_.family == Family::Qwen3Next) {
+    // matmul writes rows of its matrix's width: token t's qkvz at p1 + t qkvz.rows, and so on.
+    cu::matmul(w.qkvz, B.x, T, B.p1, s_);
+    cu::matmul(w.ba, B.x, T, B.p2, s_);
+    mark("prompt gdn: norm + qkvz, ba");
+    cu::deltanet_prep_grouped_rows(B.p1, w.qkvz.rows, B.p2, w.ba.rows, w.conv, d.conv, hk, hv / hk, dk, dv, K, 1e-6f,
+                                   q_scale, T, B.mixed, B.u, B.z, B.b, B.a, s_);
+  } else {
+    cu::matmul(w.qkv, B.x, T, B.mixed, s_);
+    cu::matmul(w.z, B.x, T, B.z, s_);
+    cu::matmul(w.b, B.x, T, B.b, s_);
+    cu::matmul(w.a, B.x, T, B.a, s_);
+    cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
+    cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
+  }
+  mark("prompt gdn: unpack, conv, l2");
+  // The delta rule over the tokens in order, the state held on chip; then the gated norm.
+  cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
+                           c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, s_);
+  mark("prompt gdn: delta rule scan + norm");
+  cu::matmul_add_rows(w.out, B.core, T, B.h, s_);  // h += out_proj(core)
+  mark("prompt gdn: h += out_proj");
+}
+
+void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
+  const GpuModel::Layer& lw = g_->layers[size_t(l)];
+  const GpuModel::Attn& w = lw.attn;
+  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+  const int64_t H = c_.hidden_size;
+  LayerDev& d = dev_[size_t(l)];
+  Batch& B = batch_;
+  cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
+  cu::matmul(w.q, B.x, T, B.p1, s_);
+  cu::matmul(w.k, B.x, T, B.p2, s_);
+  cu::matmul(w.v, B.x, T, B.p3, s_);
+  mark("prompt attn: norm + q, k, v");
+  cu::attn_prep_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
+                     c_.attn_output_gate, c_.rotary_dim(), pos0, T, c_.rope_theta, c_.rms_norm_eps, B.q, B.gate, d.k,
+                     d.v, s_);
+  cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
+                        c_.attn_output_gate ? B.gate : nullptr, B.core, s_);
+  mark("prompt attn: prep + causal attention");
+  cu::matmul_add_rows(w.o, B.core, T, B.h, s_);  // h += o_proj(attention)
+  mark("prompt attn: h += o_proj");
+}
+
+void GpuForward::prefill_moe(int l, int64_t T) {
+  const GpuModel::Layer& lw = g_->layers[size_t(l)];
+  const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
+  const int E = c_.num_experts, k = c_.num_experts_per_tok;
+  Batch& B = batch_;
+  cu::rms_norm(B.h, lw.post_norm, T, H, c_.rms_norm_eps, B.x, s_);
+  cu::matmul(lw.router, B.x, T, B.router, s_);
+  cu::matmul(lw.sh_expert_gate, B.x, T, B.sg, s_);
+  cu::router_topk(B.router, T, E, k, c_.norm_topk_prob, B.ids, B.w, s_);
+  mark("prompt moe: norm + router, gate, top-k");
+  cu::gpu_download_async(B.h_ids, B.ids, size_t(T * k) * sizeof(int32_t), s_);
+  cu::event_record(ids_ready_, s_);
+  // The shared expert while the ids travel.
+  cu::matmul(lw.sh_gate, B.x, T, B.shg, s_);
+  cu::matmul(lw.sh_up, B.x, T, B.shu, s_);
+  cu::silu_mul(B.shg, B.shu, T * SI, B.shg, s_);
+  cu::matmul(lw.sh_down, B.shg, T, B.shy, s_);
+  mark("prompt moe: shared expert");
+  cu::event_sync(ids_ready_);
+
+  // The work list: the pairs p = t k + j grouped by expert, in p order within a group.
+  int32_t* gexp = B.h_groups;
+  int32_t* gstart = gexp + E;
+  int32_t* pairs = gstart + (E + 1);
+  std::vector<int32_t> count(size_t(E), 0);
+  for (int64_t p = 0; p < T * k; ++p) ++count[size_t(B.h_ids[p])];
+  std::vector<int32_t> at(size_t(E), 0);
+  int groups = 0, n_pairs = 0;
+  for (int e = 0; e < E; ++e) {
+    if (count[size_t(e)] == 0) continue;
+    gexp[groups] = e;
+    gstart[groups] = n_pairs;
+    at[size_t(e)] = n_pairs;
+    n_pairs += count[size_t(e)];
+    ++groups;
+  }
+  gstart[groups] = n_pairs;
+  for (int64_t p = 0; p < T * k; ++p) pairs[at[size_t(B.h_ids[p])]++] = int32_t(p);
+  // One upload: the layout on the device matches (experts, starts, pairs at the same offsets).
+  cu::gpu_upload(B.d_groups, B.h_groups, (size_t(E) + size_t(E + 1) + size_t(n_pairs)) * sizeof(int32_t), s_);
+  if (g_->all_resident())
+    g_->count_resident_hits(int(T * k));
+  else
+    g_->ensure(l, gexp, groups, s_, nullptr);
+  cu::ExpertBatch eb;
+  eb.d_expert = B.d_groups;
+  eb.d_start = B.d_groups + E;
+  eb.d_pairs = B.d_groups + E + (E + 1);
+  eb.groups = groups;
+  eb.pairs = n_pairs;
+  eb.k = k;
+  const cu::ExpertLayout& lay = g_->layout();
+  const void* const* table = g_->table(l);
+  mark("prompt moe: work list (host) + uploads");
+  cu::expert_gate_up_pairs(lay, table, eb, B.x, B.eg, B.eu, s_);
+  cu::silu_mul(B.eg, B.eu, T * k * I, B.eg, s_);
+  mark("prompt moe: experts gate, up, SiLU");
+  cu::expert_down_pairs(lay, table, eb, B.eg, B.ey, s_);
+  cu::moe_finish_rows(B.h, B.shy, B.sg, B.ey, B.w, T, k, H, s_);
+  mark("prompt moe: experts down + finish");
+}
+
+}  // namespace swiftlet
+
+#endif
