@@ -102,7 +102,10 @@ void run_cachesim(const CacheSimOptions& o) {
               {"reuse_next_token", loc.reuse_next_token},
               {"rows", rows}};
     if (loc.predicted_steps) {
-      j["prediction_accuracy"] = loc.prediction_accuracy;
+      j["prediction_accuracy"] = loc.prediction_accuracy;  // recall
+      j["prediction_precision"] = loc.prediction_precision;
+      j["prediction_new_recall"] = loc.new_expert_recall;
+      j["prediction_new_precision"] = loc.new_expert_precision;
       j["predicted_steps"] = loc.predicted_steps;
     }
     std::printf("%s\n", j.dump(1).c_str());
@@ -112,8 +115,11 @@ void run_cachesim(const CacheSimOptions& o) {
               t.experts, t.top_k);
   std::printf("a token's experts also used by the previous token (same layer): %.1f%%\n", 100 * loc.reuse_next_token);
   if (loc.predicted_steps)
-    std::printf("next-layer prediction: %.1f%% of routed experts guessed (%llu steps with a guess)\n",
-                100 * loc.prediction_accuracy, (unsigned long long)loc.predicted_steps);
+    std::printf("next-layer prediction (%llu steps with a guess): recall %.1f%% (routed experts guessed), "
+                "precision %.1f%% (guesses routed);\n  over experts the previous token did not use: recall "
+                "%.1f%%, precision %.1f%%\n",
+                (unsigned long long)loc.predicted_steps, 100 * loc.prediction_accuracy, 100 * loc.prediction_precision,
+                100 * loc.new_expert_recall, 100 * loc.new_expert_precision);
   else
     std::printf("next-layer prediction: not recorded (trace a decoding run with --predict-next)\n");
   std::printf("\nhit rate by cache size (share of all %lld experts; decode order, cold start):\n\n%8s %8s",

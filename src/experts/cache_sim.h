@@ -35,9 +35,14 @@ CacheSimResult simulate_cache(const RoutingTrace& trace, CachePolicy policy, int
 struct TraceLocality {
   // Share of a token's (layer, expert) choices the previous token (in the trace) also made.
   double reuse_next_token = 0;
-  // Next-layer prediction: share of the routed experts that had been guessed, over the
-  // (token, layer) steps that have a guess; steps: how many had one.
-  double prediction_accuracy = 0;
+  // Next-layer prediction, over the (token, layer) steps that have a guess (steps: how many):
+  // recall (prediction_accuracy): share of the routed experts that had been guessed; precision:
+  // share of the guesses that were routed (the same when every guess has top_k experts).
+  double prediction_accuracy = 0, prediction_precision = 0;
+  // The same restricted to what a cache would lack: recall over the routed experts the previous
+  // token did not use in that layer, precision over the guesses it did not use (the reads a
+  // guess starts), over the steps with a guess and a previous token.
+  double new_expert_recall = 0, new_expert_precision = 0;
   uint64_t predicted_steps = 0;
 };
 TraceLocality trace_locality(const RoutingTrace& trace);
