@@ -381,7 +381,8 @@ class GpuForward final : public ForwardPass {
   explicit GpuForward(std::shared_ptr<GpuModel> g);
   ~GpuForward() override;
 
-  void run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) override;
+  void run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,
+           int64_t from = 0) override;
   StateSnapshot snapshot(const SessionState& st) override;
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
@@ -403,7 +404,7 @@ class GpuForward final : public ForwardPass {
   // order. With a VRAM cache smaller than the model, each layer uploads the union of the chunk's
   // experts once. False (nothing done) where it does not apply: the unfused expert kernels (float
   // experts), no shared expert, or a cache that cannot hold one layer's experts.
-  bool prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits);
+  bool prefill(std::span<const int32_t> tokens, LogitsMode mode, int64_t from, std::vector<float>& logits);
   void prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0);
   void prefill_delta_net(int l, int64_t T);
   void prefill_attention(int l, int64_t T, int64_t pos0);
@@ -633,7 +634,8 @@ void GpuForward::reserve_kv(int64_t positions) {
   kv_cap_ = cap;
 }
 
-void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,
+                     int64_t from) {
   SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
   SWIFTLET_CHECK(st.pos == pos_ || st.pos == 0, "GPU state at {} but the session at {}", pos_, st.pos);
   if (st.pos == 0 && pos_ != 0) reset(st);
@@ -643,7 +645,8 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
   for (int32_t id : tokens)
     if (id < 0 || id >= c_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
   reserve_kv(pos_ + T);
-  if (prefill(tokens, mode, logits)) {
+  from = std::clamp<int64_t>(from, 0, T);
+  if (prefill(tokens, mode, from, logits)) {
     pos_ += T;
     cu::gpu_sync(s_);
     st.pos += T;
@@ -654,11 +657,11 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
   const Clock::time_point t0 = Clock::now();
   const bool timed = T == 1 && host_.last_return != Clock::time_point{};
   if (timed) host_.between_s += std::chrono::duration<double>(t0 - host_.last_return).count();
-  if (mode == LogitsMode::All) logits.resize(size_t(T * c_.vocab_size));
+  if (mode == LogitsMode::All) logits.resize(size_t((T - from) * c_.vocab_size));
   for (int64_t t = 0; t < T; ++t) {
     step(tokens[size_t(t)], pos_);
     ++pos_;
-    if (mode == LogitsMode::All) logits_to(logits.data() + t * c_.vocab_size);
+    if (mode == LogitsMode::All && t >= from) logits_to(logits.data() + (t - from) * c_.vocab_size);
   }
   const Clock::time_point t1 = Clock::now();
   if (mode == LogitsMode::Last) {
@@ -752,13 +755,13 @@ bool GpuForward::grow_batch(int64_t T) {
   return true;
 }
 
-bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, int64_t from, std::vector<float>& logits) {
   const int64_t T = int64_t(tokens.size());
   const int E = c_.num_experts;
   if (T < 2 || E == 0 || !experts_fused_ || !shared_fused_ || !(g_->all_resident() || g_->group_limit() >= E))
     return false;
   const int64_t V = c_.vocab_size;
-  const int64_t first = mode == LogitsMode::All ? 0 : mode == LogitsMode::Last ? T - 1 : T;
+  const int64_t first = mode == LogitsMode::All ? from : mode == LogitsMode::Last ? T - 1 : T;
   if (!grow_batch(std::min<int64_t>(T, std::max<int64_t>(g_->opts.prefill_chunk, kMinPrefillChunk)))) return false;
   logits.resize(size_t((T - first) * V));
   n_marks_ = 0;

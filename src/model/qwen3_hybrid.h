@@ -75,9 +75,10 @@ class Forward {
   Forward(const Model& m, Backend backend);
 
   // Consumes `tokens` on top of `state` (positions state.pos ...). Writes logits rows into
-  // `logits`: every token's (All, T x vocab), the last one's (Last, 1 x vocab) or none.
+  // `logits`: every token's from the `from`-th on (All, (T - from) x vocab), the last one's
+  // (Last, 1 x vocab) or none.
   void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
-           std::vector<float>& logits);
+           std::vector<float>& logits, int64_t from = 0);
 
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
   // run, and the experts chosen.

@@ -140,6 +140,14 @@ TEST(RoutingReplay, ScoreReturnsEveryPositionFromAFreshState) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
   // A second window does not see the first.
   EXPECT_EQ(s.score(tokens), got);
+  // From row `from` on: the same rows, the earlier ones not computed (from 7: the first call of
+  // 5 tokens gives none, the second its last 3, the third both of its own).
+  const size_t V = size_t(c.vocab_size);
+  for (int64_t from : {1, 4, 5, 7, 11}) {
+    const std::vector<float> part = s.score(tokens, from);
+    ASSERT_EQ(part.size(), (tokens.size() - size_t(from)) * V) << from;
+    for (size_t i = 0; i < part.size(); ++i) ASSERT_EQ(part[i], got[size_t(from) * V + i]) << from << " " << i;
+  }
 }
 
 }  // namespace
