@@ -509,7 +509,9 @@ void Forward::predict_next_layer(int li, int64_t pos, std::span<const int32_t> a
   for (int ahead = 1; ahead <= predict_next_ && li + ahead < c_.num_layers; ++ahead) {
     const int target = li + ahead;
     const LayerWeights& lw = m_.weights.layers[size_t(target)];
-    if (!override_ || !override_->predict(target, pos, std::span(order).first(size_t(top_k)))) {
+    if (override_) {
+      if (!override_->predict(target, pos, std::span(order).first(size_t(top_k)))) continue;
+    } else {
       // h_ holds the residual after this layer's mixer; later layers' MoE inputs stay close to it.
       ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, xn);
       k_.matmul(lw.moe.router, xn, 1, p);

@@ -64,7 +64,8 @@ class RouteOverride {
   // Fills `experts` (top_k distinct ids in 0 .. num_experts - 1) for the token at `pos`, `layer`.
   virtual void route(int layer, int64_t pos, std::span<int32_t> experts) = 0;
   // Decode prediction: fills the guess for `layer` of the token at `pos` and returns true, or
-  // returns false to let the model's own routers guess.
+  // returns false for no guess (the model's own routers do not guess either: they do not choose
+  // the experts a replay routes).
   virtual bool predict(int /*layer*/, int64_t /*pos*/, std::span<int32_t> /*experts*/) { return false; }
 };
 
