@@ -13,10 +13,12 @@ namespace swiftlet {
 namespace {
 
 // The engine's cache without memory: every slot points at the same byte.
-std::unique_ptr<ExpertCache> bookkeeping_cache(int layers, int experts, int64_t slots) {
+std::unique_ptr<ExpertCache> bookkeeping_cache(int layers, int experts, int64_t slots, bool shares = true) {
   static uint8_t dummy;
-  return std::make_unique<ExpertCache>(
+  auto c = std::make_unique<ExpertCache>(
       layers, experts, 1, size_t(slots), [](size_t) -> void* { return &dummy; }, [](void*) {});
+  c->set_layer_shares(shares);
+  return c;
 }
 
 // One (token, layer) step through an ExpertCache as QpackExperts drives it in decode: prefetch
@@ -53,10 +55,10 @@ bool engine_step(ExpertCache& c, int layer, std::vector<int32_t>& ids, CacheSimR
   return true;
 }
 
-CacheSimResult simulate_engine(const RoutingTrace& t, int64_t slots) {
+CacheSimResult simulate_engine(const RoutingTrace& t, int64_t slots, bool shares) {
   CacheSimResult r;
   if (slots < t.top_k) return r;
-  auto c = bookkeeping_cache(t.layers, t.experts, slots);
+  auto c = bookkeeping_cache(t.layers, t.experts, slots, shares);
   std::vector<int32_t> ids;
   for (size_t i = 0; i < t.size(); ++i)
     for (int l = 0; l < t.layers; ++l) {
@@ -186,6 +188,7 @@ CacheSimResult simulate_belady(const RoutingTrace& t, int64_t slots) {
 const char* cache_policy_name(CachePolicy p) {
   switch (p) {
     case CachePolicy::Engine: return "lfu";
+    case CachePolicy::Global: return "lfu-global";
     case CachePolicy::Lru: return "lru";
     case CachePolicy::PerLayer: return "layer";
     case CachePolicy::Belady: return "belady";
@@ -194,15 +197,17 @@ const char* cache_policy_name(CachePolicy p) {
 }
 
 CachePolicy parse_cache_policy(const std::string& s) {
-  for (CachePolicy p : {CachePolicy::Engine, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
+  for (CachePolicy p :
+       {CachePolicy::Engine, CachePolicy::Global, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
     if (s == cache_policy_name(p)) return p;
-  fail("unknown cache policy '{}': use lfu (the engine's), lru, layer (per-layer pools) or belady", s);
+  fail("unknown cache policy '{}': use lfu (the engine's), lfu-global, lru, layer (per-layer pools) or belady", s);
 }
 
 CacheSimResult simulate_cache(const RoutingTrace& trace, CachePolicy policy, int64_t slots) {
   if (trace.size() == 0 || slots <= 0) return {};
   switch (policy) {
-    case CachePolicy::Engine: return simulate_engine(trace, slots);
+    case CachePolicy::Engine: return simulate_engine(trace, slots, true);
+    case CachePolicy::Global: return simulate_engine(trace, slots, false);
     case CachePolicy::Lru: return simulate_lru(trace, slots);
     case CachePolicy::PerLayer: return simulate_per_layer(trace, slots);
     case CachePolicy::Belady: return simulate_belady(trace, slots);

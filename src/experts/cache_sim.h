@@ -1,6 +1,7 @@
 // Replays a routing trace (routing_trace.h) through expert caches of a given size and counts
-// hits: the engine's own policy (ExpertCache, driven as QpackExperts drives it), plain LRU,
-// per-layer pools of the engine's policy, and Belady's offline optimum. Decode order: token by
+// hits: the engine's own policy (ExpertCache, driven as QpackExperts drives it), the same ranking
+// over the whole cache without layer shares, plain LRU, per-layer pools of the engine's policy,
+// and Belady's offline optimum. Decode order: token by
 // token, each token layer by layer; a (token, layer) step needs its top_k experts in memory at
 // once, so a cache must hold at least top_k experts (per pool for per-layer pools).
 #pragma once
@@ -14,7 +15,8 @@
 namespace swiftlet {
 
 enum class CachePolicy {
-  Engine,    // "lfu": ExpertCache (evict the lowest (use count, last use)), as QpackExperts uses it
+  Engine,    // "lfu": ExpertCache (evict the lowest (use count, last use), layer shares), as QpackExperts uses it
+  Global,    // "lfu-global": ExpertCache with one ranking over all layers (no layer shares)
   Lru,       // "lru": evict the least recently used expert
   PerLayer,  // "layer": one ExpertCache per layer, the slots split evenly (the first layers get the remainder)
   Belady,    // "belady": evict the expert whose next use is furthest away (offline optimum)

@@ -165,7 +165,8 @@ TEST(CacheSim, PredictionPrecisionAndRecallByHand) {
 }
 
 TEST(CacheSim, PolicyNames) {
-  for (CachePolicy p : {CachePolicy::Engine, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
+  for (CachePolicy p :
+       {CachePolicy::Engine, CachePolicy::Global, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
     EXPECT_EQ(parse_cache_policy(cache_policy_name(p)), p);
   EXPECT_THROW(parse_cache_policy("fifo"), Error);
 }
