@@ -161,13 +161,13 @@ TEST_F(RoutingCli, TraceThenCacheSimAndReplayInBench) {
   std::getline(csv, header);
   std::getline(csv, half);
   std::getline(csv, full);
-  EXPECT_EQ(header, "size_pct,slots,lfu,lru,layer,belady");
+  EXPECT_EQ(header, "size_pct,slots,lfu,lfu-global,lru,layer,belady");
   std::vector<double> cols;
   std::stringstream fs_(full);
   for (std::string c; std::getline(fs_, c, ',');) cols.push_back(std::stod(c));
-  ASSERT_EQ(cols.size(), 6u);
+  ASSERT_EQ(cols.size(), 7u);
   EXPECT_EQ(cols[1], double(t.layers * t.experts));
-  for (int p = 2; p < 6; ++p) EXPECT_NEAR(cols[size_t(p)], 1.0 - double(distinct.size()) / accesses, 1e-6) << p;
+  for (int p = 2; p < 7; ++p) EXPECT_NEAR(cols[size_t(p)], 1.0 - double(distinct.size()) / accesses, 1e-6) << p;
   r = sh("cachesim " + tr + " --sizes 101");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("--sizes"), std::string::npos) << r.out;

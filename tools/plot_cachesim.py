@@ -11,7 +11,8 @@ import csv
 import sys
 
 LABELS = {
-    "lfu": "engine (LFU + recency)",
+    "lfu": "engine (LFU + recency, layer shares)",
+    "lfu-global": "LFU + recency over all layers",
     "lru": "LRU",
     "layer": "per-layer pools (engine policy)",
     "belady": "Belady (offline optimum)",

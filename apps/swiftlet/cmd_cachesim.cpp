@@ -1,4 +1,4 @@
-// swiftlet cachesim TRACE [--sizes 2,5,10,20,40,60] [--policies lfu,lru,layer,belady] [--json|--csv]
+// swiftlet cachesim TRACE [--sizes 2,5,10,20,40,60] [--policies lfu,lfu-global,lru,layer,belady] [--json|--csv]
 // Hit rate of expert caches of several sizes (a share of all layers x experts) replayed over a
 // routing trace (experts/cache_sim.h), plus the trace's locality: how many of a token's experts
 // the previous token used, and how often next-layer prediction was right (when recorded).
@@ -22,7 +22,7 @@ namespace {
 using json = nlohmann::json;
 
 struct CacheSimOptions {
-  std::string trace, sizes = "2,5,10,15,20,30,40,50,60", policies = "lfu,lru,layer,belady";
+  std::string trace, sizes = "2,5,10,15,20,30,40,50,60", policies = "lfu,lfu-global,lru,layer,belady";
   bool json = false, csv = false;
 };
 
@@ -102,7 +102,10 @@ void run_cachesim(const CacheSimOptions& o) {
               {"reuse_next_token", loc.reuse_next_token},
               {"rows", rows}};
     if (loc.predicted_steps) {
-      j["prediction_accuracy"] = loc.prediction_accuracy;
+      j["prediction_accuracy"] = loc.prediction_accuracy;  // recall
+      j["prediction_precision"] = loc.prediction_precision;
+      j["prediction_new_recall"] = loc.new_expert_recall;
+      j["prediction_new_precision"] = loc.new_expert_precision;
       j["predicted_steps"] = loc.predicted_steps;
     }
     std::printf("%s\n", j.dump(1).c_str());
@@ -112,8 +115,11 @@ void run_cachesim(const CacheSimOptions& o) {
               t.experts, t.top_k);
   std::printf("a token's experts also used by the previous token (same layer): %.1f%%\n", 100 * loc.reuse_next_token);
   if (loc.predicted_steps)
-    std::printf("next-layer prediction: %.1f%% of routed experts guessed (%llu steps with a guess)\n",
-                100 * loc.prediction_accuracy, (unsigned long long)loc.predicted_steps);
+    std::printf("next-layer prediction (%llu steps with a guess): recall %.1f%% (routed experts guessed), "
+                "precision %.1f%% (guesses routed);\n  over experts the previous token did not use: recall "
+                "%.1f%%, precision %.1f%%\n",
+                (unsigned long long)loc.predicted_steps, 100 * loc.prediction_accuracy, 100 * loc.prediction_precision,
+                100 * loc.new_expert_recall, 100 * loc.new_expert_precision);
   else
     std::printf("next-layer prediction: not recorded (trace a decoding run with --predict-next)\n");
   std::printf("\nhit rate by cache size (share of all %lld experts; decode order, cold start):\n\n%8s %8s",
@@ -126,7 +132,8 @@ void run_cachesim(const CacheSimOptions& o) {
       std::printf(" %8s", cell(s, p).feasible ? fmt::format("{:.1f}%", 100 * cell(s, p).hit_rate()).c_str() : "-");
     std::printf("\n");
   }
-  std::printf("\nlfu: the engine's policy (ExpertCache); layer: per-layer pools of it; belady: offline optimum; "
+  std::printf("\nlfu: the engine's policy (ExpertCache, layer shares); lfu-global: its ranking over all layers; "
+              "layer: strict per-layer pools of it; belady: offline optimum; "
               "-: the cache (or a layer's pool) holds fewer than top-%d experts\n", t.top_k);
 }
 }  // namespace
@@ -136,7 +143,7 @@ void add_cachesim_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("cachesim", "expert-cache hit rates replayed over a routing trace (--trace-experts)");
   cmd->add_option("trace", o->trace, "routing trace written by --trace-experts")->required();
   cmd->add_option("--sizes", o->sizes, "cache sizes in percent of all experts, comma-separated");
-  cmd->add_option("--policies", o->policies, "lfu (the engine's), lru, layer (per-layer pools), belady (optimum)");
+  cmd->add_option("--policies", o->policies, "lfu (the engine's), lfu-global (no layer shares), lru, layer (per-layer pools), belady (optimum)");
   cmd->add_flag("--json", o->json, "print the results as JSON");
   cmd->add_flag("--csv", o->csv, "print a CSV table (size_pct, slots, one hit-rate column per policy)");
   cmd->callback([o] { run_cachesim(*o); });

@@ -105,12 +105,12 @@ void run_perplexity(const PerplexityOptions& o) {
   const auto t0 = Clock::now();
   for (int64_t w = 0; w < windows; ++w) {
     const std::span<const int32_t> win = evaluated.subspan(size_t(w * ctx), size_t(ctx));
-    const std::vector<float>& logits = session->score(win);
+    const std::vector<float>& logits = session->score(win, first);  // rows first .. ctx - 1
     if (base)
       for (QuantizedLogProbs& s : saved) base->read(s);
     ThreadPool::global().parallel_for(per_window, [&](int64_t i) {
       const int64_t j = first + i;
-      const std::span<const float> row(logits.data() + j * V, size_t(V));
+      const std::span<const float> row(logits.data() + i * V, size_t(V));
       const int32_t target = win[size_t(j + 1)];
       RowResult& r = rows[size_t(i)];
       r.nll = token_nll(row, target);

@@ -13,44 +13,39 @@ namespace swiftlet {
 namespace {
 
 // The engine's cache without memory: every slot points at the same byte.
-std::unique_ptr<ExpertCache> bookkeeping_cache(int layers, int experts, int64_t slots) {
+std::unique_ptr<ExpertCache> bookkeeping_cache(int layers, int experts, int64_t slots, bool shares = true) {
   static uint8_t dummy;
-  return std::make_unique<ExpertCache>(
+  auto c = std::make_unique<ExpertCache>(
       layers, experts, 1, size_t(slots), [](size_t) -> void* { return &dummy; }, [](void*) {});
+  c->set_layer_shares(shares);
+  return c;
 }
 
 // One (token, layer) step through an ExpertCache as QpackExperts drives it in decode: prefetch
-// claims the missing experts in ascending id order (their reads in flight: not evictable), the
-// reads land, then acquire takes the experts that were in memory first, then the others (each in
-// ascending id order), pins and uses each. An expert that was cached when the step began but was
-// evicted by a claim of the same step is read again and counts as a miss, as in the engine.
+// claims the missing experts in ascending id order (their reads in flight: not evictable), never
+// evicting an expert of the step itself; the reads land, then acquire takes the experts that were
+// in memory first, then the others (each in ascending id order), pins and uses each.
 // Returns false when the cache had no slot to give.
 bool engine_step(ExpertCache& c, int layer, std::vector<int32_t>& ids, CacheSimResult& r) {
   std::sort(ids.begin(), ids.end());
+  auto not_in_step = [&](int victim) {
+    return c.layer_of(victim) != layer ||
+           std::find(ids.begin(), ids.end(), int32_t(c.expert_of(victim))) == ids.end();
+  };
   std::vector<int> fresh;  // slots read by this step
   for (int32_t e : ids)
     if (c.find(layer, e) < 0) {
-      const int s = c.claim(layer, e);
+      const int s = c.claim(layer, e, nullptr, not_in_step);
       if (s < 0) return false;
       fresh.push_back(s);
     }
   for (int s : fresh) c.loaded(s);
-  std::stable_partition(ids.begin(), ids.end(), [&](int32_t e) {
-    const int s = c.find(layer, e);
-    return s >= 0 && std::find(fresh.begin(), fresh.end(), s) == fresh.end();
-  });
+  auto was_cached = [&](int s) { return std::find(fresh.begin(), fresh.end(), s) == fresh.end(); };
+  std::stable_partition(ids.begin(), ids.end(), [&](int32_t e) { return was_cached(c.find(layer, e)); });
   std::vector<int> pinned;
   for (int32_t e : ids) {
-    int s = c.find(layer, e);
-    bool hit = s >= 0 && std::find(fresh.begin(), fresh.end(), s) == fresh.end();
-    if (s < 0) {  // the engine's acquire reads it again, sparing the step's other experts
-      s = c.claim(layer, e, nullptr, [&](int victim) {
-        return c.layer_of(victim) != layer ||
-               std::find(ids.begin(), ids.end(), int32_t(c.expert_of(victim))) == ids.end();
-      });
-      if (s < 0) return false;
-      c.loaded(s);
-    }
+    const int s = c.find(layer, e);
+    const bool hit = was_cached(s);
     c.pin(s);
     c.use(s);
     pinned.push_back(s);
@@ -60,10 +55,10 @@ bool engine_step(ExpertCache& c, int layer, std::vector<int32_t>& ids, CacheSimR
   return true;
 }
 
-CacheSimResult simulate_engine(const RoutingTrace& t, int64_t slots) {
+CacheSimResult simulate_engine(const RoutingTrace& t, int64_t slots, bool shares) {
   CacheSimResult r;
   if (slots < t.top_k) return r;
-  auto c = bookkeeping_cache(t.layers, t.experts, slots);
+  auto c = bookkeeping_cache(t.layers, t.experts, slots, shares);
   std::vector<int32_t> ids;
   for (size_t i = 0; i < t.size(); ++i)
     for (int l = 0; l < t.layers; ++l) {
@@ -193,6 +188,7 @@ CacheSimResult simulate_belady(const RoutingTrace& t, int64_t slots) {
 const char* cache_policy_name(CachePolicy p) {
   switch (p) {
     case CachePolicy::Engine: return "lfu";
+    case CachePolicy::Global: return "lfu-global";
     case CachePolicy::Lru: return "lru";
     case CachePolicy::PerLayer: return "layer";
     case CachePolicy::Belady: return "belady";
@@ -201,15 +197,17 @@ const char* cache_policy_name(CachePolicy p) {
 }
 
 CachePolicy parse_cache_policy(const std::string& s) {
-  for (CachePolicy p : {CachePolicy::Engine, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
+  for (CachePolicy p :
+       {CachePolicy::Engine, CachePolicy::Global, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
     if (s == cache_policy_name(p)) return p;
-  fail("unknown cache policy '{}': use lfu (the engine's), lru, layer (per-layer pools) or belady", s);
+  fail("unknown cache policy '{}': use lfu (the engine's), lfu-global, lru, layer (per-layer pools) or belady", s);
 }
 
 CacheSimResult simulate_cache(const RoutingTrace& trace, CachePolicy policy, int64_t slots) {
   if (trace.size() == 0 || slots <= 0) return {};
   switch (policy) {
-    case CachePolicy::Engine: return simulate_engine(trace, slots);
+    case CachePolicy::Engine: return simulate_engine(trace, slots, true);
+    case CachePolicy::Global: return simulate_engine(trace, slots, false);
     case CachePolicy::Lru: return simulate_lru(trace, slots);
     case CachePolicy::PerLayer: return simulate_per_layer(trace, slots);
     case CachePolicy::Belady: return simulate_belady(trace, slots);
@@ -219,23 +217,37 @@ CacheSimResult simulate_cache(const RoutingTrace& trace, CachePolicy policy, int
 
 TraceLocality trace_locality(const RoutingTrace& t) {
   TraceLocality out;
-  uint64_t reused = 0, total = 0, guessed = 0, routed = 0;
+  uint64_t reused = 0, total = 0, right = 0, routed = 0, guesses = 0;
+  uint64_t new_right = 0, new_routed = 0, new_guesses = 0;
+  auto in = [](std::span<const uint16_t> set, uint16_t e) { return std::find(set.begin(), set.end(), e) != set.end(); };
+  auto ratio = [](uint64_t a, uint64_t b) { return b ? double(a) / double(b) : 0.0; };
   for (size_t i = 0; i < t.size(); ++i)
     for (int l = 0; l < t.layers; ++l) {
       auto now = t.experts_of(i, l);
+      const std::span<const uint16_t> before = i > 0 ? t.experts_of(i - 1, l) : std::span<const uint16_t>();
       if (i > 0) {
-        auto before = t.experts_of(i - 1, l);
-        for (uint16_t e : now) reused += std::count(before.begin(), before.end(), e) ? 1 : 0;
+        for (uint16_t e : now) reused += in(before, e) ? 1 : 0;
         total += now.size();
       }
       auto guess = t.predicted_of(i, l);
       if (guess.empty()) continue;
       out.predicted_steps++;
-      for (uint16_t e : now) guessed += std::count(guess.begin(), guess.end(), e) ? 1 : 0;
+      for (uint16_t e : now) right += in(guess, e) ? 1 : 0;
       routed += now.size();
+      guesses += guess.size();
+      if (i == 0) continue;
+      for (uint16_t e : now)
+        if (!in(before, e)) {
+          new_routed++;
+          new_right += in(guess, e) ? 1 : 0;
+        }
+      for (uint16_t e : guess) new_guesses += in(before, e) ? 0 : 1;
     }
-  out.reuse_next_token = total ? double(reused) / double(total) : 0.0;
-  out.prediction_accuracy = routed ? double(guessed) / double(routed) : 0.0;
+  out.reuse_next_token = ratio(reused, total);
+  out.prediction_accuracy = ratio(right, routed);
+  out.prediction_precision = ratio(right, guesses);
+  out.new_expert_recall = ratio(new_right, new_routed);
+  out.new_expert_precision = ratio(new_right, new_guesses);
   return out;
 }
 

@@ -105,6 +105,24 @@ TEST(CacheSim, StepsNeedTheirTopKAtOnce) {
   EXPECT_EQ(simulate_cache(t, CachePolicy::Lru, 3).hits, 3u);
 }
 
+TEST(CacheSim, EngineKeepsAStepsCachedExperts) {
+  // Top-2, one layer, a cache of 2; steps {0,1} {0,2} {1,0}. Uses u, ticks in use order.
+  // {0,1}: 0 miss (u0=1), 1 miss (u1=1, later). {0,2}: 0 is cached; reading 2 needs a victim and
+  // 0 ranks lowest (u1, older), but 0 is needed by this step: 1 goes. 0 hit (u0=2), 2 miss (u2=1).
+  // {1,0}: 0 hit (u0=3); 1 evicts 2 (not needed by the step), miss. 2 hits, 4 misses.
+  // (Evicting 0 for 2 would read 0 again at once: 1 hit, 5 misses.)
+  RoutingTrace t;
+  t.layers = 1;
+  t.experts = 4;
+  t.top_k = 2;
+  const std::vector<std::vector<uint16_t>> steps = {{0, 1}, {0, 2}, {1, 0}};
+  for (const auto& s : steps) t.append(0, 0, s);
+  const CacheSimResult r = simulate_cache(t, CachePolicy::Engine, 2);
+  ASSERT_TRUE(r.feasible);
+  EXPECT_EQ(r.hits, 2u);
+  EXPECT_EQ(r.misses, 4u);
+}
+
 TEST(CacheSim, LocalityByHand) {
   // Layer 0 repeats its expert (3 of 3 reused), layer 1 alternates (0 of 3): 3 / 6.
   RoutingTrace t = top1_trace(2, 2, {});
@@ -120,8 +138,35 @@ TEST(CacheSim, LocalityByHand) {
   EXPECT_DOUBLE_EQ(loc.prediction_accuracy, 0.5);
 }
 
+TEST(CacheSim, PredictionPrecisionAndRecallByHand) {
+  // Top-2, two layers; guesses for layer 1 only.
+  // t0: L0 {0,1} L1 {2,3}, no guess.
+  // t1: L0 {0,4} L1 {2,5}, guessed {5,6}: 5 right. New to layer 1 (t0 lacks): 5, guessed;
+  //     guesses t0 lacks: 5, 6.
+  // t2: L0 {0,1} L1 {3,5}, guessed {2,3}: 3 right. New: 3, guessed; guesses t1 lacks: 3.
+  // Recall 2 of 4 routed, precision 2 of 4 guesses; new experts: recall 2 of 2, precision 2 of 3.
+  // Reuse: t1 keeps 0 and 2, t2 keeps 0 and 5: 4 of 8.
+  RoutingTrace t;
+  t.layers = 2;
+  t.experts = 8;
+  t.top_k = 2;
+  t.has_predictions = true;
+  const uint16_t x = kNoPrediction;
+  t.append(0, 0, std::vector<uint16_t>{0, 1, 2, 3}, {}, std::vector<uint16_t>{x, x, x, x});
+  t.append(1, 0, std::vector<uint16_t>{0, 4, 2, 5}, {}, std::vector<uint16_t>{x, x, 5, 6});
+  t.append(2, 0, std::vector<uint16_t>{0, 1, 3, 5}, {}, std::vector<uint16_t>{x, x, 2, 3});
+  const TraceLocality loc = trace_locality(t);
+  EXPECT_EQ(loc.predicted_steps, 2u);
+  EXPECT_DOUBLE_EQ(loc.reuse_next_token, 0.5);
+  EXPECT_DOUBLE_EQ(loc.prediction_accuracy, 0.5);
+  EXPECT_DOUBLE_EQ(loc.prediction_precision, 0.5);
+  EXPECT_DOUBLE_EQ(loc.new_expert_recall, 1.0);
+  EXPECT_DOUBLE_EQ(loc.new_expert_precision, 2.0 / 3.0);
+}
+
 TEST(CacheSim, PolicyNames) {
-  for (CachePolicy p : {CachePolicy::Engine, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
+  for (CachePolicy p :
+       {CachePolicy::Engine, CachePolicy::Global, CachePolicy::Lru, CachePolicy::PerLayer, CachePolicy::Belady})
     EXPECT_EQ(parse_cache_policy(cache_policy_name(p)), p);
   EXPECT_THROW(parse_cache_policy("fifo"), Error);
 }

@@ -35,6 +35,8 @@ ExpertCache::ExpertCache(int layers, int experts, size_t slot_bytes, size_t budg
   if (!free_) free_ = [](void* p) { std::free(p); };
   where_.assign(all, -1);
   freq_.assign(all, 0);
+  layer_evictable_.resize(size_t(layers));
+  held_.assign(size_t(layers), 0);
   reserve_ = std::max(0, reserve);
   floor_ = std::max(0, floor);
   if (reserve_ > 0) grower_ = std::thread([this] { grow(); });
@@ -128,8 +130,32 @@ ExpertCache::Rank ExpertCache::rank(int slot) const {
 void ExpertCache::update_evictable(int slot, bool before) {
   const Meta& m = meta_[size_t(slot)];
   if (m.state != State::Ready || m.pins > 0) return;
-  if (before) evictable_.erase(rank(slot));
-  else evictable_.insert(rank(slot));
+  std::set<Rank>& own = layer_evictable_[size_t(m.layer)];
+  if (before) {
+    evictable_.erase(rank(slot));
+    own.erase(rank(slot));
+  } else {
+    evictable_.insert(rank(slot));
+    own.insert(rank(slot));
+  }
+}
+
+int ExpertCache::victim(int layer, const std::function<bool(int)>& may_evict) const {
+  auto ok = [&](const Rank& r) { return !may_evict || may_evict(std::get<2>(r)); };
+  if (shares_ && layers_ > 1) {
+    if (held_[size_t(layer)] >= share(layer)) {
+      for (const Rank& r : layer_evictable_[size_t(layer)])
+        if (ok(r)) return std::get<2>(r);
+    } else {
+      for (const Rank& r : evictable_) {
+        const int l = meta_[size_t(std::get<2>(r))].layer;
+        if (held_[size_t(l)] > share(l) && ok(r)) return std::get<2>(r);
+      }
+    }
+  }
+  for (const Rank& r : evictable_)
+    if (ok(r)) return std::get<2>(r);
+  return -1;
 }
 
 int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function<bool(int)>& may_evict) {
@@ -149,15 +175,13 @@ int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function
   if (slot < 0 && room && (!grower_.joinable() || holds_all || int(slots_.size()) < floor_))
     slot = add_slot(allocate_now());
   if (slot < 0) {
-    auto it = evictable_.begin();
-    if (may_evict)
-      while (it != evictable_.end() && !may_evict(std::get<2>(*it))) ++it;
-    if (it != evictable_.end()) {
-      slot = std::get<2>(*it);
-      evictable_.erase(it);
+    slot = victim(layer, may_evict);
+    if (slot >= 0) {
+      update_evictable(slot, true);
       const Meta& old = meta_[size_t(slot)];
       where_[key(old.layer, old.expert)] = -1;
       last_evicted_ = {old.layer, old.expert};
+      held_[size_t(old.layer)]--;
       if (evicted) *evicted = true;
     }
   }
@@ -167,6 +191,7 @@ int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function
   Meta& m = meta_[size_t(slot)];
   m = Meta{State::Loading, layer, expert, 0, ++tick_};  // newest: not the next victim
   where_[key(layer, expert)] = slot;
+  held_[size_t(layer)]++;
   return slot;
 }
 
@@ -181,7 +206,10 @@ void ExpertCache::drop(int slot) {
   update_evictable(slot, true);
   Meta& m = meta_[size_t(slot)];
   SWIFTLET_CHECK(m.pins == 0, "slot {} is dropped while pinned", slot);
-  if (m.layer >= 0) where_[key(m.layer, m.expert)] = -1;
+  if (m.layer >= 0) {
+    where_[key(m.layer, m.expert)] = -1;
+    held_[size_t(m.layer)]--;
+  }
   m = Meta{};
   free_list_.push_back(slot);
 }

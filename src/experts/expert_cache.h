@@ -13,8 +13,13 @@
 // nothing is ready.
 // Eviction takes the evictable slot with the lowest (use count, last use): an expert's use count
 // is remembered after it is evicted, so an expert that keeps coming back outranks one that was
-// used once. A slot is evictable only when it is loaded and not pinned; slots being read and
-// slots whose expert is in use (pinned between acquire and release) are never taken.
+// used once. With layer shares (the default), each layer is entitled to an even share of the
+// slots: a layer holding its share or more replaces its own lowest-ranked expert, a layer below
+// it takes the lowest-ranked slot of a layer above its share (either falls back to the lowest
+// slot of all when there is none). Real routing ranks layers very differently, and one ranking
+// over the whole cache starves some layers (docs/trained-model.md, "Routing and caching").
+// A slot is evictable only when it is loaded and not pinned; slots being read and slots whose
+// expert is in use (pinned between acquire and release) are never taken.
 #pragma once
 
 #include <condition_variable>
@@ -45,6 +50,8 @@ class ExpertCache {
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
+  // Off: one ranking over the whole cache, whatever layer the slots hold (for comparisons).
+  void set_layer_shares(bool on) { shares_ = on; }
   int capacity() const { return capacity_; }          // slots allowed by the budget
   int allocated() const { return int(slots_.size()); }  // slots handed out so far
   // Bytes of every slot allocated, those prepared ahead and not handed out yet included.
@@ -97,6 +104,9 @@ class ExpertCache {
   size_t key(int layer, int expert) const { return size_t(layer) * size_t(experts_) + size_t(expert); }
   Rank rank(int slot) const;
   void update_evictable(int slot, bool before);
+  int share(int layer) const { return capacity_ / layers_ + (layer < capacity_ % layers_ ? 1 : 0); }
+  // The evictable slot to take for an expert of `layer` (see above), or -1.
+  int victim(int layer, const std::function<bool(int slot)>& may_evict) const;
 
   int layers_, experts_;
   size_t slot_bytes_;
@@ -108,6 +118,9 @@ class ExpertCache {
   std::vector<int> where_;      // [layer * experts + expert] -> slot or -1
   std::vector<uint32_t> freq_;  // [layer * experts + expert] uses, kept across evictions
   std::set<Rank> evictable_;
+  std::vector<std::set<Rank>> layer_evictable_;  // [layer] the evictable slots holding that layer
+  std::vector<int> held_;                         // [layer] slots holding (or reading) that layer
+  bool shares_ = true;
   std::vector<int> free_list_;  // allocated slots holding nothing (after a failed read)
 
   // Shared with the background thread, under mu_.

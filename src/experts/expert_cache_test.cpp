@@ -27,6 +27,7 @@ int put(ExpertCache& c, int layer, int expert, int uses = 1) {
 
 TEST(ExpertCache, EvictsTheLeastUsedThenTheLeastRecent) {
   ExpertCache c(2, 8, 4096, 3 * 4096);
+  c.set_layer_shares(false);  // one ranking over both layers
   ASSERT_EQ(c.capacity(), 3);
   put(c, 0, 1, 3);  // used 3 times
   put(c, 0, 2, 1);  // used once, earlier
@@ -48,6 +49,50 @@ TEST(ExpertCache, EvictsTheLeastUsedThenTheLeastRecent) {
   EXPECT_EQ(c.expert_of(order[0]), 3);
   EXPECT_EQ(c.expert_of(order[1]), 4);
   EXPECT_EQ(c.expert_of(order[2]), 1);
+}
+
+TEST(ExpertCache, EachLayerKeepsItsShareOfTheSlots) {
+  // Two layers, 4 slots: a share of 2 each.
+  ExpertCache c(2, 8, 4096, 4 * 4096);
+  put(c, 0, 0, 5);
+  put(c, 0, 1, 5);
+  put(c, 0, 2, 5);  // layer 0 holds 3, over its share
+  put(c, 1, 0, 1);  // full
+  // Layer 1 (1 slot, below its share) takes the lowest of an over-share layer: (0,0) (5 uses,
+  // oldest), although (1,0) ranks lowest of all (1 use).
+  bool evicted = false;
+  int s = c.claim(1, 1, &evicted);
+  ASSERT_GE(s, 0);
+  EXPECT_TRUE(evicted);
+  EXPECT_EQ(c.find(0, 0), -1);
+  EXPECT_GE(c.find(1, 0), 0);
+  c.loaded(s);
+  c.use(s);
+  // Now 2 and 2. Layer 0 at its share replaces its own lowest, (0,1) (5 uses, older than (0,2)),
+  // not (1,0) or (1,1) (1 use each).
+  s = c.claim(0, 3);
+  ASSERT_GE(s, 0);
+  EXPECT_EQ(c.find(0, 1), -1);
+  EXPECT_GE(c.find(0, 2), 0);
+  EXPECT_GE(c.find(1, 0), 0);
+  EXPECT_GE(c.find(1, 1), 0);
+  c.loaded(s);
+  // Layer 1 at its share, its own slots vetoed: it falls back to the lowest slot of all, (0,3)
+  // (no use yet).
+  s = c.claim(1, 2, nullptr, [&](int v) { return c.layer_of(v) != 1; });
+  ASSERT_GE(s, 0);
+  EXPECT_EQ(c.find(0, 3), -1);
+  EXPECT_GE(c.find(0, 2), 0);
+  // The same with one ranking over the whole cache: (1,0) (1 use, oldest of the 1-use slots) goes.
+  ExpertCache g(2, 8, 4096, 4 * 4096);
+  g.set_layer_shares(false);
+  put(g, 0, 0, 5);
+  put(g, 0, 1, 5);
+  put(g, 0, 2, 5);
+  put(g, 1, 0, 1);
+  put(g, 1, 1, 1);
+  EXPECT_EQ(g.find(1, 0), -1);
+  EXPECT_GE(g.find(0, 0), 0);
 }
 
 TEST(ExpertCache, FrequencyIsRememberedAfterEviction) {

@@ -24,6 +24,7 @@ QpackExperts::QpackExperts(const QpackContainer& qc, QpackExpertsOptions opts)
   const size_t slots = size_t(cache_.capacity());
   fresh_.assign(slots, 0);
   speculative_.assign(slots, 0);
+  wanted_.assign(slots, 0);
   errors_.assign(slots, {});
   stats_.cache_budget = slots * size_t(layout_.expert_stride);
 }
@@ -37,13 +38,18 @@ QpackExperts::~QpackExperts() {
   reader_.reset();
 }
 
-int QpackExperts::start_read(int layer, int expert, bool speculative) {
+int QpackExperts::start_read(int layer, int expert, Read why) {
   bool evicted = false;
   // Experts read ahead and not used yet are kept while anything else can go; a prediction
-  // never pushes them out.
-  int slot = cache_.claim(layer, expert, &evicted, [this](int s) { return !fresh_[size_t(s)]; });
-  if (slot < 0 && !speculative) slot = cache_.claim(layer, expert, &evicted);
+  // never pushes them out. The experts the current step found cached are kept while anything
+  // else can go: evicting one to read another of the same step would only read it again.
+  int slot = cache_.claim(layer, expert, &evicted,
+                          [this](int s) { return !fresh_[size_t(s)] && !wanted_[size_t(s)]; });
+  if (slot < 0 && why != Read::Speculative)
+    slot = cache_.claim(layer, expert, &evicted, [this](int s) { return !wanted_[size_t(s)]; });
+  if (slot < 0 && why == Read::Demand) slot = cache_.claim(layer, expert, &evicted);
   if (slot < 0) return -1;
+  const bool speculative = why == Read::Speculative;
   if (evicted) stats_.evictions++;
   fresh_[size_t(slot)] = 1;
   speculative_[size_t(slot)] = speculative ? 1 : 0;
@@ -92,17 +98,24 @@ void QpackExperts::finish(const ReadDone& d) {
 void QpackExperts::prefetch(int layer, std::span<const int32_t> experts) {
   if (io_ == IoMode::Serial) return;
   if (in_flight_ > 0) collect(false);
+  for (int s : wanted_slots_) wanted_[size_t(s)] = 0;
+  wanted_slots_.clear();
   for (int32_t e : experts) {
     SWIFTLET_CHECK(e >= 0 && e < layout_.expert_count, "expert {} out of range", e);
-    if (cache_.find(layer, e) < 0 && start_read(layer, e, false) < 0) break;  // no room now
+    const int s = cache_.find(layer, e);
+    if (s < 0) continue;
+    wanted_[size_t(s)] = 1;
+    wanted_slots_.push_back(s);
   }
+  for (int32_t e : experts)
+    if (cache_.find(layer, e) < 0 && start_read(layer, e, Read::Prefetch) < 0) break;  // no room now
 }
 
 void QpackExperts::predict(int layer, std::span<const int32_t> experts) {
   if (io_ == IoMode::Serial || layer < 0 || layer >= layout_.layer_count) return;
   if (in_flight_ > 0) collect(false);
   for (int32_t e : experts)
-    if (cache_.find(layer, e) < 0 && start_read(layer, e, true) < 0) break;
+    if (cache_.find(layer, e) < 0 && start_read(layer, e, Read::Speculative) < 0) break;
 }
 
 bool QpackExperts::ready(int layer, int expert) const {
@@ -141,7 +154,7 @@ void QpackExperts::acquire(int layer, std::span<const int32_t> experts, std::spa
     SWIFTLET_CHECK(e >= 0 && e < layout_.expert_count, "expert {} out of range", e);
     int slot = cache_.find(layer, e);
     while (slot < 0) {
-      slot = start_read(layer, e, false);
+      slot = start_read(layer, e, Read::Demand);
       if (slot >= 0) break;
       // Every slot is pinned or being read: wait for a read to land, then try again.
       SWIFTLET_CHECK(in_flight_ > 0, "expert cache of {} slots has none free for layer {}", cache_.capacity(), layer);

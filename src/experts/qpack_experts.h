@@ -62,8 +62,11 @@ class QpackExperts : public ExpertSource {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Why a read starts: a prediction (never evicts read-ahead), a prefetch (may evict read-ahead
+  // not used yet) or acquire() (evicts whatever it must).
+  enum class Read { Speculative, Prefetch, Demand };
   // Starts reading (layer, expert) into a claimed slot; -1 when no slot can be had now.
-  int start_read(int layer, int expert, bool speculative);
+  int start_read(int layer, int expert, Read why);
   // Collects finished reads (blocking for one when wait) and files them into the cache.
   void collect(bool wait);
   void finish(const ReadDone& d);
@@ -79,6 +82,8 @@ class QpackExperts : public ExpertSource {
   std::unique_ptr<ExpertReader> reader_;
   std::vector<uint8_t> fresh_;        // [slot] read but not used yet (its first use is a miss)
   std::vector<uint8_t> speculative_;  // [slot] read for a prediction, not used yet
+  std::vector<uint8_t> wanted_;       // [slot] cached and needed by the last prefetch()'s step
+  std::vector<int> wanted_slots_;     // the slots marked in wanted_
   std::vector<std::string> errors_;   // [slot] why its read failed (while pinned)
   std::vector<int> pinned_;           // slots acquired and not released
   std::vector<int> acquiring_;        // scratch: the slots of the acquire() under way

@@ -173,6 +173,42 @@ TEST_F(QpackSource, RepeatedExpertsAreHitsAndCountersAddUp) {
   EXPECT_TRUE(src.ready(0, 2));
 }
 
+// Decode as Forward drives it: prefetch the step's experts, maybe predict the next layer, then
+// acquire one expert at a time. A step's cached expert must survive the reads of its misses.
+// Two slots; step 1 uses 1 then 2, so 1 is the lowest-ranked (same use count, older). Step 2
+// needs {1, 3}: 3 must take 2's slot, not 1's (else 1 is read again and both are misses), and
+// a prediction for the next layer must not take 1's slot either.
+TEST_F(QpackSource, AStepsCachedExpertsSurviveItsOwnMisses) {
+  for (bool predict : {false, true}) {
+    QpackExpertsOptions o;
+    o.cache_bytes = 2 * stride();
+    o.prepared_slots = 0;
+    QpackExperts src(*qc_, std::move(o));
+    ExpertWeights w[1];
+    auto step = [&](std::vector<int32_t> ids) {
+      src.prefetch(0, ids);
+      if (predict) {
+        const int32_t guess[2] = {5, 6};
+        src.predict(1, guess);
+      }
+      std::stable_partition(ids.begin(), ids.end(), [&](int32_t e) { return src.ready(0, e); });
+      for (int32_t e : ids) {
+        src.acquire(0, std::span(&e, 1), w);
+        ASSERT_EQ(blob_of(w[0]), file_bytes(0, e));
+        src.release(0);
+      }
+    };
+    step({1, 2});
+    step({1, 3});
+    const ExpertStats st = src.expert_stats();
+    EXPECT_EQ(st.hits, 1u) << "predict " << predict;
+    EXPECT_EQ(st.misses, 3u) << "predict " << predict;
+    EXPECT_TRUE(src.ready(0, 1));
+    EXPECT_TRUE(src.ready(0, 3));
+    EXPECT_FALSE(src.ready(0, 2));
+  }
+}
+
 TEST_F(QpackSource, ExpertsInUseAreNotEvicted) {
   QpackExpertsOptions o;
   o.cache_bytes = 2 * stride();

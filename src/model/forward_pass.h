@@ -11,9 +11,10 @@ namespace swiftlet {
 class ForwardPass {
  public:
   virtual ~ForwardPass() = default;
-  // As Forward::run: consumes `tokens` on top of `state`, writes the logits `mode` asks for.
+  // As Forward::run: consumes `tokens` on top of `state`, writes the logits `mode` asks for
+  // (All: the rows of tokens from `from` on).
   virtual void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
-                   std::vector<float>& logits) = 0;
+                   std::vector<float>& logits, int64_t from = 0) = 0;
   // The DeltaNet states at state.pos (SessionState::snapshot for the CPU pass).
   virtual StateSnapshot snapshot(const SessionState& state) { return state.snapshot(); }
   // Rewinds state to a snapshot taken earlier on it (SessionState::restore).

@@ -106,7 +106,8 @@ void GpuForward::reserve_kv(int64_t positions) {
   kv_cap_ = cap;
 }
 
-void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,
+                     int64_t from) {
   SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
   SWIFTLET_CHECK(st.pos == pos_ || st.pos == 0, "GPU state at {} but the session at {}", pos_, st.pos);
   if (st.pos == 0 && pos_ != 0) reset(st);
@@ -116,7 +117,8 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
   for (int32_t id : tokens)
     if (id < 0 || id >= c_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
   reserve_kv(pos_ + T);
-  if (prefill(tokens, mode, logits)) {
+  from = std::clamp<int64_t>(from, 0, T);
+  if (prefill(tokens, mode, from, logits)) {
     pos_ += T;
     cu::gpu_sync(s_);
     st.pos += T;
@@ -127,11 +129,11 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
   const Clock::time_point t0 = Clock::now();
   const bool timed = T == 1 && host_.last_return != Clock::time_point{};
   if (timed) host_.between_s += std::chrono::duration<double>(t0 - host_.last_return).count();
-  if (mode == LogitsMode::All) logits.resize(size_t(T * c_.vocab_size));
+  if (mode == LogitsMode::All) logits.resize(size_t((T - from) * c_.vocab_size));
   for (int64_t t = 0; t < T; ++t) {
     step(tokens[size_t(t)], pos_);
     ++pos_;
-    if (mode == LogitsMode::All) logits_to(logits.data() + t * c_.vocab_size);
+    if (mode == LogitsMode::All && t >= from) logits_to(logits.data() + (t - from) * c_.vocab_size);
   }
   const Clock::time_point t1 = Clock::now();
   if (mode == LogitsMode::Last) {

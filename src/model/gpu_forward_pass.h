@@ -24,7 +24,8 @@ class GpuForward final : public ForwardPass {
   GpuForward(std::shared_ptr<GpuModel> g, bool profile);
   ~GpuForward() override;
 
-  void run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) override;
+  void run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,
+           int64_t from = 0) override;
   StateSnapshot snapshot(const SessionState& st) override;
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
@@ -56,7 +57,7 @@ class GpuForward final : public ForwardPass {
   // the union of the chunk's experts once. False (nothing done) where it does not apply: the
   // unfused expert kernels (float experts), no shared expert, or a cache that cannot hold one
   // layer's experts.
-  bool prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits);
+  bool prefill(std::span<const int32_t> tokens, LogitsMode mode, int64_t from, std::vector<float>& logits);
   void prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0);
   void prefill_delta_net(int l, int64_t T);
   void prefill_attention(int l, int64_t T, int64_t pos0);

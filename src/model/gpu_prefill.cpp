@@ -67,13 +67,13 @@ bool GpuForward::grow_batch(int64_t T) {
   return true;
 }
 
-bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits) {
+bool GpuForward::prefill(std::span<const int32_t> tokens, LogitsMode mode, int64_t from, std::vector<float>& logits) {
   const int64_t T = int64_t(tokens.size());
   const int E = c_.num_experts;
   if (T < 2 || E == 0 || !experts_fused_ || !shared_fused_ || !(g_->all_resident() || g_->group_limit() >= E))
     return false;
   const int64_t V = c_.vocab_size;
-  const int64_t first = mode == LogitsMode::All ? 0 : mode == LogitsMode::Last ? T - 1 : T;
+  const int64_t first = mode == LogitsMode::All ? from : mode == LogitsMode::Last ? T - 1 : T;
   if (!grow_batch(std::min<int64_t>(T, std::max<int64_t>(g_->opts.prefill_chunk, kMinPrefillChunk)))) return false;
   logits.resize(size_t((T - first) * V));
   prof_.begin(s_);

@@ -59,7 +59,7 @@ Forward::Forward(const Model& m, Backend backend)
     : m_(m), c_(m.config), k_(kernels_for(backend)), fast_(backend != Backend::Reference) {}
 
 void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode,
-                  std::vector<float>& logits) {
+                  std::vector<float>& logits, int64_t from) {
   const int64_t T = int64_t(tokens.size());
   const int64_t H = c_.hidden_size;
   SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
@@ -119,11 +119,12 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
   st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
 
   if (mode == LogitsMode::None) return;
-  const int64_t first = mode == LogitsMode::All ? 0 : T - 1;
+  const int64_t first = mode == LogitsMode::All ? std::clamp<int64_t>(from, 0, T) : T - 1;
   const int64_t rows = T - first;
+  logits.resize(size_t(rows * c_.vocab_size));
+  if (rows == 0) return;
   for (int64_t t = first; t < T; ++t)
     ref::rms_norm(h + t * H, m_.weights.norm.data(), H, c_.rms_norm_eps, x_.data() + (t - first) * H);
-  logits.resize(size_t(rows * c_.vocab_size));
   const auto t0 = ProfileClock::now();
   k_.matmul(m_.weights.lm_head, x_.data(), rows, logits.data());
   profile_.lm_head += seconds_between(t0, ProfileClock::now());
@@ -508,7 +509,9 @@ void Forward::predict_next_layer(int li, int64_t pos, std::span<const int32_t> a
   for (int ahead = 1; ahead <= predict_next_ && li + ahead < c_.num_layers; ++ahead) {
     const int target = li + ahead;
     const LayerWeights& lw = m_.weights.layers[size_t(target)];
-    if (!override_ || !override_->predict(target, pos, std::span(order).first(size_t(top_k)))) {
+    if (override_) {
+      if (!override_->predict(target, pos, std::span(order).first(size_t(top_k)))) continue;
+    } else {
       // h_ holds the residual after this layer's mixer; later layers' MoE inputs stay close to it.
       ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, xn);
       k_.matmul(lw.moe.router, xn, 1, p);

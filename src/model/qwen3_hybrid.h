@@ -64,7 +64,8 @@ class RouteOverride {
   // Fills `experts` (top_k distinct ids in 0 .. num_experts - 1) for the token at `pos`, `layer`.
   virtual void route(int layer, int64_t pos, std::span<int32_t> experts) = 0;
   // Decode prediction: fills the guess for `layer` of the token at `pos` and returns true, or
-  // returns false to let the model's own routers guess.
+  // returns false for no guess (the model's own routers do not guess either: they do not choose
+  // the experts a replay routes).
   virtual bool predict(int /*layer*/, int64_t /*pos*/, std::span<int32_t> /*experts*/) { return false; }
 };
 
@@ -75,9 +76,10 @@ class Forward {
   Forward(const Model& m, Backend backend);
 
   // Consumes `tokens` on top of `state` (positions state.pos ...). Writes logits rows into
-  // `logits`: every token's (All, T x vocab), the last one's (Last, 1 x vocab) or none.
+  // `logits`: every token's from the `from`-th on (All, (T - from) x vocab), the last one's
+  // (Last, 1 x vocab) or none.
   void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
-           std::vector<float>& logits);
+           std::vector<float>& logits, int64_t from = 0);
 
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
   // run, and the experts chosen.

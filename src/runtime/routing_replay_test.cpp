@@ -109,6 +109,7 @@ TEST(RoutingReplay, ModelRoutesAsTheTraceSays) {
   TraceRouteOverride replay(t, c.num_layers, c.num_experts, c.num_experts_per_tok);
   Forward fwd(lm->model, Backend::CpuF32);
   fwd.set_route_override(&replay);
+  fwd.set_predict_next(1);  // the trace has no guesses: nothing is guessed (the router's would be noise)
   // 7 prompt tokens + 4 decoded: positions 6.. wrap around to trace token position % 6.
   const std::vector<RouteRecord> routes = run(fwd, c, some_tokens(7, 2), 4);
   ASSERT_EQ(routes.size(), 11u * size_t(c.num_layers));
@@ -121,6 +122,8 @@ TEST(RoutingReplay, ModelRoutesAsTheTraceSays) {
   for (const RouteRecord& r : routes)
     for (int32_t e : r.experts) distinct.insert({r.layer, e});
   EXPECT_EQ(lm->experts->expert_stats().misses, distinct.size());
+  EXPECT_EQ(fwd.prediction_stats().total, 0u);
+  EXPECT_EQ(lm->experts->expert_stats().predicted, 0u);
 }
 
 TEST(RoutingReplay, ScoreReturnsEveryPositionFromAFreshState) {
@@ -140,6 +143,14 @@ TEST(RoutingReplay, ScoreReturnsEveryPositionFromAFreshState) {
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
   // A second window does not see the first.
   EXPECT_EQ(s.score(tokens), got);
+  // From row `from` on: the same rows, the earlier ones not computed (from 7: the first call of
+  // 5 tokens gives none, the second its last 3, the third both of its own).
+  const size_t V = size_t(c.vocab_size);
+  for (int64_t from : {1, 4, 5, 7, 11}) {
+    const std::vector<float> part = s.score(tokens, from);
+    ASSERT_EQ(part.size(), (tokens.size() - size_t(from)) * V) << from;
+    for (size_t i = 0; i < part.size(); ++i) ASSERT_EQ(part[i], got[size_t(from) * V + i]) << from << " " << i;
+  }
 }
 
 }  // namespace

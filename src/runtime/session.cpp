@@ -53,9 +53,9 @@ Session::Session(const Model& model, const Tokenizer* tokenizer, SessionOptions 
   forward_.set_route_override(opts.route_override);
 }
 
-void Session::run_forward(std::span<const int32_t> tokens, LogitsMode mode) {
-  if (gpu_forward_) gpu_forward_->run(state_, tokens, mode, logits_);
-  else forward_.run(state_, tokens, mode, logits_);
+void Session::run_forward(std::span<const int32_t> tokens, LogitsMode mode, int64_t from) {
+  if (gpu_forward_) gpu_forward_->run(state_, tokens, mode, logits_, from);
+  else forward_.run(state_, tokens, mode, logits_, from);
 }
 
 void Session::reset() {
@@ -88,16 +88,22 @@ void Session::feed(std::span<const int32_t> tokens, const std::atomic<bool>* can
   }
 }
 
-const std::vector<float>& Session::score(std::span<const int32_t> tokens) {
+const std::vector<float>& Session::score(std::span<const int32_t> tokens, int64_t from) {
   if (tokens.empty()) fail("nothing to score: give at least one token");
+  SWIFTLET_CHECK(from >= 0 && from < int64_t(tokens.size()), "score: first row {} of {} tokens", from, tokens.size());
   reset();
   const size_t chunk = size_t(std::max(1, opts_.prefill_chunk));
   if (tokens.size() <= chunk) {
-    run_forward(tokens, LogitsMode::All);
+    run_forward(tokens, LogitsMode::All, from);
   } else {  // a window longer than one call: its calls' rows one after another
     std::vector<float> all;
     for (size_t i = 0; i < tokens.size(); i += chunk) {
-      run_forward(tokens.subspan(i, std::min(chunk, tokens.size() - i)), LogitsMode::All);
+      const int64_t n = int64_t(std::min(chunk, tokens.size() - i)), first = from - int64_t(i);
+      if (first >= n) {
+        run_forward(tokens.subspan(i, size_t(n)), LogitsMode::None);
+        continue;
+      }
+      run_forward(tokens.subspan(i, size_t(n)), LogitsMode::All, std::max<int64_t>(0, first));
       all.insert(all.end(), logits_.begin(), logits_.end());
     }
     logits_ = std::move(all);

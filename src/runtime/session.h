@@ -91,8 +91,9 @@ class Session {
   const std::vector<float>& last_logits() const { return logits_; }
 
   // Runs `tokens` from a fresh state (nothing reused, no snapshot kept) as one prompt and returns
-  // the logits of every position ([T][vocab]: row j predicts token j + 1). For perplexity.
-  const std::vector<float>& score(std::span<const int32_t> tokens);
+  // the logits of the positions from `from` on ([T - from][vocab]: row j predicts token
+  // from + j + 1). For perplexity, which scores the second half of a window.
+  const std::vector<float>& score(std::span<const int32_t> tokens, int64_t from = 0);
 
   void reset();
   const SessionState& state() const { return state_; }
@@ -105,7 +106,7 @@ class Session {
  private:
   void feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel);
   void remember_snapshot();
-  void run_forward(std::span<const int32_t> tokens, LogitsMode mode);
+  void run_forward(std::span<const int32_t> tokens, LogitsMode mode, int64_t from = 0);
 
   const Model& model_;
   const Tokenizer* tokenizer_;
