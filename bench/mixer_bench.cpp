@@ -4,8 +4,8 @@
 // by token.
 //   build/bin/swiftlet_bench_mixer [--threads N] [--max-ctx 32768]
 #include "core/thread_pool.h"
-#include "model/attention.h"
-#include "model/delta_net.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/delta_net.h"
 
 #include <fmt/format.h>
 

@@ -9,7 +9,7 @@
 // codes are computed with the fp32 scale and bias before they are rounded to bf16 for storage.
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cstdint>
 #include <vector>

@@ -5,9 +5,9 @@
 #include "model/gpu_forward.h"
 
 #include "runtime/model_loader.h"
-#include "runtime/repack.h"
+#include "convert/repack.h"
 #include "runtime/session.h"
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 #include "support/test_paths.h"
 
 #include <gtest/gtest.h>

@@ -2,9 +2,9 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops_ref.h"
-#include "model/activations.h"
-#include "model/attention.h"
-#include "model/delta_net.h"
+#include "kernels/cpu/activations.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/delta_net.h"
 
 #include <algorithm>
 #include <array>

@@ -2,7 +2,7 @@
 // (model-spec.md sections 3 and 5). Plain loops, no SIMD, no threads.
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cmath>
 #include <cstdint>

@@ -27,7 +27,7 @@ for f in runtime matmul ops forward_ops; do
   pids+=($!)
 done
 cxxflags=(-std=c++20 -O2 -I"$src" -I"$here/shim" -I"$cuda_home/include")
-for f in core/dtype core/error kernels/cpu/qmatrix kernels/cpu/ops_ref kernels/cuda/cuda_kernels_test; do
+for f in core/dtype core/error core/qmatrix kernels/cpu/ops_ref kernels/cuda/cuda_kernels_test; do
   "$cxx" "${cxxflags[@]}" -c "$src/$f.cpp" -o "$out/$(basename $f).o" &
   pids+=($!)
 done

@@ -1,16 +1,16 @@
 // swiftlet-repack's pipeline: containers from synthetic presets and from the committed fixtures
 // (bf16 Hugging Face and MLX 4-bit), checked against transformers' logits and the source bytes;
 // atomic output; and corrupted containers that must fail with errors naming what is wrong.
-#include "runtime/repack.h"
+#include "convert/repack.h"
 
 #include "core/error.h"
 #include "experts/qpack_experts.h"
 #include "format/safetensors.h"
 #include "io/mapped_file.h"
 #include "kernels/cpu/ops_ref.h"
-#include "runtime/hf_source.h"
+#include "convert/hf_source.h"
 #include "runtime/model_loader.h"
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 #include "support/test_paths.h"
 
 #include "support/test_util.h"
