@@ -163,7 +163,7 @@ TEST_P(RepackSynthetic, SameSeedSameBytesOtherSeedOtherBytes) {
 INSTANTIATE_TEST_SUITE_P(Repack, RepackSynthetic, ::testing::Values("tiny", "tiny-q35"),
                          [](const auto& info) { return sanitize(info.param); });
 
-// The released-model presets have the published shapes and sizes (model-spec.md 1.2), checked
+// The released-model presets have the published shapes and sizes (model-math.md 1.2), checked
 // without writing them (the 80B one was written once and measured: docs/qpack.md).
 TEST(RepackTest, PresetsHaveThePublishedShapesAndSizes) {
   struct Want {

@@ -1,4 +1,4 @@
-// The forward pass of the Qwen3-Next / Qwen3.5-MoE hybrid decoder (model-spec.md section 3):
+// The forward pass of the Qwen3-Next / Qwen3.5-MoE hybrid decoder (model-math.md section 2):
 // per layer  a = RMSNorm1p(h); h += Mixer(a); b = RMSNorm1p(h); h += MoE(b)
 // where Mixer is gated attention (every 4th layer) or a Gated DeltaNet.
 // Both families share this file: they differ only in tensor names and in how the DeltaNet
@@ -177,7 +177,7 @@ class Forward final : public ForwardPass {
 };
 
 // Qwen3-Next packs in_proj_qkvz per key head g as [q_g | k_g | v (r heads) | z (r heads)] and
-// in_proj_ba as [b (r) | a (r)] (model-spec.md 3.4). These unpack one token's projections into
+// in_proj_ba as [b (r) | a (r)] (model-math.md 5.1). These unpack one token's projections into
 // the canonical order: mixed = [q all heads | k all | v all], z, b, a.
 void unpack_qkvz_grouped(const ModelConfig& c, const float* qkvz, float* mixed, float* z);
 void unpack_ba_grouped(const ModelConfig& c, const float* ba, float* b, float* a);

@@ -68,7 +68,7 @@ struct SessionOptions {
   int max_snapshots = 2;    // DeltaNet snapshots kept for prefix reuse
   int64_t max_context = 0;  // 0: the model's limit is not enforced here
   int predict_next = 1;  // decode: layers ahead whose guessed experts are read early (0: off)
-  bool chunked_prefill = false;  // prompts: DeltaNet in the chunked form (model-spec 3.8)
+  bool chunked_prefill = false;  // prompts: DeltaNet in the chunked form (model-math.md 5.5)
   // Run on this GPU model (model/gpu_forward.h) instead of the CPU; null: the CPU.
   std::shared_ptr<GpuModel> gpu;
   // Sees every routing decision / chooses the experts instead of the router (CPU only; see

@@ -162,7 +162,7 @@ void recurrent_head(const DeltaShape& sh, const DeltaBatch& b, int h, float* S) 
   }
 }
 
-// ---- prefill: chunks of 64 tokens, WY/UT form (model-spec.md 3.8) ----
+// ---- prefill: chunks of 64 tokens, WY/UT form (model-math.md 5.5) ----
 
 namespace {
 constexpr int kChunk = 64;
