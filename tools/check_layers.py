@@ -50,9 +50,9 @@ FILE_EXCEPTIONS = {
     # Session prefix reuse on the GPU pass: belongs with the GPU forward pass until that is split.
     "model/gpu_forward_test.cpp": {"runtime/session.h"},
 }
-# tests/support headers a unit test of any layer may include (they include only core/ and the
-# standard library). The others need more (tiny_model.h: a synthetic container, from convert/).
-LIGHT_SUPPORT = {"support/test_paths.h", "support/test_util.h"}
+# tests/support headers a unit test of any layer may include (they include only core/, the
+# standard library and test libraries). The others need more (tiny_model.h: a synthetic container, from convert/).
+LIGHT_SUPPORT = {"support/test_paths.h", "support/test_util.h", "support/local_hub.h"}
 SUPPORT_NEEDS = {"support/tiny_model.h": "convert"}
 
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
