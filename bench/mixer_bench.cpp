@@ -1,11 +1,11 @@
-// The token mixers at the 80B's shapes (model-spec.md 1.1): one attention decode step against a
+// The token mixers at the 80B's shapes (model-math.md 1.1): one attention decode step against a
 // growing KV cache (cost per token should grow linearly: the µs per 1k of context ~flat), and the
 // Gated DeltaNet delta rule: one decode step per layer, and a 512-token prefill chunked vs token
 // by token.
 //   build/bin/swiftlet_bench_mixer [--threads N] [--max-ctx 32768]
 #include "core/thread_pool.h"
-#include "model/attention.h"
-#include "model/delta_net.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/delta_net.h"
 
 #include <fmt/format.h>
 

@@ -5,7 +5,7 @@
 // 4xx status (or 503 for a full queue); any other exception is a bug.
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 #include "server/engine_worker.h"
 #include "server/metrics.h"
 #include "server/routes.h"

@@ -21,23 +21,12 @@ using swiftlet::testing::bin_path;
 using swiftlet::testing::fixture_dir;
 
 using swiftlet::testing::CmdResult;
+using swiftlet::testing::join_ids;
+using swiftlet::testing::read_f32;
 
 // Runs `swiftlet ARGS`; stderr is captured too unless `stdout_only`.
 CmdResult run(const std::string& args, bool stdout_only = false) {
   return swiftlet::testing::run_binary("swiftlet", args, stdout_only);
-}
-
-std::vector<float> read_f32(const std::string& path) {
-  std::string b = read_text_file(path);
-  std::vector<float> v(b.size() / 4);
-  std::memcpy(v.data(), b.data(), v.size() * 4);
-  return v;
-}
-
-std::string join(const std::vector<int32_t>& v, const char* sep) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
-  return s;
 }
 
 class Cli : public ::testing::TestWithParam<std::string> {};
@@ -52,7 +41,7 @@ TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
   const bool quantised = GetParam().find("mlx") != std::string::npos;
   const std::string fast = quantised ? " --backend cpu-f32" : "";
   for (const std::string& mode : {fast, " --decode" + fast, std::string(" --backend reference")}) {
-    CmdResult r = run("logits " + dir + " --tokens " + join(tokens, ",") + " --out " + out + mode);
+    CmdResult r = run("logits " + dir + " --tokens " + join_ids(tokens, ",") + " --out " + out + mode);
     ASSERT_EQ(r.status, 0) << r.out;
     auto got = read_f32(out);
     auto want = read_f32(dir + "/prefill_logits.f32");
@@ -63,10 +52,10 @@ TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
   }
   fs::remove(out);
   auto want = ref["greedy_new"].get<std::vector<int32_t>>();
-  CmdResult g = run("generate " + dir + " --ids " + join(ref["greedy_prompt"].get<std::vector<int32_t>>(), ",") +
+  CmdResult g = run("generate " + dir + " --ids " + join_ids(ref["greedy_prompt"].get<std::vector<int32_t>>(), ",") +
               " --max-new " + std::to_string(want.size()) + " --greedy --print-ids" + fast, true);
   ASSERT_EQ(g.status, 0) << g.out;
-  EXPECT_EQ(g.out, join(want, " ") + "\n");
+  EXPECT_EQ(g.out, join_ids(want, " ") + "\n");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Cli, ::testing::Values("next_8l", "q35_vl", "next_mlx4"));

@@ -29,15 +29,8 @@ CmdOut sh(const std::string& exe, const std::string& args) { return swiftlet::te
 
 class QpackCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("swiftlet_qpack_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& rel) const { return (dir_ / rel).string(); }
-  fs::path dir_;
+  std::string path(const std::string& rel) const { return dir_ / rel; }
+  swiftlet::testing::ScratchDir dir_;
 };
 
 TEST_F(QpackCli, RepackInfoVerifyAndRunTheTinyPreset) {
@@ -159,7 +152,7 @@ TEST_F(QpackCli, CtrlCLeavesNothingBehind) {
   EXPECT_NE(text.find("interrupted"), std::string::npos) << text;
   EXPECT_NE(text.find("rc=1"), std::string::npos) << text;
   EXPECT_FALSE(fs::exists(out));
-  for (const auto& e : fs::directory_iterator(dir_)) ADD_FAILURE() << "left behind: " << e.path();
+  for (const auto& e : fs::directory_iterator(dir_.path())) ADD_FAILURE() << "left behind: " << e.path();
 }
 
 TEST_F(QpackCli, RepackRefusesBadRequests) {

@@ -31,14 +31,8 @@ CmdResult sh(const std::string& args, bool stdout_only = false) {
 
 class RoutingCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("swiftlet_routing_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& rel) const { return (dir_ / rel).string(); }
-  fs::path dir_;
+  std::string path(const std::string& rel) const { return dir_ / rel; }
+  testing::ScratchDir dir_;
 };
 
 const char* kText =

@@ -19,6 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using swiftlet::testing::CmdResult;
+using swiftlet::testing::join_ids;
+using swiftlet::testing::read_f32;
 using swiftlet::testing::source_path;
 
 constexpr size_t kVocab = 151669;
@@ -33,29 +35,16 @@ nlohmann::json reference() {
   return nlohmann::json::parse(read_text_file(source_path("tests/data/trained/reference.json")));
 }
 
-std::string join(const std::vector<int32_t>& v, const char* sep) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
-  return s;
-}
-
-std::vector<float> read_f32(const std::string& path) {
-  std::string b = read_text_file(path);
-  std::vector<float> v(b.size() / 4);
-  std::memcpy(v.data(), b.data(), v.size() * 4);
-  return v;
-}
-
 TEST(TrainedModel, GreedyContinuationsMatchTransformers) {
   auto ref = reference();
   ASSERT_GE(ref["prompts"].size(), 5u);
   for (const auto& p : ref["prompts"]) {
     auto want = p["greedy_ids"].get<std::vector<int32_t>>();
-    CmdResult g = run("generate " + model() + " --ids " + join(p["prompt_ids"].get<std::vector<int32_t>>(), ",") +
+    CmdResult g = run("generate " + model() + " --ids " + join_ids(p["prompt_ids"].get<std::vector<int32_t>>(), ",") +
                           " --max-new " + std::to_string(want.size()) + " --greedy --print-ids --backend cpu-f32",
                       true);
     ASSERT_EQ(g.status, 0) << g.out;
-    EXPECT_EQ(g.out, join(want, " ") + "\n") << p["question"];
+    EXPECT_EQ(g.out, join_ids(want, " ") + "\n") << p["question"];
   }
 }
 
@@ -67,7 +56,7 @@ TEST(TrainedModel, LastLogitsMatchTransformers) {
     auto want = read_f32(source_path("tests/data/trained/logits_" + std::to_string(i) + ".f32"));
     ASSERT_EQ(want.size(), kVocab);
     for (const std::string mode : {" --backend reference", " --backend cpu-f32", " --decode --backend cpu-f32"}) {
-      CmdResult r = run("logits " + model() + " --tokens " + join(p["prompt_ids"].get<std::vector<int32_t>>(), ",") +
+      CmdResult r = run("logits " + model() + " --tokens " + join_ids(p["prompt_ids"].get<std::vector<int32_t>>(), ",") +
                         " --out " + out + mode);
       ASSERT_EQ(r.status, 0) << r.out;
       auto got = read_f32(out);

@@ -6,9 +6,9 @@
 //   swiftlet-repack --synthetic PRESET [--tokenizer tokenizer.json] --output OUT.qpack
 #include "core/error.h"
 #include "core/version.h"
-#include "runtime/hf_source.h"
-#include "runtime/repack.h"
-#include "runtime/synthetic.h"
+#include "convert/hf_source.h"
+#include "convert/repack.h"
+#include "convert/synthetic.h"
 
 #include <CLI/CLI.hpp>
 

@@ -124,14 +124,16 @@ void run_child(const BenchOptions& o) {
   session->prepare(prompt);
   const double prefill_s = since(t0);
   const ExpertStats s1 = src->expert_stats();
-  const Forward::Profile prefill_profile = session->forward().profile();
+  // The CPU pass's profile and prediction counters (zero on the GPU, which has its own profile).
+  auto cpu_profile = [&] { return session->cpu_forward() ? session->cpu_forward()->profile() : Forward::Profile{}; };
+  const Forward::Profile prefill_profile = cpu_profile();
 
   const GenerateResult res = session->generate(req);
   const GenerateStats& g = res.stats;
   const ExpertStats& e = g.experts;
   uint64_t h = 1469598103934665603ull;  // FNV-1a of the generated ids
   for (int32_t id : res.tokens) h = (h ^ uint64_t(uint32_t(id))) * 1099511628211ull;
-  Forward::Profile p = session->forward().profile();
+  Forward::Profile p = cpu_profile();
   const double steps = std::max<double>(1, double(g.generated_tokens - 1));
   auto per_token_ms = [&](double a, double b) { return (a - b) / steps * 1e3; };
   const double pt = std::max<double>(1, double(prompt.size()));
@@ -157,7 +159,8 @@ void run_child(const BenchOptions& o) {
   const bool tied = m.weights.lm_head.data == m.weights.embed_tokens.data;
   const uint64_t touched = engine.loaded().memory.resident - (tied ? 0 : m.weights.embed_tokens.total_bytes()) +
                            uint64_t(m.config.num_experts_per_tok) * uint64_t(m.config.num_layers) * qc.layout.payload();
-  const auto& pred = session->forward().prediction_stats();
+  const Forward::PredictionStats pred =
+      session->cpu_forward() ? session->cpu_forward()->prediction_stats() : Forward::PredictionStats{};
   const MemoryPlan& plan = engine.loaded().memory;
   json j = {{"peak_rss", peak_rss_bytes()},
             {"load_s", load_s},

@@ -2,7 +2,7 @@
 #include "experts/qpack_experts.h"
 
 #include "io/mapped_file.h"
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 #include "support/test_util.h"
 
 #include <gtest/gtest.h>

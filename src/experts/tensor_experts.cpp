@@ -24,7 +24,7 @@ TensorExperts::TensorExperts(const TensorSet& ts, const ModelConfig& c, const Na
       layouts_.push_back(ExpertLayout::Fused);
       const std::string sfx = ts.contains(m + "experts.gate_up_proj") ? "" : ".weight";
       for (int e = 0; e < E; ++e) {
-        // gate is the FIRST half of dim 1 (model-spec.md 6.3 item 13).
+        // gate is the FIRST half of dim 1 (model-math.md 1.3).
         QMatrix gu = view_linear(ts, m + "experts.gate_up_proj", 2 * I, H, c.quant, e, sfx);
         row[e].gate = gu.row_slice(0, I);
         row[e].up = gu.row_slice(I, I);

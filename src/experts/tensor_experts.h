@@ -1,5 +1,5 @@
 // Experts that are already addressable in memory: a mapped Hugging Face or MLX checkpoint.
-// Reads all three layouts (model-spec.md 2 and 5.2): per expert (mlp.experts.N.gate_proj),
+// Reads all three layouts (model-math.md 1.3 and 8): per expert (mlp.experts.N.gate_proj),
 // fused (mlp.experts.gate_up_proj [E, 2I, H] + down_proj [E, H, I]) and MLX stacked
 // (mlp.switch_mlp.{gate,up,down}_proj, quantised or not).
 #pragma once

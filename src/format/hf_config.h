@@ -1,5 +1,5 @@
 // The model configuration of both supported families, parsed and validated once from a
-// Hugging Face config.json (model-spec.md section 1). Derived sizes are methods.
+// Hugging Face config.json (model-math.md 1). Derived sizes are methods.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>

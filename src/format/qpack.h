@@ -9,7 +9,7 @@
 
 #include "core/dtype.h"
 #include "format/hf_config.h"
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <nlohmann/json_fwd.hpp>
 

@@ -1,4 +1,4 @@
-// MLX affine group quantisation (model-spec.md 5.1), the format of .qpack tensors and of mlx-lm
+// MLX affine group quantisation (model-math.md 8), the format of .qpack tensors and of mlx-lm
 // 4-bit checkpoints:
 //   - groups of `group_size` consecutive values along the input (last) axis;
 //   - per group: scale and bias stored in bf16, value = scale * q + bias;
@@ -9,7 +9,7 @@
 // codes are computed with the fp32 scale and bias before they are rounded to bf16 for storage.
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cstdint>
 #include <vector>

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "io/mapped_file.h"
+#include "support/test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -14,19 +15,12 @@ namespace swiftlet {
 namespace {
 
 namespace fs = std::filesystem;
+using swiftlet::testing::error_of;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / fs::path("swiftlet_st_" + std::to_string(::getpid()) + "_" +
-                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string write_sample(const std::string& name) {
-    std::string p = (dir_ / name).string();
+    std::string p = dir_ / name;
     write_safetensors(p, {{"b.weight", DType::F32, {2, 3}, fvals_},
                           {"a.bias", DType::BF16, {4}, hvals_}},
                       {{"format", "pt"}});
@@ -47,17 +41,7 @@ class SafetensorsTest : public ::testing::Test {
     std::memcpy(out.data(), &nl, 8);
     dump(p, out + json + data);
   }
-  template <typename F>
-  static std::string error_of(F&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-
-  fs::path dir_;
+  swiftlet::testing::ScratchDir dir_;
   float fvals_[6] = {1, 2, 3, 4, 5, 6};
   uint16_t hvals_[4] = {0x3f80, 0x4000, 0xbf80, 0};
 };
@@ -87,7 +71,7 @@ TEST_F(SafetensorsTest, TruncatedFileIsAnErrorNamingTheTensor) {
 }
 
 TEST_F(SafetensorsTest, TooShortAndHugeHeader) {
-  std::string p = (dir_ / "x.safetensors").string();
+  std::string p = dir_ / "x.safetensors";
   dump(p, "abc");
   EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("too short"), std::string::npos);
   std::string b(16, '\0');
@@ -123,11 +107,11 @@ TEST_F(SafetensorsTest, OverlapAndBadDtype) {
 
 TEST_F(SafetensorsTest, ShardedDirectoryWithIndex) {
   float x[2] = {1, 2};
-  write_safetensors((dir_ / "s1.safetensors").string(), {{"t1", DType::F32, {2}, x}});
-  write_safetensors((dir_ / "s2.safetensors").string(), {{"t2", DType::F32, {1}, x}});
+  write_safetensors(dir_ / "s1.safetensors", {{"t1", DType::F32, {2}, x}});
+  write_safetensors(dir_ / "s2.safetensors", {{"t2", DType::F32, {1}, x}});
   std::ofstream(dir_ / "model.safetensors.index.json")
       << R"({"metadata":{},"weight_map":{"t1":"s1.safetensors","t2":"s2.safetensors"}})";
-  TensorSet set = TensorSet::open_dir(dir_.string());
+  TensorSet set = TensorSet::open_dir(dir_.str());
   EXPECT_TRUE(set.contains("t1"));
   EXPECT_EQ(set.get("t2").numel(), 1);
   std::string e = error_of([&] { set.get("t3"); });
@@ -136,11 +120,11 @@ TEST_F(SafetensorsTest, ShardedDirectoryWithIndex) {
   // The index names a tensor that its shard does not hold.
   std::ofstream(dir_ / "model.safetensors.index.json")
       << R"({"weight_map":{"t1":"s1.safetensors","t9":"s2.safetensors"}})";
-  EXPECT_NE(error_of([&] { TensorSet::open_dir(dir_.string()); }).find("t9"), std::string::npos);
+  EXPECT_NE(error_of([&] { TensorSet::open_dir(dir_.str()); }).find("t9"), std::string::npos);
   // A missing shard.
   std::ofstream(dir_ / "model.safetensors.index.json")
       << R"({"weight_map":{"t1":"s1.safetensors","t2":"s3.safetensors"}})";
-  EXPECT_NE(error_of([&] { TensorSet::open_dir(dir_.string()); }).find("s3.safetensors"),
+  EXPECT_NE(error_of([&] { TensorSet::open_dir(dir_.str()); }).find("s3.safetensors"),
             std::string::npos);
 }
 

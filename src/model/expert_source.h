@@ -3,7 +3,7 @@
 // mapped checkpoint (experts/tensor_experts.h), or streamed from a .qpack through a cache.
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cstdint>
 #include <span>

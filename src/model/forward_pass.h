@@ -1,18 +1,37 @@
-// A forward pass a Session can run instead of the CPU Forward (model/qwen3_hybrid.h): the CUDA one
+// A forward pass as a Session runs it: the CPU one (Forward, model/qwen3_hybrid.h) or the CUDA one
 // (model/gpu_forward.h). A pass whose state lives elsewhere (the GPU's KV cache and DeltaNet
 // states) keeps the host SessionState's pos and tokens exact and brings its recurrent part to the
 // host only when asked for a snapshot; snapshot/restore/reset therefore go through the pass.
 #pragma once
 
-#include "model/qwen3_hybrid.h"
+#include "format/hf_config.h"
+#include "model/expert_source.h"
+#include "model/session_state.h"
+#include "model/weights.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
 
 namespace swiftlet {
+
+// A loaded model: its configuration, its resident weights and where its routed experts come from.
+struct Model {
+  ModelConfig config;
+  ModelWeights weights;
+  ExpertSource* experts = nullptr;
+};
+
+// Which logits rows a run writes: none, the last token's, or every token's.
+enum class LogitsMode { None, Last, All };
 
 class ForwardPass {
  public:
   virtual ~ForwardPass() = default;
-  // As Forward::run: consumes `tokens` on top of `state`, writes the logits `mode` asks for
-  // (All: the rows of tokens from `from` on).
+  // Consumes `tokens` on top of `state` (positions state.pos ...). Writes logits rows into
+  // `logits`: every token's from the `from`-th on (All, (T - from) x vocab), the last one's
+  // (Last, 1 x vocab) or none.
   virtual void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
                    std::vector<float>& logits, int64_t from = 0) = 0;
   // The DeltaNet states at state.pos (SessionState::snapshot for the CPU pass).
@@ -20,8 +39,8 @@ class ForwardPass {
   // Rewinds state to a snapshot taken earlier on it (SessionState::restore).
   virtual void restore(SessionState& state, const StateSnapshot& snap) { state.restore(snap); }
   virtual void reset(SessionState& state) { state.reset(); }
-  // As Forward's: bytes held in buffers sized by a prompt (the GPU pass: its batched prefill's
-  // device activations), and letting them go once the prompt is in.
+  // Bytes held in buffers sized by a prompt (the CPU pass: its activations; the GPU pass: its
+  // batched prefill's device activations), and letting them go once the prompt is in.
   virtual size_t buffer_bytes() const { return 0; }
   virtual void release_buffers() {}
 };

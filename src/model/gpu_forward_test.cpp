@@ -6,9 +6,9 @@
 
 #include "experts/expert_slots.h"
 #include "runtime/model_loader.h"
-#include "runtime/repack.h"
+#include "convert/repack.h"
 #include "runtime/session.h"
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 #include "support/test_paths.h"
 
 #include <gtest/gtest.h>

@@ -2,9 +2,9 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops_ref.h"
-#include "model/activations.h"
-#include "model/attention.h"
-#include "model/delta_net.h"
+#include "kernels/cpu/activations.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/delta_net.h"
 
 #include <algorithm>
 #include <array>
@@ -149,7 +149,7 @@ size_t Forward::buffer_bytes() const {
 }
 
 void Forward::rope_tables(int64_t pos0, int64_t T) {
-  // As transformers: inv_freq and the angle in fp32, then cos/sin (model-spec.md 3.2 step 4).
+  // As transformers: inv_freq and the angle in fp32, then cos/sin (model-math.md 4.3).
   const int rot = c_.rotary_dim(), half = rot / 2;
   rope_pos0_ = pos0;
   float* cs = grow(cos_, size_t(T * half));
@@ -186,7 +186,7 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T, c
   for (int64_t t = 0; t < T; ++t) {
     const float* cs = cos_.data() + (pos0 - rope_pos0_ + t) * half;
     const float* sn = sin_.data() + (pos0 - rope_pos0_ + t) * half;
-    // q_proj rows are per head [query (hd) | gate (hd)] when gated (model-spec.md 3.2 step 1).
+    // q_proj rows are per head [query (hd) | gate (hd)] when gated (model-math.md 4.1).
     for (int j = 0; j < nh; ++j) {
       const float* src = P + t * qrows + int64_t(j) * hd * (gated ? 2 : 1);
       float* qj = q + t * od + int64_t(j) * hd;
@@ -310,7 +310,7 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T, const float* x,
       const float g = -std::exp(w.A_log[size_t(h)]) * ref::softplus(a[h] + w.dt_bias[size_t(h)]);
       const float alpha = std::exp(g);
       float* S = st.ssm.data() + int64_t(h) * dk * dv;  // [dk][dv]
-      // S <- alpha S; m = S^T k; delta = beta (v - m); S += k delta^T; o = S^T q (3.7).
+      // S <- alpha S; m = S^T k; delta = beta (v - m); S += k delta^T; o = S^T q (model-math.md 5.4).
       for (int64_t i = 0; i < int64_t(dk) * dv; ++i) S[i] *= alpha;
       std::fill(m, m + dv, 0.0f);
       for (int i = 0; i < dk; ++i)
@@ -322,7 +322,7 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T, const float* x,
       std::fill(o, o + dv, 0.0f);
       for (int i = 0; i < dk; ++i)
         for (int j = 0; j < dv; ++j) o[j] += S[i * dv + j] * qh[i];
-      // Gated RMSNorm: w * rmsnorm(o) * SiLU(z) (3.9; plain weight, not 1 + w).
+      // Gated RMSNorm: w * rmsnorm(o) * SiLU(z) (model-math.md 5.6; plain weight, not 1 + w).
       ref::rms_norm(o, w.norm.data(), dv, c_.rms_norm_eps, o);
       const float* zh = z + t * vd + int64_t(h) * dv;
       for (int j = 0; j < dv; ++j) o[j] *= ref::silu(zh[j]);
@@ -332,13 +332,13 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T, const float* x,
 }
 
 // The fast backends' DeltaNet after the input projections: the conv and norms vectorised, the
-// delta rule fused per token for decode and in chunks of 64 (WY/UT form, 3.8) for prefill.
+// delta rule fused per token for decode and in chunks of 64 (WY/UT form, model-math.md 5.5) for prefill.
 void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T, float* out) {
   const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
   const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
   const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
   float* mixed = mixed_.data();  // [T][C] q, k, v; after the conv (in place) u
-  float* ba = ba_.data();        // [T][2 hv] b, a; in place -> beta, g (3.6)
+  float* ba = ba_.data();        // [T][2 hv] b, a; in place -> beta, g (model-math.md 5.3)
   gdn::conv_silu(mixed, T, C, w.conv1d.data(), c_.linear_conv_kernel_dim, st.conv.data());
   const float q_scale = 1.0f / std::sqrt(float(dk));
   for (int64_t t = 0; t < T; ++t) {
@@ -382,7 +382,7 @@ void Forward::sparse_moe(int li, int64_t pos0, std::span<const int32_t> tokens) 
   float* out = out_.data();
 
   const auto t_start = ProfileClock::now();
-  // Router: softmax over all experts, top-k, renormalise (3.10).
+  // Router: softmax over all experts, top-k, renormalise (model-math.md 6.1).
   float* probs = grow(router_, size_t(T * E));
   k_.matmul(w.router, x, T, probs);
   std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_expert;  // expert -> (token, weight)

@@ -1,4 +1,4 @@
-// The forward pass of the Qwen3-Next / Qwen3.5-MoE hybrid decoder (model-spec.md section 3):
+// The forward pass of the Qwen3-Next / Qwen3.5-MoE hybrid decoder (model-math.md section 2):
 // per layer  a = RMSNorm1p(h); h += Mixer(a); b = RMSNorm1p(h); h += MoE(b)
 // where Mixer is gated attention (every 4th layer) or a Gated DeltaNet.
 // Both families share this file: they differ only in tensor names and in how the DeltaNet
@@ -8,6 +8,7 @@
 #include "format/hf_config.h"
 #include "kernels/cpu/kernels.h"
 #include "model/expert_source.h"
+#include "model/forward_pass.h"
 #include "model/session_state.h"
 #include "model/weights.h"
 
@@ -17,14 +18,6 @@
 #include <vector>
 
 namespace swiftlet {
-
-struct Model {
-  ModelConfig config;
-  ModelWeights weights;
-  ExpertSource* experts = nullptr;
-};
-
-enum class LogitsMode { None, Last, All };
 
 // Prompt tokens per Forward::run call (Session splits longer prompts). Each call routes all of
 // its tokens at once, layer by layer, so a routed expert is acquired once per layer per call:
@@ -69,17 +62,15 @@ class RouteOverride {
   virtual bool predict(int /*layer*/, int64_t /*pos*/, std::span<int32_t> /*experts*/) { return false; }
 };
 
-// Runs tokens through the model. Holds the activation buffers, so one Forward serves many
-// calls without allocating once its buffers have grown to the largest batch seen.
-class Forward {
+// Runs tokens through the model on the CPU. Holds the activation buffers, so one Forward serves
+// many calls without allocating once its buffers have grown to the largest batch seen. Its state
+// is the host SessionState itself, so snapshot/restore/reset are ForwardPass's defaults.
+class Forward final : public ForwardPass {
  public:
   Forward(const Model& m, Backend backend);
 
-  // Consumes `tokens` on top of `state` (positions state.pos ...). Writes logits rows into
-  // `logits`: every token's from the `from`-th on (All, (T - from) x vocab), the last one's
-  // (Last, 1 x vocab) or none.
   void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
-           std::vector<float>& logits, int64_t from = 0);
+           std::vector<float>& logits, int64_t from = 0) override;
 
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
   // run, and the experts chosen.
@@ -125,8 +116,8 @@ class Forward {
 
   // Frees the activation buffers (the next call grows them again): a session that prefilled a
   // long prompt does not keep prompt-sized buffers while it decodes or waits. Bytes they hold:
-  void release_buffers();
-  size_t buffer_bytes() const;
+  void release_buffers() override;
+  size_t buffer_bytes() const override;
 
  private:
   // The token mixers over T tokens at positions pos0.. : input rows x ([T][H]), output rows out.
@@ -187,7 +178,7 @@ class Forward {
 };
 
 // Qwen3-Next packs in_proj_qkvz per key head g as [q_g | k_g | v (r heads) | z (r heads)] and
-// in_proj_ba as [b (r) | a (r)] (model-spec.md 3.4). These unpack one token's projections into
+// in_proj_ba as [b (r) | a (r)] (model-math.md 5.1). These unpack one token's projections into
 // the canonical order: mixed = [q all heads | k all | v all], z, b, a.
 void unpack_qkvz_grouped(const ModelConfig& c, const float* qkvz, float* mixed, float* z);
 void unpack_ba_grouped(const ModelConfig& c, const float* ba, float* b, float* a);

@@ -6,6 +6,7 @@
 #include "io/mapped_file.h"
 #include "runtime/model_loader.h"
 #include "support/test_paths.h"
+#include "support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using swiftlet::testing::fixture_dir;
+using swiftlet::testing::max_abs_diff;
+using swiftlet::testing::read_f32;
 
 struct Reference {
   json meta;
@@ -27,13 +30,6 @@ struct Reference {
   int64_t vocab = 0;
   std::vector<float> prefill, decode, hidden;
 };
-
-std::vector<float> read_f32(const std::string& path) {
-  std::string b = read_text_file(path);
-  std::vector<float> v(b.size() / 4);
-  std::memcpy(v.data(), b.data(), v.size() * 4);
-  return v;
-}
 
 Reference load_reference(const std::string& name) {
   const std::string dir = fixture_dir(name);
@@ -45,13 +41,6 @@ Reference load_reference(const std::string& name) {
   r.decode = read_f32(dir + "/" + r.meta["decode_logits"].get<std::string>());
   if (r.meta.contains("hidden_states")) r.hidden = read_f32(dir + "/" + r.meta["hidden_states"].get<std::string>());
   return r;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
 }
 
 std::vector<std::string> fixtures() { return swiftlet::testing::fixture_names(); }

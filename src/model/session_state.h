@@ -1,5 +1,5 @@
 // Everything a conversation carries between forward calls: the KV cache of the attention
-// layers and the conv + recurrent states of the DeltaNet layers (model-spec.md 3.12).
+// layers and the conv + recurrent states of the DeltaNet layers (model-math.md 7).
 // A plain value: copy it to snapshot a conversation, assign it back to restore.
 #pragma once
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "format/hf_config.h"
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <string>
 #include <vector>

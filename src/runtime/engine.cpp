@@ -73,7 +73,7 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts) {
   }
   template_kind_ = detect_template(chat_template_text(dir), config().model_type);
 
-  // Model cards' defaults (model-spec.md 4.3), then generation_config.json.
+  // Model cards' defaults (model-math.md 9), then generation_config.json.
   sampling_.temperature = 0.7f;
   sampling_.top_p = 0.8f;
   sampling_.top_k = 20;

@@ -6,6 +6,7 @@
 #include "format/safetensors_writer.h"
 #include "io/mapped_file.h"
 #include "support/test_paths.h"
+#include "support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -20,26 +21,14 @@ namespace fs = std::filesystem;
 
 class BrokenCheckpoint : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("swiftlet_broken_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::string copy_fixture(const std::string& name) {
-    fs::copy(swiftlet::testing::fixture_dir(name), dir_, fs::copy_options::recursive);
-    return dir_.string();
+    fs::copy(swiftlet::testing::fixture_dir(name), dir_.path(), fs::copy_options::recursive);
+    return dir_.str();
   }
   std::string load_error(const std::string& path) {
-    try {
-      load_model(path);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(no error)";
+    return swiftlet::testing::error_of([&] { load_model(path); });
   }
-  fs::path dir_;
+  swiftlet::testing::ScratchDir dir_;
 };
 
 TEST_F(BrokenCheckpoint, TruncatedFile) {

@@ -42,25 +42,32 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-Session::Session(const Model& model, const Tokenizer* tokenizer, SessionOptions opts)
-    : model_(model), tokenizer_(tokenizer), opts_(opts), forward_(model, opts.backend),
-      gpu_forward_(opts.gpu ? make_gpu_forward(opts.gpu) : nullptr), state_(SessionState::create(model.config)) {
-  if (gpu_forward_ && (opts.routing_observer || opts.route_override))
-    fail("expert traces and routing overrides run on the CPU only: drop --gpu");
-  forward_.set_predict_next(opts.predict_next);
-  forward_.set_chunked_prefill(opts.chunked_prefill);
-  forward_.set_routing_observer(opts.routing_observer);
-  forward_.set_route_override(opts.route_override);
+namespace {
+// The pass a session runs: the GPU's when it has a GPU model, else the CPU Forward with the
+// options only it takes.
+std::unique_ptr<ForwardPass> make_pass(const Model& model, const SessionOptions& opts) {
+  if (opts.gpu) {
+    if (opts.routing_observer || opts.route_override)
+      fail("expert traces and routing overrides run on the CPU only: drop --gpu");
+    std::unique_ptr<ForwardPass> pass = make_gpu_forward(opts.gpu);
+    SWIFTLET_CHECK(pass != nullptr, "a GpuModel exists only in a binary built with CUDA");
+    return pass;
+  }
+  auto f = std::make_unique<Forward>(model, opts.backend);
+  f->set_predict_next(opts.predict_next);
+  f->set_chunked_prefill(opts.chunked_prefill);
+  f->set_routing_observer(opts.routing_observer);
+  f->set_route_override(opts.route_override);
+  return f;
 }
+}  // namespace
 
-void Session::run_forward(std::span<const int32_t> tokens, LogitsMode mode, int64_t from) {
-  if (gpu_forward_) gpu_forward_->run(state_, tokens, mode, logits_, from);
-  else forward_.run(state_, tokens, mode, logits_, from);
-}
+Session::Session(const Model& model, const Tokenizer* tokenizer, SessionOptions opts)
+    : model_(model), tokenizer_(tokenizer), opts_(opts), forward_(make_pass(model, opts_)),
+      state_(SessionState::create(model.config)) {}
 
 void Session::reset() {
-  if (gpu_forward_) gpu_forward_->reset(state_);
-  else state_.reset();
+  forward_->reset(state_);
   logits_pos_ = -1;
   snapshots_.clear();
 }
@@ -74,18 +81,13 @@ void Session::feed(std::span<const int32_t> tokens, const std::atomic<bool>* can
     }
     const size_t n = std::min(chunk, tokens.size() - i);
     const bool last = i + n == tokens.size();
-    run_forward(tokens.subspan(i, n), last ? LogitsMode::Last : LogitsMode::None);
+    forward_->run(state_, tokens.subspan(i, n), last ? LogitsMode::Last : LogitsMode::None, logits_);
   }
   logits_pos_ = state_.pos;
   // A long prompt grew the activation buffers to its size: do not keep that while decoding or
   // waiting for the next turn (a server keeps several sessions; the memory plan counts one
   // prompt's buffers).
-  if (tokens.size() > 1) {
-    if (gpu_forward_)
-      gpu_forward_->release_buffers();
-    else
-      forward_.release_buffers();
-  }
+  if (tokens.size() > 1) forward_->release_buffers();
 }
 
 const std::vector<float>& Session::score(std::span<const int32_t> tokens, int64_t from) {
@@ -94,23 +96,22 @@ const std::vector<float>& Session::score(std::span<const int32_t> tokens, int64_
   reset();
   const size_t chunk = size_t(std::max(1, opts_.prefill_chunk));
   if (tokens.size() <= chunk) {
-    run_forward(tokens, LogitsMode::All, from);
+    forward_->run(state_, tokens, LogitsMode::All, logits_, from);
   } else {  // a window longer than one call: its calls' rows one after another
     std::vector<float> all;
     for (size_t i = 0; i < tokens.size(); i += chunk) {
       const int64_t n = int64_t(std::min(chunk, tokens.size() - i)), first = from - int64_t(i);
       if (first >= n) {
-        run_forward(tokens.subspan(i, size_t(n)), LogitsMode::None);
+        forward_->run(state_, tokens.subspan(i, size_t(n)), LogitsMode::None, logits_);
         continue;
       }
-      run_forward(tokens.subspan(i, size_t(n)), LogitsMode::All, std::max<int64_t>(0, first));
+      forward_->run(state_, tokens.subspan(i, size_t(n)), LogitsMode::All, logits_, std::max<int64_t>(0, first));
       all.insert(all.end(), logits_.begin(), logits_.end());
     }
     logits_ = std::move(all);
   }
   logits_pos_ = -1;  // logits_ holds every row, not the last one's
-  if (gpu_forward_) gpu_forward_->release_buffers();
-  else forward_.release_buffers();
+  forward_->release_buffers();
   return logits_;
 }
 
@@ -119,7 +120,7 @@ void Session::remember_snapshot() {
   for (const auto& s : snapshots_)
     if (s.pos == state_.pos) return;
   if (int(snapshots_.size()) >= opts_.max_snapshots) snapshots_.erase(snapshots_.begin());
-  snapshots_.push_back(gpu_forward_ ? gpu_forward_->snapshot(state_) : state_.snapshot());
+  snapshots_.push_back(forward_->snapshot(state_));
 }
 
 int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel) {
@@ -141,16 +142,14 @@ int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool
   for (const auto& s : snapshots_)
     if (s.pos <= int64_t(lcp) && s.pos < P && (!best || s.pos > best->pos)) best = &s;
   if (best) {
-    if (gpu_forward_) gpu_forward_->restore(state_, *best);
-    else state_.restore(*best);
+    forward_->restore(state_, *best);
     const int64_t reused = best->pos;
     // Drop snapshots past the rewind point: they belong to the abandoned branch.
     std::erase_if(snapshots_, [&](const StateSnapshot& s) { return s.pos > reused; });
     feed(prompt.subspan(size_t(reused)), cancel);
     return reused;
   }
-  if (gpu_forward_) gpu_forward_->reset(state_);
-  else state_.reset();
+  forward_->reset(state_);
   snapshots_.clear();
   feed(prompt, cancel);
   return 0;
@@ -218,7 +217,7 @@ GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback
     }
     if (res.finish == FinishReason::Cancelled) break;
     if (i + 1 == req.max_new_tokens) break;  // Length: the last token is kept but not fed
-    run_forward(std::span(&next, 1), LogitsMode::Last);
+    forward_->run(state_, std::span(&next, 1), LogitsMode::Last, logits_);
     logits_pos_ = state_.pos;
   }
   if (decoder && res.finish != FinishReason::Stop) {

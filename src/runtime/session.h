@@ -68,7 +68,7 @@ struct SessionOptions {
   int max_snapshots = 2;    // DeltaNet snapshots kept for prefix reuse
   int64_t max_context = 0;  // 0: the model's limit is not enforced here
   int predict_next = 1;  // decode: layers ahead whose guessed experts are read early (0: off)
-  bool chunked_prefill = false;  // prompts: DeltaNet in the chunked form (model-spec 3.8)
+  bool chunked_prefill = false;  // prompts: DeltaNet in the chunked form (model-math.md 5.5)
   // Run on this GPU model (model/gpu_forward.h) instead of the CPU; null: the CPU.
   std::shared_ptr<GpuModel> gpu;
   // Sees every routing decision / chooses the experts instead of the router (CPU only; see
@@ -98,21 +98,22 @@ class Session {
   void reset();
   const SessionState& state() const { return state_; }
   const Model& model() const { return model_; }
-  const Forward& forward() const { return forward_; }
-  bool on_gpu() const { return gpu_forward_ != nullptr; }
+  // The pass that runs (the CPU Forward, or the GPU's when SessionOptions::gpu is set).
+  const ForwardPass& pass() const { return *forward_; }
+  // The CPU pass, for its profile and prediction statistics; null on the GPU.
+  const Forward* cpu_forward() const { return dynamic_cast<const Forward*>(forward_.get()); }
+  bool on_gpu() const { return opts_.gpu != nullptr; }
   // Bytes of prompt-sized activation buffers held by the pass that runs (CPU or GPU memory).
-  size_t buffer_bytes() const { return gpu_forward_ ? gpu_forward_->buffer_bytes() : forward_.buffer_bytes(); }
+  size_t buffer_bytes() const { return forward_->buffer_bytes(); }
 
  private:
   void feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel);
   void remember_snapshot();
-  void run_forward(std::span<const int32_t> tokens, LogitsMode mode, int64_t from = 0);
 
   const Model& model_;
   const Tokenizer* tokenizer_;
   SessionOptions opts_;
-  Forward forward_;
-  std::unique_ptr<ForwardPass> gpu_forward_;  // set: runs instead of forward_ (state on the GPU)
+  std::unique_ptr<ForwardPass> forward_;
   SessionState state_;
   std::vector<float> logits_;     // after consuming state_.pos tokens, when logits_pos_ == pos
   std::vector<float> unmasked_;   // [vocab] the logits before a constrained pick (sample_constrained)

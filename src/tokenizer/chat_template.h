@@ -1,5 +1,5 @@
 // Qwen ChatML prompts, rendered natively (no Jinja engine): each TemplateKind reproduces one
-// real chat template byte for byte for string contents (model-spec.md §4.4). The template texts
+// real chat template byte for byte for string contents (model-math.md 9). The template texts
 // and where they came from are in tests/data/chat/templates/; chat_template_test.cpp compares
 // every golden rendered from them by tools/oracles/make_chat_goldens.js.
 //

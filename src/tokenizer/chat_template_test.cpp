@@ -129,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Templates, ChatGolden,
                            return n;
                          });
 
-// model-spec.md §4.4 "Minimal prompts".
+// The minimal prompts of model-math.md 9.
 TEST(ChatTemplate, MinimalPromptsFromTheSpec) {
   const std::vector<ChatMessage> m = {{"user", "P", ""}};
   EXPECT_EQ(render_chat(TemplateKind::Qwen3NextInstruct, m, {}), "<|im_start|>user\nP<|im_end|>\n<|im_start|>assistant\n");

@@ -1,6 +1,6 @@
 // The Split pre-tokenizer of HF tokenizers (pre_tokenizers/split.rs): cut a text at the matches
-// of a pattern. The pattern is read from tokenizer.json (Qwen3 and Qwen3.5 differ, model-spec
-// 4.1) and compiled with PCRE2 in UTF + UCP mode with JIT: HF uses Oniguruma, whose \p{L},
+// of a pattern. The pattern is read from tokenizer.json (Qwen3 and Qwen3.5 differ, model-math.md
+// 9) and compiled with PCRE2 in UTF + UCP mode with JIT: HF uses Oniguruma, whose \p{L},
 // \p{N}, \s and (?i:...) the Qwen patterns need; RE2 and std::regex cannot run them.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (model-spec section 4.1),
+// Byte-level BPE tokenizer loaded from a Hugging Face tokenizer.json (model-math.md 9),
 // producing the same ids as HF tokenizers' `encode(text, add_special_tokens=false)`:
 //
 //   1. added tokens are cut out first, leftmost-longest, atomically (lstrip / rstrip /

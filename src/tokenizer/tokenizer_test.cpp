@@ -225,7 +225,7 @@ TEST_F(TokenizerGolden, BothMergeFormatsGiveTheSameIds) {
 // ---- behaviour on the real Qwen3 tokenizer beyond the goldens -----------------------------
 
 TEST_F(TokenizerGolden, SpecialTokenIdsMatchModelSpec) {
-  // model-spec 4.2
+  // model-math.md 9
   EXPECT_EQ(tok->token_id("<|endoftext|>"), 151643);
   EXPECT_EQ(tok->token_id("<|im_start|>"), 151644);
   EXPECT_EQ(tok->token_id("<|im_end|>"), 151645);

@@ -6,6 +6,7 @@
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
 #include "support/test_paths.h"
+#include "support/local_hub.h"
 #include "support/test_util.h"
 
 #include <gtest/gtest.h>
@@ -35,24 +36,7 @@ namespace fs = std::filesystem;
 using swiftlet::testing::bin_path;
 using swiftlet::testing::CmdResult;
 using swiftlet::testing::run_command;
-
-// A scratch directory per test, removed afterwards.
-class Scratch {
- public:
-  Scratch() {
-    path_ = fs::temp_directory_path() /
-            ("swiftlet_fault_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~Scratch() { fs::remove_all(path_); }
-  std::string operator/(const std::string& rel) const { return (path_ / rel).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using Scratch = swiftlet::testing::ScratchDir;
 
 // The environment prefix that loads the shim with `faults` (VAR=value ...).
 std::string with_faults(const std::string& faults) {
@@ -233,46 +217,12 @@ TEST(RepackFaults, KillNineAtRandomPointsNeverLeavesAWrongContainer) {
 
 // ---- Downloads (swiftlet-repack --from-hf of a published container) --------------------------
 
-// Plays the hub on loopback for a directory, sending files slowly (16 KiB every 5 ms) so that a
-// kill lands in the middle of a transfer; Range requests (resumes) are served.
-class SlowHub {
- public:
-  explicit SlowHub(const std::string& dir) : dir_(dir) {
-    for (const auto& e : fs::recursive_directory_iterator(dir))
-      if (e.is_regular_file()) files_.push_back(fs::relative(e.path(), dir).string());
-    srv_.Get(R"(/api/models/([^/]+/[^/]+)/revision/([^/]+))", [this](const httplib::Request&, httplib::Response& r) {
-      nlohmann::json sib = nlohmann::json::array();
-      for (const auto& f : files_) sib.push_back({{"rfilename", f}, {"size", fs::file_size(fs::path(dir_) / f)}});
-      r.set_content(nlohmann::json{{"sha", "0123abcd"}, {"siblings", sib}}.dump(), "application/json");
-    });
-    srv_.Get(R"(/([^/]+/[^/]+)/resolve/([^/]+)/(.+))", [this](const httplib::Request& q, httplib::Response& r) {
-      auto bytes = std::make_shared<std::string>(read_text_file((fs::path(dir_) / q.matches[3].str()).string()));
-      r.set_content_provider(bytes->size(), "application/octet-stream",
-                             [bytes](size_t off, size_t len, httplib::DataSink& sink) {
-                               std::this_thread::sleep_for(std::chrono::milliseconds(5));
-                               return sink.write(bytes->data() + off, std::min<size_t>(len, 16 << 10));
-                             });
-    });
-    port_ = srv_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { srv_.listen_after_bind(); });
-  }
-  ~SlowHub() {
-    srv_.stop();
-    thread_.join();
-  }
-  // A shell prefix that points swiftlet-repack at this hub.
-  std::string endpoint() const { return "export HF_ENDPOINT=http://127.0.0.1:" + std::to_string(port_) + "; "; }
+using swiftlet::testing::LocalHub;
+// The hub sends files 16 KiB every 5 ms, so that a kill lands in the middle of a transfer.
+constexpr std::chrono::milliseconds kHubPace{5};
 
- private:
-  std::string dir_;
-  std::vector<std::string> files_;
-  httplib::Server srv_;
-  int port_ = 0;
-  std::thread thread_;
-};
-
-std::string fetch_cmd(const SlowHub& hub, const std::string& out, const std::string& faults = "") {
-  return hub.endpoint() + "exec env " + faults + bin_path("swiftlet-repack") + " --from-hf acme/tiny --quiet --output " + out;
+std::string fetch_cmd(const LocalHub& hub, const std::string& out, const std::string& faults = "") {
+  return "export HF_ENDPOINT=" + hub.endpoint() + "; exec env " + faults + bin_path("swiftlet-repack") + " --from-hf acme/tiny --quiet --output " + out;
 }
 
 // What a download directory holds may only be finished files equal to the published ones and
@@ -300,7 +250,7 @@ TEST(DownloadFaults, KillNineAtRandomPointsThenResumeGivesTheSameBytes) {
   const std::string published = dir / "published.qpack", out = dir / "out.qpack";
   ASSERT_EQ(run_command(repack_tiny(published) + " 2>&1").status, 0);
   const auto want = container_files(published);
-  SlowHub hub(published);
+  LocalHub hub(published, kHubPace);
   const auto t0 = std::chrono::steady_clock::now();
   const CmdResult once = run_command(fetch_cmd(hub, dir / "once.qpack") + " 2>&1");
   ASSERT_EQ(once.status, 0) << once.out;
@@ -346,7 +296,7 @@ TEST(DownloadFaults, DiskFullIsClearAndARerunResumes) {
   Scratch dir;
   const std::string published = dir / "published.qpack", out = dir / "out.qpack";
   ASSERT_EQ(run_command(repack_tiny(published) + " 2>&1").status, 0);
-  SlowHub hub(published);
+  LocalHub hub(published, kHubPace);
   const CmdResult r = run_command(fetch_cmd(hub, out, with_faults("SWIFTLET_FAULT_MODE=enospc SWIFTLET_FAULT_MATCH=.download/ "
                                                                    "SWIFTLET_FAULT_AFTER=300000")) + " 2>&1");
   EXPECT_EQ(r.status, 1) << r.out;

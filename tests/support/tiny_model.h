@@ -2,7 +2,7 @@
 // once per test process: the model tests that need text use it.
 #pragma once
 
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 #include "support/test_paths.h"
 
 #include <gtest/gtest.h>

@@ -235,7 +235,7 @@ const kFlagCases = [
   'é qzword, qzword. <mask>qzword <mask> qzword',
 ];
 
-// The Qwen3.5/3.6 pre-tokenizer pattern (model-spec 4.1: marks \p{M} join letters), run on the
+// The Qwen3.5/3.6 pre-tokenizer pattern (model-math.md 9: marks \p{M} join letters), run on the
 // Qwen3 vocabulary: no Qwen3.5 tokenizer.json ships on npm, but this checks that PCRE2 and
 // HF's Oniguruma split the same way with the new pattern.
 const kQwen35Pattern =

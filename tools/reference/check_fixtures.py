@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent numpy (fp32) forward pass of the fixtures, written from docs/model-spec.md, checked
+"""Independent numpy (fp32) forward pass of the fixtures, written from the models' math (docs/model-math.md), checked
 against the transformers reference outputs stored beside each checkpoint. Needs only numpy.
 
     python3 tools/reference/check_fixtures.py [tests/data/fixtures] [--only name,...]

@@ -773,7 +773,7 @@ def write_readme(out_root, results, argv, elapsed):
     L.append("Regenerate (needs torch + transformers 5.x; CPU is enough, ~1 min):\n")
     L.append("```\ncd tools/reference && python3 test_helpers.py   # numpy-only self-test of quantiser / layouts\n"
              "python3 make_fixtures.py --out /tmp/fx && rm -rf ../../tests/data/fixtures/* && cp -r /tmp/fx/* ../../tests/data/fixtures/\n"
-             "python3 check_fixtures.py   # numpy-only forward pass written from docs/model-spec.md vs the stored references\n```\n")
+             "python3 check_fixtures.py   # numpy-only forward pass written from the models' math (docs/model-math.md) vs the stored references\n```\n")
     L.append("Seeds are fixed, so a rerun with the same library versions reproduces the files bit for bit.\n")
     L.append("## Files in every fixture directory\n")
     L.append("- the checkpoint: `config.json` (+ `generation_config.json` for HF ones) and `model.safetensors` or shards + `model.safetensors.index.json`;\n"

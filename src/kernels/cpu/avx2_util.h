@@ -1,5 +1,5 @@
 // Small AVX2 + F16C helpers shared by the SIMD kernels (matmul_avx2.cpp, matmul_q8_avx2.cpp,
-// matmul_q8_avx512.cpp and the token mixers' model/simd_avx2.h). Include only from translation
+// matmul_q8_avx512.cpp and the token mixers' simd_avx2.h). Include only from translation
 // units compiled with at least -mavx2 -mfma -mf16c; callers check the CPU first.
 //
 // The helpers have internal linkage: translation units built for different instruction sets

@@ -2,7 +2,7 @@
 // chosen at run time (--backend).
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cstdint>
 #include <string_view>

@@ -3,7 +3,7 @@
 // translation units; call only when cpu_has_avx2() says so.
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cstdint>
 #include <vector>

@@ -11,6 +11,7 @@
 #include "kernels/cpu/matmul_avx2.h"
 
 #include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/matmul_q8_rows.h"
 
 #include "core/error.h"
 
@@ -23,18 +24,10 @@ namespace swiftlet::avx2 {
 
 namespace {
 
-// Loops over the T tokens must be unrolled so the accumulators live in registers.
-#define SWIFTLET_UNROLL _Pragma("GCC unroll 16")
-
-constexpr int64_t kBlock = 64;  // activations are quantised per 64 values
-// 4-bit decode prefetches the weight stream this many bytes ahead: about DRAM latency x one
-// core's bandwidth, with margin. Measured with bench/kernel_bench: on the Zen 4 dev machine it
-// lifts 4-bit decode (small rows, scales in separate streams) but slows 8-bit and dense rows,
-// which the hardware prefetcher already follows (bf16 ~100% -> ~70% of the bandwidth), so only
-// 4-bit prefetches; on a Xeon (H200 host) it helped every format (2-6 KiB alike, 1 KiB less).
-constexpr int64_t kPrefetch = 4096;
-
-inline int64_t pad8(int64_t v) { return (v + 7) & ~int64_t(7); }
+using q8::Ctx;
+using q8::kBlock;
+using q8::kPrefetch;
+using q8::pad8;
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -98,16 +91,6 @@ void quantize_block(const float* x, bool nibble_order, int8_t* out, float& d_out
   qsum128_out = 128.0f * float(hsum_i32(isum));
 }
 
-struct Ctx {
-  const QMatrix& w;
-  const PreparedQ8& p;
-  float* y;
-  int64_t nb;   // activation blocks per row (cols / 64)
-  int64_t nbp;  // nb rounded up to 8: row stride of d, xsum, qsum
-  int per;      // activation blocks per weight group (group_size / 64)
-  size_t rb, srb;
-};
-
 // 8 float partial sums of the int32 dot of block b of a row (4-bit: lo/hi nibbles unpacked;
 // 8-bit: a = q - 128 and |a|) with one token's int8 block.
 inline __m256 dot_q4(__m256i lo, __m256i hi, const int8_t* xq, int64_t b) {
@@ -138,20 +121,10 @@ template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   const QMatrix& w = c.w;
   constexpr int64_t kBlockBytes = 64 * Bits / 8;
-  const uint8_t* wrow = static_cast<const uint8_t*>(w.data) + size_t(r) * c.rb;
-  const uint8_t* srow = static_cast<const uint8_t*>(w.scales) + size_t(r) * c.srb;
-  const uint8_t* brow = static_cast<const uint8_t*>(w.biases) + size_t(r) * c.srb;
-  const int8_t* xq[T];
-  const float* dt[T];
-  const float* st[T];
-  const float* qt[T];
-  SWIFTLET_UNROLL
-  for (int j = 0; j < T; ++j) {
-    xq[j] = c.p.xq.data() + size_t(t + j) * size_t(w.cols);
-    dt[j] = c.p.d.data() + size_t(t + j) * size_t(c.nbp);
-    st[j] = c.p.xsum.data() + size_t(t + j) * size_t(c.nbp);
-    qt[j] = c.p.qsum.data() + size_t(t + j) * size_t(c.nbp);
-  }
+  const q8::Row row = q8::row_of(c, r);
+  const uint8_t* wrow = row.codes;
+  const q8::Tokens<T> tk = q8::tokens_of<T>(c, t);
+  const int8_t* const* xq = tk.xq;
   const __m256i m4 = _mm256_set1_epi8(0x0F), off = _mm256_set1_epi8(char(0x80));
   __m256 acc[T][2];
   SWIFTLET_UNROLL
@@ -162,14 +135,14 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
     // Factors of the next 8 blocks: sd = weight scale x activation scale; the bias term and
     // (8-bit) the offset term go straight into the accumulators, whose lanes are summed at
     // the end anyway.
-    const __m256 s8 = block_scales8(w.scale_dtype, srow, b0, nj, c.per);
-    const __m256 bias8 = block_scales8(w.scale_dtype, brow, b0, nj, c.per);
+    const __m256 s8 = block_scales8(w.scale_dtype, row.scales, b0, nj, c.per);
+    const __m256 bias8 = block_scales8(w.scale_dtype, row.biases, b0, nj, c.per);
     SWIFTLET_UNROLL
     for (int j = 0; j < T; ++j) {
-      const __m256 sdv = _mm256_mul_ps(s8, _mm256_loadu_ps(dt[j] + b0));
+      const __m256 sdv = _mm256_mul_ps(s8, _mm256_loadu_ps(tk.d[j] + b0));
       _mm256_store_ps(sd[j], sdv);
-      acc[j][0] = _mm256_fmadd_ps(bias8, _mm256_loadu_ps(st[j] + b0), acc[j][0]);
-      if constexpr (Bits == 8) acc[j][1] = _mm256_fmadd_ps(sdv, _mm256_loadu_ps(qt[j] + b0), acc[j][1]);
+      acc[j][0] = _mm256_fmadd_ps(bias8, _mm256_loadu_ps(tk.xsum[j] + b0), acc[j][0]);
+      if constexpr (Bits == 8) acc[j][1] = _mm256_fmadd_ps(sdv, _mm256_loadu_ps(tk.qsum[j] + b0), acc[j][1]);
     }
     // Block k of the 8 into accumulator k % 2; the parity is a constant so that the
     // accumulators stay in registers.
@@ -206,28 +179,10 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
     c.y[size_t(t + j) * size_t(w.rows) + size_t(r)] = hsum(_mm256_add_ps(acc[j][0], acc[j][1]));
 }
 
-// n = 1 streams row after row. Batches go in chunks of rows (about 128 KiB of weights, which
-// stay in L2 while every token passes) x tiles of 4 tokens (2 x 4 accumulators, plus the
-// unpacked weights, fit the 16 ymm registers), then 2 and 1 for the last tokens.
+// Tiles of up to 4 tokens: 2 x 4 accumulators, plus the unpacked weights, fit the 16 ymm registers.
 template <int Bits>
 void rows_q8(const Ctx& c, int64_t n, int64_t r0, int64_t r1) {
-  if (n == 1) {
-    for (int64_t r = r0; r < r1; ++r) row_tokens<Bits, 1>(c, r, 0);
-    return;
-  }
-  const int64_t chunk = std::max<int64_t>(8, int64_t(128 << 10) / int64_t(c.rb + 2 * c.srb));
-  for (int64_t rc = r0; rc < r1; rc += chunk) {
-    const int64_t re = std::min(r1, rc + chunk);
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4)
-      for (int64_t r = rc; r < re; ++r) row_tokens<Bits, 4>(c, r, t);
-    if (t + 2 <= n) {
-      for (int64_t r = rc; r < re; ++r) row_tokens<Bits, 2>(c, r, t);
-      t += 2;
-    }
-    if (t < n)
-      for (int64_t r = rc; r < re; ++r) row_tokens<Bits, 1>(c, r, t);
-  }
+  q8::tile_rows<4>(c, n, r0, r1, [&](int64_t r, int64_t t, auto tile) { row_tokens<Bits, decltype(tile)::value>(c, r, t); });
 }
 
 }  // namespace
@@ -256,8 +211,7 @@ void prepare_q8(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p) {
 }
 
 void matmul_rows_q8(const QMatrix& w, const PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
-  const int64_t nb = w.cols / kBlock;
-  const Ctx c{w, p, y, nb, pad8(nb), w.group_size / int(kBlock), w.row_bytes(), w.scale_row_bytes()};
+  const Ctx c = q8::make_ctx(w, p, y);
   if (w.bits == 4) rows_q8<4>(c, n, r0, r1);
   else rows_q8<8>(c, n, r0, r1);
 }

@@ -18,6 +18,7 @@
 #include "kernels/cpu/matmul_avx512.h"
 
 #include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/matmul_q8_rows.h"
 
 #include <algorithm>
 #include <type_traits>
@@ -31,23 +32,9 @@ bool cpu_has_avx512_vnni() {
 
 namespace {
 
-#define SWIFTLET_UNROLL _Pragma("GCC unroll 16")
-
-constexpr int64_t kBlock = 64;
-// As in the AVX2 kernel: 4-bit decode prefetches its weight stream this far ahead.
-constexpr int64_t kPrefetch = 4096;
-
-inline int64_t pad8(int64_t v) { return (v + 7) & ~int64_t(7); }
-
-struct Ctx {
-  const QMatrix& w;
-  const avx2::PreparedQ8& p;
-  float* y;
-  int64_t nb;   // activation blocks per row (cols / 64)
-  int64_t nbp;  // nb rounded up to 8: row stride of d and xsum
-  int per;      // activation blocks per weight group (group_size / 64)
-  size_t rb, srb;
-};
+using q8::Ctx;
+using q8::kBlock;
+using q8::kPrefetch;
 
 // Row r x tokens [t, t + T). Per token: two accumulators of 16 lanes for even and odd blocks and
 // one of 8 for the bias terms, summed in the same order whatever T is, so a token's result is
@@ -56,18 +43,10 @@ template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   const QMatrix& w = c.w;
   constexpr int64_t kBlockBytes = 64 * Bits / 8;
-  const uint8_t* wrow = static_cast<const uint8_t*>(w.data) + size_t(r) * c.rb;
-  const uint8_t* srow = static_cast<const uint8_t*>(w.scales) + size_t(r) * c.srb;
-  const uint8_t* brow = static_cast<const uint8_t*>(w.biases) + size_t(r) * c.srb;
-  const int8_t* xq[T];
-  const float* dt[T];
-  const float* st[T];
-  SWIFTLET_UNROLL
-  for (int j = 0; j < T; ++j) {
-    xq[j] = c.p.xq.data() + size_t(t + j) * size_t(w.cols);
-    dt[j] = c.p.d.data() + size_t(t + j) * size_t(c.nbp);
-    st[j] = c.p.xsum.data() + size_t(t + j) * size_t(c.nbp);
-  }
+  const q8::Row row = q8::row_of(c, r);
+  const uint8_t* wrow = row.codes;
+  const q8::Tokens<T> tk = q8::tokens_of<T>(c, t);
+  const int8_t* const* xq = tk.xq;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[T][2];
   __m256 accb[T];
@@ -79,12 +58,12 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   alignas(32) float sd[T][8];
   for (int64_t b0 = 0; b0 < c.nb; b0 += 8) {
     const int nj = int(std::min<int64_t>(8, c.nb - b0));
-    const __m256 s8 = avx2::block_scales8(w.scale_dtype, srow, b0, nj, c.per);
-    const __m256 bias8 = avx2::block_scales8(w.scale_dtype, brow, b0, nj, c.per);
+    const __m256 s8 = avx2::block_scales8(w.scale_dtype, row.scales, b0, nj, c.per);
+    const __m256 bias8 = avx2::block_scales8(w.scale_dtype, row.biases, b0, nj, c.per);
     SWIFTLET_UNROLL
     for (int j = 0; j < T; ++j) {
-      _mm256_store_ps(sd[j], _mm256_mul_ps(s8, _mm256_loadu_ps(dt[j] + b0)));
-      accb[j] = _mm256_fmadd_ps(bias8, _mm256_loadu_ps(st[j] + b0), accb[j]);
+      _mm256_store_ps(sd[j], _mm256_mul_ps(s8, _mm256_loadu_ps(tk.d[j] + b0)));
+      accb[j] = _mm256_fmadd_ps(bias8, _mm256_loadu_ps(tk.xsum[j] + b0), accb[j]);
     }
     auto block = [&](int k, auto parity) {
       constexpr int a = decltype(parity)::value;
@@ -119,39 +98,17 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
         _mm512_reduce_add_ps(_mm512_add_ps(acc[j][0], acc[j][1])) + avx2::hsum(accb[j]);
 }
 
-// As the AVX2 kernel: n = 1 streams row after row; batches go in chunks of rows (~128 KiB of
-// weights, kept in L2 while the tokens pass) x tiles of 8, 4, 2 and 1 tokens (AVX-512 has 32
-// registers: 8 tokens x 2 accumulators fit beside the codes).
+// Tiles of up to 8 tokens (AVX-512 has 32 registers: 8 tokens x 2 accumulators fit beside the
+// codes); the order of rows and tiles is the AVX2 kernel's (matmul_q8_rows.h).
 template <int Bits>
 void rows_q8(const Ctx& c, int64_t n, int64_t r0, int64_t r1) {
-  if (n == 1) {
-    for (int64_t r = r0; r < r1; ++r) row_tokens<Bits, 1>(c, r, 0);
-    return;
-  }
-  const int64_t chunk = std::max<int64_t>(8, int64_t(128 << 10) / int64_t(c.rb + 2 * c.srb));
-  for (int64_t rc = r0; rc < r1; rc += chunk) {
-    const int64_t re = std::min(r1, rc + chunk);
-    int64_t t = 0;
-    for (; t + 8 <= n; t += 8)
-      for (int64_t r = rc; r < re; ++r) row_tokens<Bits, 8>(c, r, t);
-    if (t + 4 <= n) {
-      for (int64_t r = rc; r < re; ++r) row_tokens<Bits, 4>(c, r, t);
-      t += 4;
-    }
-    if (t + 2 <= n) {
-      for (int64_t r = rc; r < re; ++r) row_tokens<Bits, 2>(c, r, t);
-      t += 2;
-    }
-    if (t < n)
-      for (int64_t r = rc; r < re; ++r) row_tokens<Bits, 1>(c, r, t);
-  }
+  q8::tile_rows<8>(c, n, r0, r1, [&](int64_t r, int64_t t, auto tile) { row_tokens<Bits, decltype(tile)::value>(c, r, t); });
 }
 
 }  // namespace
 
 void matmul_rows_q8(const QMatrix& w, const avx2::PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
-  const int64_t nb = w.cols / kBlock;
-  const Ctx c{w, p, y, nb, pad8(nb), w.group_size / int(kBlock), w.row_bytes(), w.scale_row_bytes()};
+  const Ctx c = q8::make_ctx(w, p, y);
   if (w.bits == 4) rows_q8<4>(c, n, r0, r1);
   else rows_q8<8>(c, n, r0, r1);
 }

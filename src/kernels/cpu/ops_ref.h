@@ -1,8 +1,8 @@
 // Scalar fp32 reference kernels: the oracle every fast kernel is tested against
-// (model-spec.md sections 3 and 5). Plain loops, no SIMD, no threads.
+// (docs/model-math.md). Plain loops, no SIMD, no threads.
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cmath>
 #include <cstdint>

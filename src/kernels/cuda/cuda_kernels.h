@@ -12,7 +12,7 @@
 // first), so it prints the CUDA error with file and line and aborts.
 #pragma once
 
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -65,7 +65,7 @@ void device_memory(size_t* free_bytes, size_t* total_bytes);
 // `iters` calls after one warm-up call.
 double gpu_time_ms(const std::function<void()>& fn, int iters, GpuStream s = nullptr);
 
-// A weight matrix in GPU memory: the same layout as QMatrix (kernels/cpu/qmatrix.h), its
+// A weight matrix in GPU memory: the same layout as QMatrix (core/qmatrix.h), its
 // pointers on the device. Affine needs bits 4 or 8, group_size a multiple of 128 / bits
 // (64 for the MLX checkpoints) and cols a multiple of group_size.
 struct GpuMatrix {

@@ -1,4 +1,4 @@
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 
 #include "core/dtype.h"
 #include "core/error.h"

@@ -1,5 +1,5 @@
-// The fast Gated DeltaNet kernels against the scalar recurrence (model-spec.md 3.5-3.9).
-#include "model/delta_net.h"
+// The fast Gated DeltaNet kernels against the scalar recurrence (model-math.md 5.2-5.6).
+#include "kernels/cpu/delta_net.h"
 
 #include "kernels/cpu/ops_ref.h"
 

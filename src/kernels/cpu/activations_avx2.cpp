@@ -1,5 +1,5 @@
 // AVX2 + FMA activations (see activations.h); compiled with -mavx2 -mfma.
-#include "model/simd_avx2.h"
+#include "kernels/cpu/simd_avx2.h"
 
 #include <immintrin.h>
 

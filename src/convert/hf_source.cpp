@@ -1,4 +1,4 @@
-#include "runtime/hf_source.h"
+#include "convert/hf_source.h"
 
 #include "core/error.h"
 #include "io/http_download.h"

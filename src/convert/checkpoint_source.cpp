@@ -2,7 +2,7 @@
 // three expert layouts, single file or sharded) is quantised to MLX affine; an MLX-quantised one
 // is copied byte for byte, every tensor as stored (quantised or float, at whatever bits and group
 // size each module has). Tensors are renamed to MLX names and conventions (docs/qpack.md 4).
-#include "runtime/repack.h"
+#include "convert/repack.h"
 
 #include "core/error.h"
 #include "experts/tensor_experts.h"

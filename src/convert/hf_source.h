@@ -4,7 +4,7 @@
 // already holds a .qpack container is downloaded as is (manifest.json last) and checked.
 #pragma once
 
-#include "runtime/repack.h"
+#include "convert/repack.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "model/delta_net.h"
+#include "kernels/cpu/delta_net.h"
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/matmul_avx2.h"

@@ -1,7 +1,7 @@
 // swiftlet-repack's pipeline: containers from synthetic presets and from the committed fixtures
 // (bf16 Hugging Face and MLX 4-bit), checked against transformers' logits and the source bytes;
 // atomic output; and corrupted containers that must fail with errors naming what is wrong.
-#include "runtime/repack.h"
+#include "convert/repack.h"
 
 #include "core/error.h"
 #include "core/zstd_frame.h"
@@ -9,11 +9,12 @@
 #include "format/safetensors.h"
 #include "io/mapped_file.h"
 #include "kernels/cpu/ops_ref.h"
-#include "runtime/hf_source.h"
+#include "convert/hf_source.h"
 #include "runtime/model_loader.h"
-#include "runtime/synthetic.h"
+#include "convert/synthetic.h"
 #include "support/test_paths.h"
 
+#include "support/local_hub.h"
 #include "support/test_util.h"
 
 #include <gtest/gtest.h>
@@ -44,45 +45,16 @@ std::string sanitize(std::string s) {
   return s;
 }
 
-// A scratch directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            fmt::format("swiftlet_repack_{}_{}", ::getpid(),
-                        sanitize(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& rel) const { return (path_ / rel).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
 using swiftlet::testing::error_of;
+using swiftlet::testing::max_abs_diff;
+using swiftlet::testing::read_f32;
+using TempDir = swiftlet::testing::ScratchDir;
 
 RepackOptions opts(const std::string& out, int bits = 0) {
   RepackOptions o;
   o.output = out;
   o.bits = bits;
   return o;
-}
-
-std::vector<float> read_f32(const std::string& path) {
-  const std::string b = read_text_file(path);
-  std::vector<float> v(b.size() / 4);
-  std::memcpy(v.data(), b.data(), v.size() * 4);
-  return v;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
 }
 
 std::vector<float> prefill(const std::string& model, const std::vector<int32_t>& tokens,
@@ -164,7 +136,7 @@ TEST_P(RepackSynthetic, SameSeedSameBytesOtherSeedOtherBytes) {
 INSTANTIATE_TEST_SUITE_P(Repack, RepackSynthetic, ::testing::Values("tiny", "tiny-q35"),
                          [](const auto& info) { return sanitize(info.param); });
 
-// The released-model presets have the published shapes and sizes (model-spec.md 1.2), checked
+// The released-model presets have the published shapes and sizes (model-math.md 1.2), checked
 // without writing them (the 80B one was written once and measured: docs/qpack.md).
 TEST(RepackTest, PresetsHaveThePublishedShapesAndSizes) {
   struct Want {
@@ -449,52 +421,22 @@ INSTANTIATE_TEST_SUITE_P(Repack, RepackQuantise,
 
 // ------------------------------------------------------------------------------- --from-hf
 
-// Plays the Hugging Face hub on loopback: serves the files of a local directory as ORG/REPO.
-class LocalHub {
- public:
-  explicit LocalHub(const std::string& dir) : dir_(dir) {
-    for (const auto& e : fs::recursive_directory_iterator(dir))
-      if (e.is_regular_file()) files_.push_back(fs::relative(e.path(), dir).string());
-    srv_.Get(R"(/api/models/([^/]+/[^/]+)/revision/([^/]+))", [this](const httplib::Request&, httplib::Response& r) {
-      json sib = json::array();
-      for (const auto& f : files_) sib.push_back({{"rfilename", f}, {"size", fs::file_size(fs::path(dir_) / f)}});
-      r.set_content(json{{"sha", "0123abcd"}, {"siblings", sib}}.dump(), "application/json");
-    });
-    srv_.Get(R"(/([^/]+/[^/]+)/resolve/([^/]+)/(.+))", [this](const httplib::Request& q, httplib::Response& r) {
-      served_.push_back(q.matches[3]);
-      r.set_content(read_text_file((fs::path(dir_) / q.matches[3].str()).string()), "application/octet-stream");
-    });
-    port_ = srv_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { srv_.listen_after_bind(); });
-    ::setenv("HF_ENDPOINT", fmt::format("http://127.0.0.1:{}", port_).c_str(), 1);
-  }
-  ~LocalHub() {
-    ::unsetenv("HF_ENDPOINT");
-    srv_.stop();
-    thread_.join();
-  }
-  std::vector<std::string> served_;
-
- private:
-  std::string dir_;
-  std::vector<std::string> files_;
-  httplib::Server srv_;
-  int port_ = 0;
-  std::thread thread_;
-};
+using swiftlet::testing::LocalHub;
 
 TEST(RepackTest, FromHfDownloadsConvertsAndCleansUp) {
   if (!has_fixture("next_mlx4")) GTEST_SKIP() << "fixture next_mlx4 missing";
   TempDir tmp;
   LocalHub hub(fixture_dir("next_mlx4"));
+  hub.export_endpoint();
   const std::string out = tmp / "hf.qpack";
   repack_from_hf("acme/next-mlx4", "main", "", false, opts(out));
   const QpackContainer qc = QpackContainer::open(out);
   EXPECT_EQ(qc.manifest.source_checkpoint, "hf:acme/next-mlx4@0123abcd");
   EXPECT_FALSE(fs::exists(out + ".download"));
   // Only what a conversion needs was fetched (no reference logits, no README).
-  for (const auto& f : hub.served_) EXPECT_TRUE(f.ends_with(".json") || f.ends_with(".safetensors")) << f;
-  EXPECT_EQ(std::count(hub.served_.begin(), hub.served_.end(), "prefill_logits.f32"), 0);
+  const std::vector<std::string> served = hub.served();
+  for (const auto& f : served) EXPECT_TRUE(f.ends_with(".json") || f.ends_with(".safetensors")) << f;
+  EXPECT_EQ(std::count(served.begin(), served.end(), "prefill_logits.f32"), 0);
   const json ref = json::parse(read_text_file(fixture_dir("next_mlx4") + "/reference.json"));
   EXPECT_LT(max_abs_diff(prefill(out, ref["tokens"].get<std::vector<int32_t>>()),
                          read_f32(fixture_dir("next_mlx4") + "/prefill_logits.f32")), 1e-3f);
@@ -505,9 +447,10 @@ TEST(RepackTest, FromHfFetchesAPublishedContainerAsIs) {
   const std::string published = tmp / "published.qpack";
   repack_synthetic("tiny", opts(published));
   LocalHub hub(published);
+  hub.export_endpoint();
   const std::string out = tmp / "fetched.qpack";
   repack_from_hf("acme/tiny-qpack", "main", "", false, opts(out));
-  EXPECT_EQ(hub.served_.back(), "manifest.json");  // the completion marker comes last
+  EXPECT_EQ(hub.served().back(), "manifest.json");  // the completion marker comes last
   EXPECT_EQ(read_text_file(out + "/checksums.json"), read_text_file(published + "/checksums.json"));
   EXPECT_NO_THROW(load_model(out));
 }

@@ -1,7 +1,7 @@
 // AVX2 + FMA kernels of the Gated DeltaNet mixer (see delta_net.h). Built with -mavx2 -mfma in
 // its own translation unit; delta_net.cpp calls in here only after checking the CPU.
-#include "model/delta_net.h"
-#include "model/simd_avx2.h"
+#include "kernels/cpu/delta_net.h"
+#include "kernels/cpu/simd_avx2.h"
 
 #include <algorithm>
 #include <cmath>
@@ -162,7 +162,7 @@ void recurrent_head(const DeltaShape& sh, const DeltaBatch& b, int h, float* S) 
   }
 }
 
-// ---- prefill: chunks of 64 tokens, WY/UT form (model-spec.md 3.8) ----
+// ---- prefill: chunks of 64 tokens, WY/UT form (model-math.md 5.5) ----
 
 namespace {
 constexpr int kChunk = 64;

@@ -1,5 +1,5 @@
 // The AVX2 attention against the scalar double-precision loop.
-#include "model/attention.h"
+#include "kernels/cpu/attention.h"
 
 #include "kernels/cpu/ops_ref.h"
 

@@ -1,4 +1,4 @@
-#include "model/attention.h"
+#include "kernels/cpu/attention.h"
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/matmul_avx2.h"

@@ -1,5 +1,5 @@
 // The fast SwiGLU product against the scalar oracle.
-#include "model/activations.h"
+#include "kernels/cpu/activations.h"
 
 #include "kernels/cpu/ops_ref.h"
 

@@ -1,4 +1,4 @@
-#include "kernels/cpu/qmatrix.h"
+#include "core/qmatrix.h"
 
 namespace swiftlet {
 

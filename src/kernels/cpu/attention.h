@@ -1,4 +1,4 @@
-// Causal softmax attention with grouped KV heads over the KV cache (model-spec.md 3.2 step 5),
+// Causal softmax attention with grouped KV heads over the KV cache (model-math.md 4.4),
 // for the fast CPU backends: fp32 dot products and weighted V sums in AVX2, each K and V row
 // read once for all the query heads that share it, scratch reused between calls.
 // The scalar loop in Forward::gated_attention (Backend::Reference) stays the oracle;
@@ -37,7 +37,7 @@ struct AttnBatch {
 void attend(const AttnShape& s, const AttnBatch& b);
 // Scalar, double-precision dots (as the reference forward pass).
 void attend_reference(const AttnShape& s, const AttnBatch& b);
-// o[i] *= sigmoid(gate[i]) for i < n (the output gate, 3.2 step 6).
+// o[i] *= sigmoid(gate[i]) for i < n (the output gate, model-math.md 4.5).
 void sigmoid_gate(float* o, const float* gate, int64_t n);
 
 }  // namespace swiftlet::attn

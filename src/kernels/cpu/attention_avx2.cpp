@@ -1,7 +1,7 @@
 // AVX2 + FMA attention kernels (see attention.h). Built with -mavx2 -mfma in its own
 // translation unit; attention.cpp calls in here only after checking the CPU.
-#include "model/attention.h"
-#include "model/simd_avx2.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/simd_avx2.h"
 
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 // directly as packed codes, so generation runs at disk speed.
 #pragma once
 
-#include "runtime/repack.h"
+#include "convert/repack.h"
 
 #include <nlohmann/json.hpp>
 

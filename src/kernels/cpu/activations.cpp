@@ -1,4 +1,4 @@
-#include "model/activations.h"
+#include "kernels/cpu/activations.h"
 
 #include "kernels/cpu/matmul_avx2.h"
 #include "kernels/cpu/ops_ref.h"

@@ -1,5 +1,5 @@
 // A weight matrix [rows, cols] (PyTorch convention: y = W x) in one of the stored formats:
-// plain F32/F16/BF16, or MLX affine group quantisation (model-spec.md 5.1):
+// plain F32/F16/BF16, or MLX affine group quantisation (model-math.md 8):
 //   W[r, c] = scale[r, c / g] * q(r, c) + bias[r, c / g],
 //   q(r, c) = (packed[r, c * bits / 32] >> (bits * (c % (32 / bits)))) & (2^bits - 1).
 // It only points at memory owned elsewhere (a mapped file, an expert cache slot).

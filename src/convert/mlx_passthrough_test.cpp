@@ -13,7 +13,7 @@
 #include "format/safetensors_writer.h"
 #include "io/mapped_file.h"
 #include "runtime/model_loader.h"
-#include "runtime/repack.h"
+#include "convert/repack.h"
 #include "support/test_paths.h"
 
 #include <fmt/format.h>

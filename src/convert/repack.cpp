@@ -1,4 +1,4 @@
-#include "runtime/repack.h"
+#include "convert/repack.h"
 
 #include "core/error.h"
 #include "core/zstd_frame.h"

@@ -1,6 +1,6 @@
-// The Gated DeltaNet token mixer's kernels (model-spec.md 3.5-3.9), for the fast CPU backends:
-// the causal conv + SiLU, q/k normalisation, the gated delta rule token by token (decode, 3.7)
-// and in chunks of 64 with the WY/UT form (prefill, 3.8), and the gated RMSNorm.
+// The Gated DeltaNet token mixer's kernels (model-math.md 5.2-5.6), for the fast CPU backends:
+// the causal conv + SiLU, q/k normalisation, the gated delta rule token by token (decode, 5.4)
+// and in chunks of 64 with the WY/UT form (prefill, 5.5), and the gated RMSNorm.
 // The scalar loop in Forward::gated_delta_net (Backend::Reference) stays the oracle;
 // delta_rule_reference below is the same recurrence for the kernel tests and benchmarks.
 #pragma once
@@ -36,17 +36,17 @@ void delta_rule_reference(const DeltaShape& s, const DeltaBatch& b, float* S);
 // Token by token with the five steps fused into two passes over each column block of S
 // (one trip through memory per token); for decode.
 void delta_rule_recurrent(const DeltaShape& s, const DeltaBatch& b, float* S);
-// Chunks of 64 tokens in the WY/UT form (3.8): the same outputs and final state as the
+// Chunks of 64 tokens in the WY/UT form (5.5): the same outputs and final state as the
 // recurrence up to float rounding, with the work in matrix products; for prefill.
 void delta_rule_chunked(const DeltaShape& s, const DeltaBatch& b, float* S);
 
 // Causal depthwise conv1d (kernel K, weights w[C][K], no bias) + SiLU over T rows of x[T][C],
 // in place. state[K-1][C] holds the raw rows before x (oldest first) and is advanced to the last
-// K-1 raw rows (3.5).
+// K-1 raw rows (5.2).
 void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* state);
-// x[n] <- x / sqrt(sum(x^2) + eps) * scale (3.6), for each of `heads` consecutive n-vectors.
+// x[n] <- x / sqrt(sum(x^2) + eps) * scale (5.3), for each of `heads` consecutive n-vectors.
 void l2_norm_heads(float* x, int heads, int n, float eps, float scale);
-// o[n] <- w * o / sqrt(mean(o^2) + eps) * SiLU(z) (3.9), for each of `heads` n-vectors.
+// o[n] <- w * o / sqrt(mean(o^2) + eps) * SiLU(z) (5.6), for each of `heads` n-vectors.
 void gated_rms_norm(float* o, const float* z, const float* w, int heads, int n, float eps);
 
 }  // namespace swiftlet::gdn
