@@ -1,4 +1,4 @@
-// Gated attention (model-spec.md 3.2): RoPE, the per-token prologue (q/k RMSNorm, RoPE, the KV
+// Gated attention (model-math.md 4): RoPE, the per-token prologue (q/k RMSNorm, RoPE, the KV
 // cache write), attention over the cache, for one decode token (attention_step: all of it in one
 // launch) and for T prompt tokens (attn_prep_rows, attention_prefill: causal, a block per (head,
 // token)). The per-head device code is shared in mixer_device.cuh; fp32 throughout.

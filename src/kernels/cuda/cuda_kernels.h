@@ -262,12 +262,12 @@ void l2_norm_rows(float* d_x, int64_t rows, int64_t n, float eps, float scale, G
 void silu_mul(const float* d_g, const float* d_u, int64_t n, float* d_y, GpuStream s = nullptr);
 // y[i] += a * x[i]; with d_a non-null, a = *d_a (device scalar, e.g. a router weight).
 void axpy(float* d_y, const float* d_x, int64_t n, float a, const float* d_a = nullptr, GpuStream s = nullptr);
-// y[i] += sigmoid(*d_gate) * x[i]   (the shared expert's scalar gate, model-spec.md 3.10 step 5-6)
+// y[i] += sigmoid(*d_gate) * x[i]   (the shared expert's scalar gate, model-math.md 6.3)
 void add_sigmoid_scaled(float* d_y, const float* d_x, const float* d_gate, int64_t n, GpuStream s = nullptr);
 
 // --- router (router.cu) --------------------------------------------------------------------------
 // For each of n_tok rows of E logits: softmax over all E, the top k (k <= 16, ties to the lower
-// index), weights renormalised over the k when `renormalise` (model-spec.md 3.10). A bitonic sort
+// index), weights renormalised over the k when `renormalise` (model-math.md 6). A bitonic sort
 // in shared memory.
 // Writes d_ids[t][k] (descending probability) and d_weights[t][k]. E <= 4096.
 void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
@@ -275,7 +275,7 @@ void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renorm
 
 // --- attention (attention.cu) ----------------------------------------------------------------
 // NeoX rotate-half RoPE on dims [0, rot_dim) of n_heads heads (head i at x + i * head_stride),
-// position pos, frequencies theta^(-2i/rot_dim) computed as the CPU does (model-spec.md 3.2).
+// position pos, frequencies theta^(-2i/rot_dim) computed as the CPU does (model-math.md 4).
 void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_t pos, float theta,
                GpuStream s = nullptr);
 // The per-token part of gated attention before the scores (3.2 steps 1-4), one kernel:
@@ -306,7 +306,7 @@ void attention_decode_at(const float* d_q, const float* d_k_cache, const float* 
                          const int64_t* d_pos, int n_heads, int n_kv_heads, int head_dim, float scale,
                          const float* d_gate, float* d_out, GpuStream s = nullptr);
 
-// --- Gated DeltaNet, one token (deltanet.cu; model-spec.md 3.5 - 3.9) --------------------------
+// --- Gated DeltaNet, one token (deltanet.cu; model-math.md 5.2-5.6) --------------------------
 // Causal depthwise conv + SiLU for one token: u[c] = SiLU(w[c][K-1] x[c] + sum_j w[c][j] state[j][c]);
 // then the state (rows oldest first, [K-1][C]) shifts and takes x. conv_w: [C][K].
 void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, int64_t C, int K, float* d_u,

@@ -139,7 +139,7 @@ TEST(CudaKernels, NormsMatchReference) {
     cuda::l2_norm_rows(dl.p, rows, n, 1e-6f, 0.25f);
     expect_close(dl.get(), l2, 1e-5f, 1e-6f, "l2_norm_rows " + std::to_string(rows) + "x" + std::to_string(n));
 
-    // Gated RMSNorm over heads (model-spec.md 3.9).
+    // Gated RMSNorm over heads (model-math.md 5.6).
     const std::vector<float> z = randn(rng, x.size());
     std::vector<float> gw = x;
     for (int64_t r = 0; r < rows; ++r) {

@@ -1,4 +1,4 @@
-// Gated DeltaNet (model-spec.md 3.4 - 3.9). One token: the conv + SiLU, Qwen3-Next's grouped
+// Gated DeltaNet (model-math.md 5.1-5.6). One token: the conv + SiLU, Qwen3-Next's grouped
 // projections unpacked, the prep (unpack, causal conv + SiLU, L2 norms) in one launch, the delta
 // rule with the gated RMSNorm, and the whole step in one launch (deltanet_step: a thread-block
 // cluster per key head). T prompt tokens: the conv and the delta rule scanned over the tokens in

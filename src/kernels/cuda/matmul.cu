@@ -1,4 +1,4 @@
-// Matrix-vector / small matrix-matrix products on affine 4/8-bit (MLX, model-spec.md 5.1) and
+// Matrix-vector / small matrix-matrix products on affine 4/8-bit (MLX, model-math.md 8) and
 // dense F32/F16/BF16 weights, fp32 activations and accumulation.
 //
 // Decode is memory bound: one warp owns one weight row and streams it in 16-byte loads

@@ -1,6 +1,6 @@
 // fused_matvec: several matrices over one input in one launch, the decode's dense products
 // (q/k/v, qkvz + ba, router + the shared expert's gate, an output projection added into the
-// residual stream, lm_head), for affine 4/8-bit weights (MLX, model-spec.md 5.1), with the input's
+// residual stream, lm_head), for affine 4/8-bit weights (MLX, model-math.md 8), with the input's
 // RMSNorm on the fly. The three generations (decode_products.cuh) and the launch settings; the
 // product loop is in product_device.cuh.
 #include "kernels/cuda/decode_products.cuh"

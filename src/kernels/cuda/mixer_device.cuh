@@ -30,7 +30,7 @@ __device__ __forceinline__ void norm_rope_head(const float* __restrict__ src, co
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float v = y[i];
     if (i < rot) {
-      // As the CPU (and transformers): inverse frequency and angle in fp32 (model-spec.md 3.2).
+      // As the CPU (and transformers): inverse frequency and angle in fp32 (model-math.md 4).
       const int f = i < half ? i : i - half;
       const float invf = 1.0f / powf(theta, float(2 * f) / float(rot));
       const float angle = float(pos) * invf;

@@ -1,6 +1,6 @@
 // The routed experts of one decode token (and the shared expert riding along as one more): the
 // act (SiLU(gate x) * up x, optionally with the router's top-k taken inside: warp_topk) and the
-// down products added into the residual stream (model-spec.md 3.10), in the three generations of
+// down products added into the residual stream (model-math.md 6), in the three generations of
 // decode_products.cuh. Each chosen expert's weights sit in a slot of the VRAM expert cache, found
 // through a device table. The T-token forms (a prompt's experts grouped per expert) are in
 // matmul.cu.

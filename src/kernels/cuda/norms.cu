@@ -1,4 +1,4 @@
-// Norms and element-wise ops (model-spec.md 3.1, 3.5, 3.9, 3.10): RMSNorm, the L2 norms of the
+// Norms and element-wise ops (model-math.md 3, 5.2, 5.6, 6): RMSNorm, the L2 norms of the
 // DeltaNet's q and k, the gated RMSNorm, SiLU * up, and the MoE's weighted sums (the routed
 // experts' outputs and the gated shared expert added into the residual stream), for one token and
 // for T tokens. Each mirrors a scalar loop of kernels/cpu/ops_ref.cpp or model/qwen3_hybrid.cpp;
