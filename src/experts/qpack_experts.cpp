@@ -25,6 +25,8 @@ QpackExperts::QpackExperts(const QpackContainer& qc, QpackExpertsOptions opts)
   fresh_.assign(slots, 0);
   speculative_.assign(slots, 0);
   wanted_.assign(slots, 0);
+  used_in_.assign(slots, 0);
+  steps_.assign(size_t(layout_.layer_count), 0);
   errors_.assign(slots, {});
   stats_.cache_budget = slots * size_t(layout_.expert_stride);
 }
@@ -42,15 +44,23 @@ int QpackExperts::start_read(int layer, int expert, Read why) {
   bool evicted = false;
   // Experts read ahead and not used yet are kept while anything else can go; a prediction
   // never pushes them out. The experts the current step found cached are kept while anything
-  // else can go: evicting one to read another of the same step would only read it again.
-  int slot = cache_.claim(layer, expert, &evicted,
-                          [this](int s) { return !fresh_[size_t(s)] && !wanted_[size_t(s)]; });
+  // else can go: evicting one to read another of the same step would only read it again. Nor
+  // does a prediction push out an expert its layer's latest step used: the next token reuses
+  // about a fifth of them, and a guess is right about half the time (docs/routing-trace.md).
+  const bool speculative = why == Read::Speculative;
+  auto latest = [this](int s) {
+    const uint32_t step = used_in_[size_t(s)];
+    return step != 0 && step == steps_[size_t(cache_.layer_of(s))];
+  };
+  int slot = cache_.claim(layer, expert, &evicted, [&](int s) {
+    return !fresh_[size_t(s)] && !wanted_[size_t(s)] && !(speculative && latest(s));
+  });
   if (slot < 0 && why != Read::Speculative)
     slot = cache_.claim(layer, expert, &evicted, [this](int s) { return !wanted_[size_t(s)]; });
   if (slot < 0 && why == Read::Demand) slot = cache_.claim(layer, expert, &evicted);
   if (slot < 0) return -1;
-  const bool speculative = why == Read::Speculative;
   if (evicted) stats_.evictions++;
+  used_in_[size_t(slot)] = 0;
   fresh_[size_t(slot)] = 1;
   speculative_[size_t(slot)] = speculative ? 1 : 0;
   if (speculative) stats_.predicted++;
@@ -97,6 +107,8 @@ void QpackExperts::finish(const ReadDone& d) {
 
 void QpackExperts::prefetch(int layer, std::span<const int32_t> experts) {
   if (io_ == IoMode::Serial) return;
+  SWIFTLET_CHECK(layer >= 0 && layer < layout_.layer_count, "layer {} out of range", layer);
+  ++steps_[size_t(layer)];
   if (in_flight_ > 0) collect(false);
   for (int s : wanted_slots_) wanted_[size_t(s)] = 0;
   wanted_slots_.clear();
@@ -182,6 +194,7 @@ void QpackExperts::acquire(int layer, std::span<const int32_t> experts, std::spa
   for (size_t i = 0; i < slots.size(); ++i) {
     const int s = slots[i];
     cache_.use(s);
+    used_in_[size_t(s)] = steps_[size_t(layer)];
     if (fresh_[size_t(s)]) {
       stats_.misses++;
       if (speculative_[size_t(s)]) stats_.predicted_used++;

@@ -83,6 +83,8 @@ class QpackExperts : public ExpertSource {
   std::vector<uint8_t> fresh_;        // [slot] read but not used yet (its first use is a miss)
   std::vector<uint8_t> speculative_;  // [slot] read for a prediction, not used yet
   std::vector<uint8_t> wanted_;       // [slot] cached and needed by the last prefetch()'s step
+  std::vector<uint32_t> used_in_;     // [slot] the step of its layer that last used it (0: none)
+  std::vector<uint32_t> steps_;       // [layer] steps begun so far (a prefetch() begins one)
   std::vector<int> wanted_slots_;     // the slots marked in wanted_
   std::vector<std::string> errors_;   // [slot] why its read failed (while pinned)
   std::vector<int> pinned_;           // slots acquired and not released

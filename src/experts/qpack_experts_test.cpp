@@ -209,6 +209,40 @@ TEST_F(QpackSource, AStepsCachedExpertsSurviveItsOwnMisses) {
   }
 }
 
+// The tiny model's 4 layers, one slot each (the cache holds one token's expert per layer), decoded
+// as Forward does: each layer prefetches its step, guesses the next layer (from the second token
+// on), then acquires. Layer l uses expert l + 1 on both tokens and every guess (expert 9) is
+// wrong. A guess may not push out the expert the next layer used on the previous token, so the
+// second token hits every layer; with room to spare (two slots a layer) the guesses are read.
+TEST_F(QpackSource, AGuessNeverEvictsWhatItsLayersLatestStepUsed) {
+  for (int per_layer : {1, 2}) {
+    QpackExpertsOptions o;
+    o.cache_bytes = size_t(4 * per_layer) * stride();
+    o.prepared_slots = 0;
+    QpackExperts src(*qc_, std::move(o));
+    ExpertWeights w[1];
+    for (int token = 0; token < 2; ++token) {
+      for (int l = 0; l < 4; ++l) {
+        int32_t e = l + 1;
+        src.prefetch(l, std::span(&e, 1));
+        if (token > 0 && l + 1 < 4) {
+          const int32_t guess = 9;
+          src.predict(l + 1, std::span(&guess, 1));
+        }
+        src.acquire(l, std::span(&e, 1), w);
+        ASSERT_EQ(blob_of(w[0]), file_bytes(l, e));
+        src.release(l);
+      }
+    }
+    const ExpertStats st = src.expert_stats();
+    EXPECT_EQ(st.misses, 4u) << per_layer << " slots a layer";
+    EXPECT_EQ(st.hits, 4u) << per_layer << " slots a layer";
+    EXPECT_EQ(st.predicted_used, 0u);
+    if (per_layer == 1) EXPECT_EQ(st.predicted, 0u) << "every slot held a layer's latest expert";
+    else EXPECT_GE(st.predicted, 3u) << "free slots take the guesses";
+  }
+}
+
 TEST_F(QpackSource, ExpertsInUseAreNotEvicted) {
   QpackExpertsOptions o;
   o.cache_bytes = 2 * stride();
