@@ -7,6 +7,7 @@
 # on a finding starts again until the time is up. Findings go to build-fz/crashes/, logs to
 # build-fz/log_<target>.<worker>.txt; the summary (executions per target, exits, corpus sizes) to
 # build-fz/summary.txt, and logs + findings as OUT_DIR/fuzz.tgz.
+# FUZZ_TARGETS (names separated by spaces) limits the campaign to some targets.
 # The routes, stream and tokenizer_encode targets read the real Qwen3 tokenizer at the path
 # compiled into them (SWIFTLET_SOURCE_DIR/tools/oracles/node_modules/...): put it there first.
 set -uo pipefail
@@ -15,7 +16,7 @@ bundle=$(realpath "$1"); secs=$2; workers=${3:-2}; out=${4:-build-fz}
 cd "$(dirname "$0")/../.."
 export LD_LIBRARY_PATH=$bundle/lib ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=0 \
        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-targets=(safetensors config qpack tokenizer_load tokenizer_encode chat_template stream routes)
+read -ra targets <<< "${FUZZ_TARGETS:-safetensors config qpack tokenizer_load tokenizer_encode chat_template stream routes}"
 mkdir -p build-fz/crashes "$out"
 end=$((SECONDS + secs))
 worker() {  # TARGET INDEX
