@@ -308,6 +308,10 @@ void QpackLayout::validate(const ModelConfig& c, const std::string& source) cons
     if (s.offset < end)
       fail("{}: section '{}' at offset {} overlaps the section before it (ends at {})", source,
            s.name, s.offset, end);
+    if (s.offset % dtype_size(s.dtype) != 0)
+      fail("{}: section '{}' starts at byte {}, not a multiple of its {}-byte {} elements (a corrupt "
+           "or hand-edited layout.json; repack the container)", source, s.name, s.offset,
+           dtype_size(s.dtype), dtype_name(s.dtype));
     end = s.offset + s.size;
   }
   if (end > expert_stride)

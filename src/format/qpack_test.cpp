@@ -115,6 +115,10 @@ TEST(QpackFormat, LayoutThatDisagreesWithConfigIsRejected) {
   EXPECT_TRUE(has(e, "up_proj.scales")) << e;
   e = err([](QpackLayout& l) { l.sections[4].offset -= 2; });
   EXPECT_TRUE(has(e, "overlaps")) << e;
+  e = err([](QpackLayout& l) { l.sections[3].offset += 2; });  // U32 words at a 2-byte boundary
+  EXPECT_TRUE(has(e, "up_proj.weight") && has(e, "not a multiple of its 4-byte U32")) << e;
+  e = err([](QpackLayout& l) { l.sections[8].offset += 1; });  // BF16 biases at an odd byte
+  EXPECT_TRUE(has(e, "down_proj.biases") && has(e, "2-byte")) << e;
   e = err([](QpackLayout& l) { l.expert_stride = 1769472 - 16384; });
   EXPECT_TRUE(has(e, "expertStride")) << e;
   e = err([](QpackLayout& l) { l.expert_stride = 1769472 + 4096; });

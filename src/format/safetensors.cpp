@@ -82,6 +82,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path, Residency mode) : file
         numel * dtype_size(t.dtype) != end - begin)
       bad(fmt::format("shape {} x {} needs {} bytes but the offsets give {}", t.shape_str(),
                       dtype_name(t.dtype), numel * dtype_size(t.dtype), end - begin));
+    // The kernels read tensors in place, as arrays of their element type.
+    if (const uint64_t at = 8 + header_len + begin; at % dtype_size(t.dtype) != 0)
+      bad(fmt::format("its data starts at byte {} of the file, not a multiple of its {}-byte {} "
+                      "elements; the safetensors library aligns every tensor: save the file again "
+                      "with it (or download it again)", at, dtype_size(t.dtype), dtype_name(t.dtype)));
     t.data = data + begin;
     t.nbytes = end - begin;
     t.file = &file_.path();

@@ -30,8 +30,10 @@ class SafetensorsTest : public ::testing::Test {
   static void dump(const std::string& p, const std::string& bytes) {
     std::ofstream(p, std::ios::binary) << bytes;
   }
-  // Replaces the JSON header of a file with `json` (keeping the data bytes).
-  static void rewrite_header(const std::string& p, const std::string& json) {
+  // Replaces the JSON header of a file with `json` (keeping the data bytes), padded with spaces to
+  // a multiple of 8 bytes as the safetensors library writes it unless `pad` is false.
+  static void rewrite_header(const std::string& p, std::string json, bool pad = true) {
+    while (pad && json.size() % 8 != 0) json.push_back(' ');
     std::string b = slurp(p);
     uint64_t len;
     std::memcpy(&len, b.data(), 8);
@@ -103,6 +105,25 @@ TEST_F(SafetensorsTest, OverlapAndBadDtype) {
   EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("Q9"), std::string::npos);
   rewrite_header(p, R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})");
   EXPECT_NE(error_of([&] { SafetensorsFile f(p); }).find("non-negative"), std::string::npos);
+}
+
+TEST_F(SafetensorsTest, TensorsOffTheirElementAlignmentAreAnError) {
+  std::string p = write_sample("m.safetensors");
+  // 8 + 55 header bytes: the tensor would start at byte 63 of the file.
+  const std::string h = R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})";
+  ASSERT_EQ(h.size(), 55u);
+  rewrite_header(p, h, /*pad=*/false);
+  std::string e = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(e.find("'a'"), std::string::npos) << e;
+  EXPECT_NE(e.find("byte 63"), std::string::npos) << e;
+  EXPECT_NE(e.find("save the file again"), std::string::npos) << e;
+  // Aligned header (54 bytes padded to 56), F32 tensor at data offset 2: byte 8 + 56 + 2.
+  rewrite_header(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})");
+  e = error_of([&] { SafetensorsFile f(p); });
+  EXPECT_NE(e.find("byte 66"), std::string::npos) << e;
+  // Single bytes fit anywhere.
+  rewrite_header(p, R"({"a":{"dtype":"U8","shape":[3],"data_offsets":[1,4]}})", /*pad=*/false);
+  EXPECT_NO_THROW(SafetensorsFile f(p));
 }
 
 TEST_F(SafetensorsTest, ShardedDirectoryWithIndex) {
