@@ -234,6 +234,11 @@ def main():
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     check_template(args.tokenizer)
+    # The checkpoint's tokenizer files go in now: the tokenizer directory may be gone by the end.
+    ck = os.path.join(args.out, "checkpoint")
+    os.makedirs(ck, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(args.tokenizer, f), ck)
     tok = Tokenizer.from_file(os.path.join(args.tokenizer, "tokenizer.json"))
     splits = {s: tokenize(tok, read_split(os.path.join(args.corpus, s + ".txt"))) for s in ("train", "val", "test")}
     for s, ids in splits.items():
@@ -329,8 +334,6 @@ def main():
 
     ck = os.path.join(args.out, "checkpoint")
     model.to(torch.bfloat16).save_pretrained(ck, max_shard_size="14MB")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(args.tokenizer, f), ck)
     with open(os.path.join(ck, "generation_config.json"), "w") as fh:
         json.dump({"bos_token_id": EOT_ID, "eos_token_id": [IM_END_ID, EOT_ID], "pad_token_id": EOT_ID,
                    "do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}, fh, indent=2)
