@@ -8,7 +8,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libicu-dev liburing-dev
       libxxhash-dev libzstd-dev libcpp-httplib-dev libcurl4-openssl-dev libreadline-dev
       libgtest-dev libgmock-dev libbenchmark-dev tmux python3 python3-numpy python3-matplotlib
-      chromium clang libclang-rt-14-dev)
+      chromium clang libclang-rt-14-dev nginx-light)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
