@@ -78,7 +78,8 @@ class Forward final : public ForwardPass {
   // logits: [N][vocab], row i equal to what run() on states[i] alone would give. Throws Error
   // (changing no state) on an empty batch, a state listed twice, a state of another model's
   // shape, a token outside the vocabulary, or with a routing observer or override set (they
-  // follow one sequence).
+  // follow one sequence). The next layers' experts are guessed (set_predict_next) only for a
+  // batch of one; a larger batch has each layer read its union when the layer routes.
   void decode_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens, std::vector<float>& logits);
 
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
