@@ -69,7 +69,65 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     if (id < 0 || id >= c_.vocab_size)
       fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
 
-  const int64_t pos0 = st.pos;
+  const SeqRows seq{&st, 0, st.pos, T};
+  layers(std::span(&seq, 1), tokens);
+  st.pos += T;
+  st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+
+  if (mode == LogitsMode::None) return;
+  const int64_t first = mode == LogitsMode::All ? std::clamp<int64_t>(from, 0, T) : T - 1;
+  const int64_t rows = T - first;
+  logits.resize(size_t(rows * c_.vocab_size));
+  if (rows == 0) return;
+  for (int64_t t = first; t < T; ++t)
+    ref::rms_norm(h_.data() + t * H, m_.weights.norm.data(), H, c_.rms_norm_eps, x_.data() + (t - first) * H);
+  const auto t0 = ProfileClock::now();
+  k_.matmul(m_.weights.lm_head, x_.data(), rows, logits.data());
+  profile_.lm_head += seconds_between(t0, ProfileClock::now());
+}
+
+void Forward::decode_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens,
+                           std::vector<float>& logits) {
+  const int64_t N = int64_t(states.size());
+  const int64_t H = c_.hidden_size;
+  if (N == 0) fail("decode_batch: the batch is empty: give at least one session state and its token");
+  if (tokens.size() != states.size())
+    fail("decode_batch: {} session states but {} tokens: give one token per state", states.size(), tokens.size());
+  if (observer_ || override_)
+    fail("decode_batch: routing observers and overrides follow one sequence: decode those sessions alone");
+  for (int64_t i = 0; i < N; ++i) {
+    const SessionState* st = states[size_t(i)];
+    if (!st) fail("decode_batch: session state {} is null", i);
+    for (int64_t j = 0; j < i; ++j)
+      if (states[size_t(j)] == st)
+        fail("decode_batch: the same session state is at places {} and {}: a sequence takes one token per step", j, i);
+    if (!st->fits(c_)) fail("decode_batch: session state {} was made for another model: create it for this one", i);
+    const int32_t id = tokens[size_t(i)];
+    if (id < 0 || id >= c_.vocab_size)
+      fail("decode_batch: token id {} (place {}) is outside the vocabulary (0..{})", id, i, c_.vocab_size - 1);
+  }
+
+  std::vector<SeqRows>& seqs = batch_seqs_;
+  seqs.clear();
+  for (int64_t i = 0; i < N; ++i) seqs.push_back({states[size_t(i)], i, states[size_t(i)]->pos, 1});
+  layers(seqs, tokens);
+  for (int64_t i = 0; i < N; ++i) {
+    SessionState& st = *states[size_t(i)];
+    st.pos += 1;
+    st.tokens.push_back(tokens[size_t(i)]);
+  }
+
+  logits.resize(size_t(N * c_.vocab_size));
+  for (int64_t t = 0; t < N; ++t)
+    ref::rms_norm(h_.data() + t * H, m_.weights.norm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
+  const auto t0 = ProfileClock::now();
+  k_.matmul(m_.weights.lm_head, x_.data(), N, logits.data());
+  profile_.lm_head += seconds_between(t0, ProfileClock::now());
+}
+
+void Forward::layers(std::span<const SeqRows> seqs, std::span<const int32_t> tokens) {
+  const int64_t T = int64_t(tokens.size());
+  const int64_t H = c_.hidden_size;
   float* h = grow(h_, size_t(T * H));
   grow(x_, size_t(T * H));
   grow(out_, size_t(T * H));
@@ -78,7 +136,7 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     layer_outputs_.assign(size_t(c_.num_layers * T * H), 0.0f);
     routes_.clear();
   }
-  rope_tables(pos0, T);
+  rope_tables(seqs, T);
 
   for (int l = 0; l < c_.num_layers; ++l) {
     const LayerWeights& lw = m_.weights.layers[size_t(l)];
@@ -86,19 +144,35 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.input_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
     auto t0 = ProfileClock::now();
-    for (int64_t s0 = 0; s0 < T; s0 += kMixerChunk) {  // in order: the KV cache and DeltaNet state advance
-      const int64_t n = std::min(kMixerChunk, T - s0);
-      const float* x = x_.data() + s0 * H;
-      float* out = out_.data() + s0 * H;
-      if (lw.linear) gated_delta_net(l, st.layers[size_t(l)], n, x, out);
-      else gated_attention(l, st.layers[size_t(l)], pos0 + s0, n, x, out);
-    }
+    // Mixer chunks of at most kMixerChunk rows, each sequence's rows in order: the KV cache and
+    // DeltaNet state advance.
+    std::vector<SeqRows>& piece = pieces_;
+    int64_t rows = 0;
+    auto flush = [&] {
+      if (piece.empty()) return;
+      if (lw.linear)
+        gated_delta_net(l, piece);
+      else
+        gated_attention(l, piece);
+      piece.clear();
+      rows = 0;
+    };
+    piece.clear();
+    for (const SeqRows& s : seqs)
+      for (int64_t o = 0; o < s.n;) {
+        if (rows == kMixerChunk) flush();
+        const int64_t n = std::min(s.n - o, kMixerChunk - rows);
+        piece.push_back({s.state, s.row0 + o, s.pos0 + o, n});
+        rows += n;
+        o += n;
+      }
+    flush();
     auto t1 = ProfileClock::now();
     (lw.linear ? profile_.delta_net : profile_.attention) += seconds_between(t0, t1);
     for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
     for (int64_t t = 0; t < T; ++t)
       ref::rms_norm(h + t * H, lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, x_.data() + t * H);
-    sparse_moe(l, pos0, tokens);
+    sparse_moe(l, tokens);
     // A prompt of many tokens routes to nearly every expert of every layer (each is missed with
     // probability ~e^-(T k / E)): start reading the next layer's now, so the reads overlap its
     // token mixer instead of waiting for its router. Only when the cache holds a whole layer:
@@ -115,19 +189,6 @@ void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode 
     for (int64_t i = 0; i < T * H; ++i) h[i] += out_[size_t(i)];
     if (capture_) std::copy(h, h + T * H, layer_outputs_.begin() + l * T * H);
   }
-  st.pos += T;
-  st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
-
-  if (mode == LogitsMode::None) return;
-  const int64_t first = mode == LogitsMode::All ? std::clamp<int64_t>(from, 0, T) : T - 1;
-  const int64_t rows = T - first;
-  logits.resize(size_t(rows * c_.vocab_size));
-  if (rows == 0) return;
-  for (int64_t t = first; t < T; ++t)
-    ref::rms_norm(h + t * H, m_.weights.norm.data(), H, c_.rms_norm_eps, x_.data() + (t - first) * H);
-  const auto t0 = ProfileClock::now();
-  k_.matmul(m_.weights.lm_head, x_.data(), rows, logits.data());
-  profile_.lm_head += seconds_between(t0, ProfileClock::now());
 }
 
 // Every activation buffer run() grows with the number of tokens (const or not).
@@ -148,28 +209,33 @@ size_t Forward::buffer_bytes() const {
   return n;
 }
 
-void Forward::rope_tables(int64_t pos0, int64_t T) {
+void Forward::rope_tables(std::span<const SeqRows> seqs, int64_t T) {
   // As transformers: inv_freq and the angle in fp32, then cos/sin (model-math.md 4.3).
   const int rot = c_.rotary_dim(), half = rot / 2;
-  rope_pos0_ = pos0;
+  int64_t* pos = grow(row_pos_, size_t(T));
+  for (const SeqRows& s : seqs)
+    for (int64_t t = 0; t < s.n; ++t) pos[s.row0 + t] = s.pos0 + t;
   float* cs = grow(cos_, size_t(T * half));
   float* sn = grow(sin_, size_t(T * half));
   for (int i = 0; i < half; ++i) {
     const float inv = 1.0f / std::pow(c_.rope_theta, float(2 * i) / float(rot));
     for (int64_t t = 0; t < T; ++t) {
-      const float angle = float(pos0 + t) * inv;
+      const float angle = float(pos[t]) * inv;
       cs[t * half + i] = std::cos(angle);
       sn[t * half + i] = std::sin(angle);
     }
   }
 }
 
-void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T, const float* x, float* out) {
+void Forward::gated_attention(int li, std::span<const SeqRows> seqs) {
   const AttentionWeights& w = m_.weights.layers[size_t(li)].attn;
   const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
   const int rot = c_.rotary_dim(), half = rot / 2;
-  const int64_t qrows = c_.q_proj_rows(), kvd = c_.kv_dim(), od = c_.attn_out_dim();
+  const int64_t H = c_.hidden_size, qrows = c_.q_proj_rows(), kvd = c_.kv_dim(), od = c_.attn_out_dim();
   const bool gated = c_.attn_output_gate;
+  const int64_t first = seqs.front().row0, T = seqs.back().row0 + seqs.back().n - first;
+  const float* x = x_.data() + first * H;
+  float* out = out_.data() + first * H;
 
   float* P = grow(proj_, size_t(T * qrows));
   float* Kp = grow(proj2_, size_t(T * kvd));
@@ -180,40 +246,57 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T, c
 
   float* q = grow(q_, size_t(T * od));
   float* gate = grow(gate_, size_t(T * od));
-  const int64_t n_pos = pos0 + T;
-  st.k.resize(size_t(n_pos * kvd));
-  st.v.resize(size_t(n_pos * kvd));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* cs = cos_.data() + (pos0 - rope_pos0_ + t) * half;
-    const float* sn = sin_.data() + (pos0 - rope_pos0_ + t) * half;
-    // q_proj rows are per head [query (hd) | gate (hd)] when gated (model-math.md 4.1).
-    for (int j = 0; j < nh; ++j) {
-      const float* src = P + t * qrows + int64_t(j) * hd * (gated ? 2 : 1);
-      float* qj = q + t * od + int64_t(j) * hd;
-      ref::rms_norm(src, w.q_norm.data(), hd, c_.rms_norm_eps, qj);
-      ref::rope_neox(qj, rot, cs, sn);
-      if (gated) std::copy(src + hd, src + 2 * hd, gate + t * od + int64_t(j) * hd);
-    }
-    float* kdst = st.k.data() + (pos0 + t) * kvd;
-    for (int j = 0; j < nkv; ++j) {
-      ref::rms_norm(Kp + t * kvd + int64_t(j) * hd, w.k_norm.data(), hd, c_.rms_norm_eps, kdst + int64_t(j) * hd);
-      ref::rope_neox(kdst + int64_t(j) * hd, rot, cs, sn);
-    }
-    std::copy(Vp + t * kvd, Vp + (t + 1) * kvd, st.v.data() + (pos0 + t) * kvd);
-  }
-
-  // Causal softmax attention, GQA: query head j reads kv head j / (nh / nkv).
   float* o = grow(core_, size_t(T * od));
-  if (fast_) {
-    attn::attend({nh, nkv, hd}, {T, pos0, q, od, st.k.data(), st.v.data(), kvd, 1.0f / std::sqrt(float(hd)), o, od});
-    if (gated) attn::sigmoid_gate(o, gate, T * od);
-    k_.matmul(w.o_proj, o, T, out);
-    return;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (const SeqRows& s : seqs) {
+    LayerState& st = s.state->layers[size_t(li)];
+    const int64_t n_pos = s.pos0 + s.n;
+    st.k.resize(size_t(n_pos * kvd));
+    st.v.resize(size_t(n_pos * kvd));
+    for (int64_t i = 0; i < s.n; ++i) {
+      const int64_t t = s.row0 - first + i;  // local row
+      const float* cs = cos_.data() + (s.row0 + i) * half;
+      const float* sn = sin_.data() + (s.row0 + i) * half;
+      // q_proj rows are per head [query (hd) | gate (hd)] when gated (model-math.md 4.1).
+      for (int j = 0; j < nh; ++j) {
+        const float* src = P + t * qrows + int64_t(j) * hd * (gated ? 2 : 1);
+        float* qj = q + t * od + int64_t(j) * hd;
+        ref::rms_norm(src, w.q_norm.data(), hd, c_.rms_norm_eps, qj);
+        ref::rope_neox(qj, rot, cs, sn);
+        if (gated) std::copy(src + hd, src + 2 * hd, gate + t * od + int64_t(j) * hd);
+      }
+      float* kdst = st.k.data() + (s.pos0 + i) * kvd;
+      for (int j = 0; j < nkv; ++j) {
+        ref::rms_norm(Kp + t * kvd + int64_t(j) * hd, w.k_norm.data(), hd, c_.rms_norm_eps, kdst + int64_t(j) * hd);
+        ref::rope_neox(kdst + int64_t(j) * hd, rot, cs, sn);
+      }
+      std::copy(Vp + t * kvd, Vp + (t + 1) * kvd, st.v.data() + (s.pos0 + i) * kvd);
+    }
+    // Causal softmax attention over this sequence's cache, GQA: query head j reads kv head j / (nh / nkv).
+    const int64_t r0 = s.row0 - first;
+    if (fast_)
+      attn::attend({nh, nkv, hd},
+                   {s.n, s.pos0, q + r0 * od, od, st.k.data(), st.v.data(), kvd, scale, o + r0 * od, od});
+    else
+      attend_scalar(st, s.pos0, s.n, q + r0 * od, o + r0 * od);
   }
-  float* sc = grow(scores_, size_t(n_pos));
+  if (gated) {
+    if (fast_)
+      attn::sigmoid_gate(o, gate, T * od);
+    else
+      for (int64_t i = 0; i < T * od; ++i) o[i] *= ref::sigmoid(gate[i]);
+  }
+  k_.matmul(w.o_proj, o, T, out);
+}
+
+// The reference backend's attention: n query rows at positions pos0.., double-precision dots.
+void Forward::attend_scalar(const LayerState& st, int64_t pos0, int64_t n_rows, const float* q, float* o) {
+  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
+  const int64_t kvd = c_.kv_dim(), od = c_.attn_out_dim();
+  float* sc = grow(scores_, size_t(pos0 + n_rows));
   const float scale = 1.0f / std::sqrt(float(hd));
   const int group = nh / nkv;
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = 0; t < n_rows; ++t) {
     const int64_t n = pos0 + t + 1;
     for (int j = 0; j < nh; ++j) {
       const float* qj = q + t * od + int64_t(j) * hd;
@@ -232,18 +315,15 @@ void Forward::gated_attention(int li, LayerState& st, int64_t pos0, int64_t T, c
         for (int d = 0; d < hd; ++d) oj[d] += sc[s] * vs[d];
       }
     }
-    if (gated)
-      for (int64_t i = 0; i < od; ++i) o[t * od + i] *= ref::sigmoid(gate[t * od + i]);
   }
-  k_.matmul(w.o_proj, o, T, out);
 }
 
-void Forward::gated_delta_net(int li, LayerState& st, int64_t T, const float* x, float* out) {
+void Forward::gated_delta_net(int li, std::span<const SeqRows> seqs) {
   const DeltaNetWeights& w = m_.weights.layers[size_t(li)].gdn;
-  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
-  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
-  const int r = hv / hk, K = c_.linear_conv_kernel_dim;
-  const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
+  const int hv = c_.linear_num_value_heads;
+  const int64_t H = c_.hidden_size, C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
+  const int64_t first = seqs.front().row0, T = seqs.back().row0 + seqs.back().n - first;
+  const float* x = x_.data() + first * H;
 
   float* mixed = grow(mixed_, size_t(T * C));
   float* z = grow(z_, size_t(T * vd));
@@ -271,12 +351,28 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T, const float* x,
     }
   }
 
-  if (fast_) {
-    delta_net_fast(w, st, T, out);
-    return;
-  }
-  float* u = grow(u_, size_t(C));
   float* core = grow(core_, size_t(T * vd));
+  for (const SeqRows& s : seqs) {
+    LayerState& st = s.state->layers[size_t(li)];
+    if (fast_)
+      delta_net_fast(w, st, s.row0 - first, s.n);
+    else
+      delta_net_reference(w, st, s.row0 - first, s.n);
+  }
+  k_.matmul(w.out_proj, core, T, out_.data() + first * H);
+}
+
+// The reference backend's DeltaNet after the input projections, token by token.
+void Forward::delta_net_reference(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t T) {
+  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
+  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
+  const int r = hv / hk, K = c_.linear_conv_kernel_dim;
+  const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
+  const float* mixed = mixed_.data() + r0 * C;
+  const float* z = z_.data() + r0 * vd;
+  const float* ba = ba_.data() + r0 * 2 * hv;
+  float* core = core_.data() + r0 * vd;
+  float* u = grow(u_, size_t(C));
   float* m = grow(tmp_, size_t(2 * dv));
   float* delta = m + dv;
   const float q_scale = 1.0f / std::sqrt(float(dk));
@@ -328,17 +424,16 @@ void Forward::gated_delta_net(int li, LayerState& st, int64_t T, const float* x,
       for (int j = 0; j < dv; ++j) o[j] *= ref::silu(zh[j]);
     }
   }
-  k_.matmul(w.out_proj, core, T, out);
 }
 
 // The fast backends' DeltaNet after the input projections: the conv and norms vectorised, the
 // delta rule fused per token for decode and in chunks of 64 (WY/UT form, model-math.md 5.5) for prefill.
-void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T, float* out) {
+void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t T) {
   const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
   const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
   const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
-  float* mixed = mixed_.data();  // [T][C] q, k, v; after the conv (in place) u
-  float* ba = ba_.data();        // [T][2 hv] b, a; in place -> beta, g (model-math.md 5.3)
+  float* mixed = mixed_.data() + r0 * C;  // [T][C] q, k, v; after the conv (in place) u
+  float* ba = ba_.data() + r0 * 2 * hv;   // [T][2 hv] b, a; in place -> beta, g (model-math.md 5.3)
   gdn::conv_silu(mixed, T, C, w.conv1d.data(), c_.linear_conv_kernel_dim, st.conv.data());
   const float q_scale = 1.0f / std::sqrt(float(dk));
   for (int64_t t = 0; t < T; ++t) {
@@ -351,7 +446,7 @@ void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T
       b[h] = ref::sigmoid(b[h]);
     }
   }
-  float* core = grow(core_, size_t(T * vd));
+  float* core = core_.data() + r0 * vd;
   gdn::DeltaBatch db;
   db.T = T;
   db.q = mixed;
@@ -369,11 +464,10 @@ void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T
   if (chunked_prefill_ && T >= 4) gdn::delta_rule_chunked(shape, db, st.ssm.data());
   else gdn::delta_rule_recurrent(shape, db, st.ssm.data());
   for (int64_t t = 0; t < T; ++t)
-    gdn::gated_rms_norm(core + t * vd, z_.data() + t * vd, w.norm.data(), hv, dv, c_.rms_norm_eps);
-  k_.matmul(w.out_proj, core, T, out);
+    gdn::gated_rms_norm(core + t * vd, z_.data() + (r0 + t) * vd, w.norm.data(), hv, dv, c_.rms_norm_eps);
 }
 
-void Forward::sparse_moe(int li, int64_t pos0, std::span<const int32_t> tokens) {
+void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   const int64_t T = int64_t(tokens.size());
   const MoeDenseWeights& w = m_.weights.layers[size_t(li)].moe;
   const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
@@ -394,11 +488,12 @@ void Forward::sparse_moe(int li, int64_t pos0, std::span<const int32_t> tokens) 
     ref::softmax(p, E);
     std::iota(order.begin(), order.end(), 0);
     if (override_) {
-      override_->route(li, pos0 + t, std::span(order).first(size_t(top_k)));
+      override_->route(li, row_pos_[size_t(t)], std::span(order).first(size_t(top_k)));
       for (int i = 0; i < top_k; ++i) {
         const int32_t e = order[size_t(i)];
         if (e < 0 || e >= E || std::count(order.begin(), order.begin() + i, e))
-          fail("routing override: expert {} for layer {} position {} is out of range or repeated", e, li, pos0 + t);
+          fail("routing override: expert {} for layer {} position {} is out of range or repeated", e, li,
+               row_pos_[size_t(t)]);
       }
     } else {
       std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
@@ -415,10 +510,12 @@ void Forward::sparse_moe(int li, int64_t pos0, std::span<const int32_t> tokens) 
         chosen_w[t * top_k + i] = wgt;
       }
     }
-    if (capture_) routes_.push_back({li, pos0 + t, std::vector<int32_t>(order.begin(), order.begin() + top_k)});
+    if (capture_)
+      routes_.push_back({li, row_pos_[size_t(t)], std::vector<int32_t>(order.begin(), order.begin() + top_k)});
   }
   if (observer_)
-    observer_->routed(li, pos0, tokens, std::span(chosen, size_t(T * top_k)), std::span(chosen_w, size_t(T * top_k)));
+    observer_->routed(li, row_pos_[0], tokens, std::span(chosen, size_t(T * top_k)),
+                      std::span(chosen_w, size_t(T * top_k)));
 
   // The experts the chunk needs, known now: the source starts reading the missing ones, which
   // overlaps the shared expert and the cached experts computed meanwhile.
@@ -426,7 +523,7 @@ void Forward::sparse_moe(int li, int64_t pos0, std::span<const int32_t> tokens) 
   ids.clear();
   for (const auto& [e, list] : by_expert) ids.push_back(e);
   m_.experts->prefetch(li, ids);
-  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions()) predict_next_layer(li, pos0, ids);
+  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions()) predict_next_layer(li, row_pos_[0], ids);
 
   // Shared expert with its sigmoid gate, written first; routed experts accumulate on top.
   float* sh = grow(shared_h_, size_t(T * SI));

@@ -72,6 +72,16 @@ class Forward final : public ForwardPass {
   void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
            std::vector<float>& logits, int64_t from = 0) override;
 
+  // One decode step of several sequences together: tokens[i] continues states[i]. Each dense
+  // product reads its weights once for all the sequences, each routed expert is acquired once
+  // for the sequences that chose it; attention and DeltaNet run on each sequence's own state.
+  // logits: [N][vocab], row i equal to what run() on states[i] alone would give. Throws Error
+  // (changing no state) on an empty batch, a state listed twice, a state of another model's
+  // shape, a token outside the vocabulary, or with a routing observer or override set (they
+  // follow one sequence). The next layers' experts are guessed (set_predict_next) only for a
+  // batch of one; a larger batch has each layer read its union when the layer routes.
+  void decode_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens, std::vector<float>& logits);
+
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
   // run, and the experts chosen.
   void set_capture(bool on) { capture_ = on; }
@@ -120,12 +130,26 @@ class Forward final : public ForwardPass {
   size_t buffer_bytes() const override;
 
  private:
-  // The token mixers over T tokens at positions pos0.. : input rows x ([T][H]), output rows out.
-  void gated_attention(int layer, LayerState& st, int64_t pos0, int64_t T, const float* x, float* out);
-  void gated_delta_net(int layer, LayerState& st, int64_t T, const float* x, float* out);
-  void delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t T, float* out);
-  void sparse_moe(int layer, int64_t pos0, std::span<const int32_t> tokens);
-  void rope_tables(int64_t pos0, int64_t T);
+  // Rows row0 .. row0 + n - 1 of a call continue `state` at positions pos0 .. pos0 + n - 1:
+  // a prompt is one such run of rows, a decode batch one per sequence.
+  struct SeqRows {
+    SessionState* state;
+    int64_t row0, pos0, n;
+  };
+  // Embeds `tokens` (one per row of `seqs`) and runs every layer; h_ holds the final residual
+  // stream. Advances no state's pos.
+  void layers(std::span<const SeqRows> seqs, std::span<const int32_t> tokens);
+  // The token mixers over consecutive rows (at most kMixerChunk) split among sequences:
+  // input rows x_, output rows out_, from row seqs.front().row0 on.
+  void gated_attention(int layer, std::span<const SeqRows> seqs);
+  void gated_delta_net(int layer, std::span<const SeqRows> seqs);
+  // The reference backend's attention of n query rows at positions pos0.. over st's cache.
+  void attend_scalar(const LayerState& st, int64_t pos0, int64_t n, const float* q, float* o);
+  // One sequence's DeltaNet after the projections, on local rows r0 .. r0 + n - 1 of the buffers.
+  void delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t n);
+  void delta_net_reference(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t n);
+  void sparse_moe(int layer, std::span<const int32_t> tokens);
+  void rope_tables(std::span<const SeqRows> seqs, int64_t T);
   void predict_next_layer(int layer, int64_t pos, std::span<const int32_t> actual);
   template <typename Self>
   static auto buffers_of(Self& f);
@@ -158,8 +182,10 @@ class Forward final : public ForwardPass {
   std::vector<float> gate_;     // [T][attn_out_dim] attention output gate
   std::vector<float> q_;        // [T][attn_out_dim] normed, roped queries
   std::vector<float> scores_;   // [positions]
-  std::vector<float> cos_, sin_;  // [T][rotary_dim / 2] for positions rope_pos0_..
-  int64_t rope_pos0_ = 0;
+  std::vector<float> cos_, sin_;     // [T][rotary_dim / 2] at each row's position
+  std::vector<int64_t> row_pos_;     // [T] each row's position
+  std::vector<SeqRows> pieces_;      // a mixer chunk's rows, per sequence
+  std::vector<SeqRows> batch_seqs_;  // decode_batch: one row per sequence
   std::vector<float> u_;        // [conv_dim] one token after conv + SiLU
   std::vector<float> tmp_;      // [max dim] scratch
   std::vector<float> router_;   // [T][experts]

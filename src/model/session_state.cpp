@@ -63,6 +63,21 @@ void SessionState::restore(const StateSnapshot& s) {
   tokens.resize(size_t(s.pos));
 }
 
+bool SessionState::fits(const ModelConfig& c) const {
+  if (layers.size() != size_t(c.num_layers) || tokens.size() != size_t(pos)) return false;
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerState& l = layers[size_t(i)];
+    if (c.is_linear_layer(i)) {
+      if (l.conv.size() != size_t((c.linear_conv_kernel_dim - 1) * c.conv_dim()) ||
+          l.ssm.size() != size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim)
+        return false;
+    } else if (l.k.size() != size_t(pos * c.kv_dim()) || l.v.size() != l.k.size()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 size_t SessionState::bytes() const {
   size_t n = tokens.size() * sizeof(int32_t);
   for (const auto& l : layers) n += (l.k.size() + l.v.size() + l.conv.size() + l.ssm.size()) * 4;

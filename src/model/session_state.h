@@ -40,6 +40,9 @@ struct SessionState {
   // to snap.pos): restores the DeltaNet states and cuts the KV cache and token list back.
   void restore(const StateSnapshot& snap);
   size_t bytes() const;
+  // Whether this state has the shape `create(cfg)` gives, its KV cache holding pos positions
+  // (false for a state of another model's shape, or one whose caches live elsewhere).
+  bool fits(const ModelConfig& cfg) const;
 };
 
 }  // namespace swiftlet
