@@ -109,7 +109,6 @@ void op_breakdown(const ModelConfig& c, double ms_per_token) {
       {"attn_prep", La,
        [&] { cu::attn_prep(a, b, b, w, w, nh, nkv, hd, true, c.rotary_dim(), 0, pos, 1e7f, 1e-6f, st, st, a, b); }},
       {"attention_decode n=100", La, [&] { cu::attention_decode_at(a, b, b, 0, pos, nh, nkv, hd, 0.06f, w, st); }},
-      {"unpack_deltanet", Ll, [&] { cu::unpack_deltanet_grouped(a, b, hk, hv / hk, dk, dv, st, w, st, st); }},
       {"conv1d_silu_step", Ll, [&] { cu::conv1d_silu_step(a, w, b, C, c.linear_conv_kernel_dim, st); }},
       {"l2_norm_qk", Ll, [&] { cu::l2_norm_qk(a, hk, dk, 1e-6f, 0.1f); }},
       {"delta_rule_step", Ll, [&] { cu::delta_rule_step(a, a, a, w, w, w, w, st, hk, hv, dk, dv, b); }},

@@ -1,7 +1,8 @@
 // The checkpoint-directory source of swiftlet-repack: a Hugging Face checkpoint (bf16, any of the
 // three expert layouts, single file or sharded) is quantised to MLX affine; an MLX-quantised one
 // is copied byte for byte, every tensor as stored (quantised or float, at whatever bits and group
-// size each module has). Tensors are renamed to MLX names and conventions (docs/qpack.md 4).
+// size each module has). Tensors are renamed to MLX names and conventions (docs/qpack.md 4), and
+// Qwen3-Next's fused DeltaNet inputs get their rows in the split order (docs/qpack.md 2).
 #include "convert/repack.h"
 
 #include "core/error.h"
@@ -81,6 +82,26 @@ TensorBytes view_bytes(const void* p, size_t n) {
   b.ptr = static_cast<const uint8_t*>(p);
   b.size = n;
   return b;
+}
+
+// Makes `it` write its rows in `order` (row i of each tensor from row order[i] of what it produced):
+// Qwen3-Next's fused DeltaNet inputs go into the container Split (DeltaNetLayout). Every tensor of a
+// Linear (weight, scales, biases) has one row per output, and quantisation works within a row, so
+// quantised rows move whole and the result equals quantising the reordered matrix.
+void split_rows(ResidentItem& it, std::vector<int64_t> order) {
+  it.produce = [inner = std::move(it.produce), order = std::move(order)] {
+    std::vector<TensorBytes> out = inner();
+    for (TensorBytes& t : out) {
+      const size_t row = t.nbytes() / order.size();
+      SWIFTLET_CHECK(row * order.size() == t.nbytes(), "a fused input's rows do not divide its bytes");
+      TensorBytes p;
+      p.owned.resize(t.nbytes());
+      for (size_t i = 0; i < order.size(); ++i)
+        std::memcpy(p.owned.data() + i * row, t.data() + size_t(order[i]) * row, row);
+      t = std::move(p);
+    }
+    return out;
+  };
 }
 
 const char* kCopiedFiles[] = {"tokenizer.json",         "tokenizer.json.zst",    "tokenizer_config.json", "chat_template.jinja",
@@ -173,7 +194,10 @@ class CheckpointSource : public RepackSource {
     for_each_dense_tensor(config_, dst_names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { dst.push_back(s); });
     SWIFTLET_CHECK(src.size() == dst.size(), "tensor tables differ");
     overrides_.clear();
-    for (size_t i = 0; i < src.size(); ++i) items.push_back(resident_item(src[i], dst[i]));
+    for (size_t i = 0; i < src.size(); ++i) {
+      items.push_back(resident_item(src[i], dst[i]));
+      if (src[i].fused != FusedInput::None) split_rows(items.back(), split_row_order(config_, src[i].fused));
+    }
     return items;
   }
 

@@ -74,17 +74,12 @@ void GpuForward::gated_delta_net(int l) {
   float* b = ba_;
   float* a = ba_ + hv;
   const float* in_norm = g_->layers[size_t(l)].in_norm;
-  const bool grouped = c_.family == Family::Qwen3Next;
-  if (grouped)
-    project({{w.qkvz, p1_}, {w.ba, p2_}}, h_, in_norm);
-  else
-    project({{w.qkv, mixed_}, {w.z, z_}, {w.b, b}, {w.a, a}}, h_, in_norm);
+  project({{w.qkv, mixed_}, {w.z, z_}, {w.b, b}, {w.a, a}}, h_, in_norm);
   mark("gdn: norm + projections");
   // The conv, the q/k L2 norms, the delta rule and the gated norm.
-  const cu::DeltaNetIn in = grouped ? cu::DeltaNetIn{true, p1_, nullptr, p2_, nullptr}
-                                    : cu::DeltaNetIn{false, mixed_, z_, b, a};
+  const cu::DeltaNetIn in{mixed_, z_, b, a};
   cu::deltanet_decode(in, w.conv, d.conv, w.A_log, w.dt_bias, d.ssm, w.norm, 1e-6f, 1.0f / std::sqrt(float(dk)),
-                      c_.rms_norm_eps, hk, hv, dk, dv, c_.linear_conv_kernel_dim, {mixed_, u_, z_, b, a}, core_, s_,
+                      c_.rms_norm_eps, hk, hv, dk, dv, c_.linear_conv_kernel_dim, {u_}, core_, s_,
                       /*state_early=*/true);  // the predecessor: the projections above
   mark("gdn: conv, l2, delta rule + gated norm");
   project({{w.out, h_, true}}, core_, nullptr);  // h += out_proj(core)

@@ -27,8 +27,8 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g, bool profile) : g_(std::move
   group_done_ = cu::event_create();
   h_ = buf(size_t(H));
   x_ = buf(size_t(H));
-  p1_ = buf(size_t(std::max({c.q_proj_rows(), 2 * c.linear_key_dim() + 2 * vd, C})));
-  p2_ = buf(size_t(std::max(kvd, 2 * hv)));
+  p1_ = buf(size_t(c.q_proj_rows()));
+  p2_ = buf(size_t(kvd));
   p3_ = buf(size_t(kvd));
   mixed_ = buf(size_t(C));
   u_ = buf(size_t(C));

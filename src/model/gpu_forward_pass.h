@@ -98,8 +98,8 @@ class GpuForward final : public ForwardPass {
   std::vector<void*> bufs_;
   float* h_;                     // [H] residual stream
   float* x_;                     // [H] normed block input
-  float* p1_;                    // [max(q_proj_rows, qkvz rows, conv_dim)]
-  float* p2_;                    // [max(kv_dim, 2 hv)]
+  float* p1_;                    // [q_proj_rows]
+  float* p2_;                    // [kv_dim]
   float* p3_;                    // [kv_dim]
   float* mixed_;                 // [conv_dim]
   float* u_;                     // [conv_dim]

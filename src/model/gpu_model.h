@@ -44,7 +44,7 @@ class GpuModel {
     float *q_norm = nullptr, *k_norm = nullptr;
   };
   struct Gdn {
-    cu::GpuMatrix qkvz, ba, qkv, z, b, a, out;
+    cu::GpuMatrix qkv, z, b, a, out;
     float *conv = nullptr, *A_log = nullptr, *dt_bias = nullptr, *norm = nullptr;
   };
   struct Layer {

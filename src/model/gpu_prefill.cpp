@@ -27,10 +27,9 @@ bool GpuForward::grow_batch(int64_t T) {
   const size_t SI = size_t(c.shared_expert_intermediate_size), C = size_t(c.conv_dim());
   const size_t vd = size_t(c.linear_value_dim()), hv = size_t(c.linear_num_value_heads), kvd = size_t(c.kv_dim());
   const size_t ao = size_t(c.attn_out_dim());
-  const size_t p1 = size_t(std::max({c.q_proj_rows(), 2 * c.linear_key_dim() + 2 * c.linear_value_dim(), c.conv_dim()}));
   // Carve one allocation: (pointer, floats per token) in order, each part 256-byte aligned.
   std::vector<std::pair<float**, size_t>> parts = {
-      {&batch_.h, H},   {&batch_.x, H},      {&batch_.p1, p1},   {&batch_.p2, std::max(kvd, 2 * hv)},
+      {&batch_.h, H},   {&batch_.x, H},      {&batch_.p1, size_t(c.q_proj_rows())}, {&batch_.p2, kvd},
       {&batch_.p3, kvd}, {&batch_.mixed, C}, {&batch_.u, C},     {&batch_.z, vd},
       {&batch_.b, hv},  {&batch_.a, hv},     {&batch_.q, ao},    {&batch_.gate, ao},
       {&batch_.core, std::max(ao, vd)},      {&batch_.router, E}, {&batch_.w, k},
@@ -112,22 +111,14 @@ void GpuForward::prefill_delta_net(int l, int64_t T) {
   const float q_scale = 1.0f / std::sqrt(float(dk));
   Batch& B = batch_;
   cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
-  if (c_.family == Family::Qwen3Next) {
-    // matmul writes rows of its matrix's width: token t's qkvz at p1 + t qkvz.rows, and so on.
-    cu::matmul(w.qkvz, B.x, T, B.p1, s_);
-    cu::matmul(w.ba, B.x, T, B.p2, s_);
-    mark("prompt gdn: norm + qkvz, ba");
-    cu::deltanet_prep_grouped_rows(B.p1, w.qkvz.rows, B.p2, w.ba.rows, w.conv, d.conv, hk, hv / hk, dk, dv, K, 1e-6f,
-                                   q_scale, T, B.mixed, B.u, B.z, B.b, B.a, s_);
-  } else {
-    cu::matmul(w.qkv, B.x, T, B.mixed, s_);
-    cu::matmul(w.z, B.x, T, B.z, s_);
-    cu::matmul(w.b, B.x, T, B.b, s_);
-    cu::matmul(w.a, B.x, T, B.a, s_);
-    cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
-    cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
-  }
-  mark("prompt gdn: unpack, conv, l2");
+  cu::matmul(w.qkv, B.x, T, B.mixed, s_);
+  cu::matmul(w.z, B.x, T, B.z, s_);
+  cu::matmul(w.b, B.x, T, B.b, s_);
+  cu::matmul(w.a, B.x, T, B.a, s_);
+  mark("prompt gdn: norm + qkv, z, b, a");
+  cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
+  cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
+  mark("prompt gdn: conv, l2");
   // The delta rule over the tokens in order, the state held on chip; then the gated norm.
   cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
                            c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, s_);

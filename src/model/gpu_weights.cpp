@@ -41,9 +41,8 @@ GpuModel::GpuModel(const Model& model, const GpuOptions& o) : m(model), c(model.
     l.post_norm = up(lw.post_attention_layernorm);
     if (lw.linear) {
       const DeltaNetWeights& g = lw.gdn;
-      l.gdn = {up(g.in_proj_qkvz), up(g.in_proj_ba), up(g.in_proj_qkv), up(g.in_proj_z),
-               up(g.in_proj_b),    up(g.in_proj_a),  up(g.out_proj),    up(g.conv1d),
-               up(g.A_log),        up(g.dt_bias),    up(g.norm)};
+      l.gdn = {up(g.in_proj_qkv), up(g.in_proj_z),  up(g.in_proj_b), up(g.in_proj_a), up(g.out_proj),
+               up(g.conv1d),      up(g.A_log),      up(g.dt_bias),  up(g.norm)};
     } else {
       const AttentionWeights& a = lw.attn;
       l.attn = {up(a.q_proj), up(a.k_proj), up(a.v_proj), up(a.o_proj), up(a.q_norm), up(a.k_norm)};

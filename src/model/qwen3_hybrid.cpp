@@ -29,32 +29,6 @@ T* grow(std::vector<T>& v, size_t n) {
 }
 }  // namespace
 
-void unpack_qkvz_grouped(const ModelConfig& c, const float* p, float* mixed, float* z) {
-  const int hk = c.linear_num_key_heads, r = c.linear_num_value_heads / hk;
-  const int dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
-  const int64_t kd = c.linear_key_dim();
-  const int64_t group = 2 * dk + 2 * int64_t(r) * dv;
-  float* q = mixed;
-  float* k = mixed + kd;
-  float* v = mixed + 2 * kd;
-  for (int g = 0; g < hk; ++g) {
-    const float* src = p + g * group;
-    std::memcpy(q + g * dk, src, sizeof(float) * size_t(dk));
-    std::memcpy(k + g * dk, src + dk, sizeof(float) * size_t(dk));
-    std::memcpy(v + int64_t(g) * r * dv, src + 2 * dk, sizeof(float) * size_t(r * dv));
-    std::memcpy(z + int64_t(g) * r * dv, src + 2 * dk + r * dv, sizeof(float) * size_t(r * dv));
-  }
-}
-
-void unpack_ba_grouped(const ModelConfig& c, const float* ba, float* b, float* a) {
-  const int hk = c.linear_num_key_heads, r = c.linear_num_value_heads / hk;
-  for (int g = 0; g < hk; ++g)
-    for (int i = 0; i < r; ++i) {
-      b[g * r + i] = ba[g * 2 * r + i];
-      a[g * r + i] = ba[g * 2 * r + r + i];
-    }
-}
-
 Forward::Forward(const Model& m, Backend backend)
     : m_(m), c_(m.config), k_(kernels_for(backend)), fast_(backend != Backend::Reference) {}
 
@@ -328,27 +302,15 @@ void Forward::gated_delta_net(int li, std::span<const SeqRows> seqs) {
   float* mixed = grow(mixed_, size_t(T * C));
   float* z = grow(z_, size_t(T * vd));
   float* ba = grow(ba_, size_t(T * 2 * hv));  // per token: b[hv] then a[hv]
-  if (c_.family == Family::Qwen3Next) {
-    const int64_t prow = 2 * kd + 2 * vd;
-    float* P = grow(proj_, size_t(T * prow));
-    float* R = grow(proj2_, size_t(T * 2 * hv));
-    k_.matmul(w.in_proj_qkvz, x, T, P);
-    k_.matmul(w.in_proj_ba, x, T, R);
-    for (int64_t t = 0; t < T; ++t) {
-      unpack_qkvz_grouped(c_, P + t * prow, mixed + t * C, z + t * vd);
-      unpack_ba_grouped(c_, R + t * 2 * hv, ba + t * 2 * hv, ba + t * 2 * hv + hv);
-    }
-  } else {
-    float* B = grow(proj2_, size_t(T * hv));
-    float* A = grow(proj3_, size_t(T * hv));
-    k_.matmul(w.in_proj_qkv, x, T, mixed);
-    k_.matmul(w.in_proj_z, x, T, z);
-    k_.matmul(w.in_proj_b, x, T, B);
-    k_.matmul(w.in_proj_a, x, T, A);
-    for (int64_t t = 0; t < T; ++t) {
-      std::copy(B + t * hv, B + (t + 1) * hv, ba + t * 2 * hv);
-      std::copy(A + t * hv, A + (t + 1) * hv, ba + t * 2 * hv + hv);
-    }
+  float* B = grow(proj2_, size_t(T * hv));
+  float* A = grow(proj3_, size_t(T * hv));
+  k_.matmul(w.in_proj_qkv, x, T, mixed);
+  k_.matmul(w.in_proj_z, x, T, z);
+  k_.matmul(w.in_proj_b, x, T, B);
+  k_.matmul(w.in_proj_a, x, T, A);
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(B + t * hv, B + (t + 1) * hv, ba + t * 2 * hv);
+    std::copy(A + t * hv, A + (t + 1) * hv, ba + t * 2 * hv + hv);
   }
 
   float* core = grow(core_, size_t(T * vd));

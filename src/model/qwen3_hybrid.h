@@ -1,8 +1,8 @@
 // The forward pass of the Qwen3-Next / Qwen3.5-MoE hybrid decoder (model-math.md section 2):
 // per layer  a = RMSNorm1p(h); h += Mixer(a); b = RMSNorm1p(h); h += MoE(b)
 // where Mixer is gated attention (every 4th layer) or a Gated DeltaNet.
-// Both families share this file: they differ only in tensor names and in how the DeltaNet
-// input projections are laid out (unpack_qkvz_grouped below).
+// Both families run this same code: they differ only in tensor names, Qwen3-Next's fused DeltaNet
+// inputs being reordered into Qwen3.5's split layout when they are loaded (load_dense_weights).
 #pragma once
 
 #include "format/hf_config.h"
@@ -172,9 +172,9 @@ class Forward final : public ForwardPass {
   std::vector<float> h_;        // [T][H] residual stream
   std::vector<float> x_;        // [T][H] normed block input
   std::vector<float> out_;      // [T][H] block output
-  std::vector<float> proj_;     // [T][q_proj_rows or qkvz rows]
-  std::vector<float> proj2_;    // [T][kv_dim or ba rows]
-  std::vector<float> proj3_;    // [T][kv_dim]
+  std::vector<float> proj_;     // [T][q_proj_rows]
+  std::vector<float> proj2_;    // [T][kv_dim or value heads]
+  std::vector<float> proj3_;    // [T][kv_dim or value heads]
   std::vector<float> mixed_;    // [T][conv_dim] DeltaNet q,k,v before the conv
   std::vector<float> z_;        // [T][value_dim]
   std::vector<float> ba_;       // [T][2 * value_heads]: b then a
@@ -202,11 +202,5 @@ class Forward final : public ForwardPass {
   PredictionStats prediction_;
   Profile profile_;
 };
-
-// Qwen3-Next packs in_proj_qkvz per key head g as [q_g | k_g | v (r heads) | z (r heads)] and
-// in_proj_ba as [b (r) | a (r)] (model-math.md 5.1). These unpack one token's projections into
-// the canonical order: mixed = [q all heads | k all | v all], z, b, a.
-void unpack_qkvz_grouped(const ModelConfig& c, const float* qkvz, float* mixed, float* z);
-void unpack_ba_grouped(const ModelConfig& c, const float* ba, float* b, float* a);
 
 }  // namespace swiftlet

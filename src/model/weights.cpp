@@ -5,6 +5,8 @@
 
 #include <fmt/ranges.h>
 
+#include <cstring>
+
 namespace swiftlet {
 
 NameScheme NameScheme::hf(const ModelConfig& c) {
@@ -138,15 +140,62 @@ std::vector<float> read_vector(const TensorView& t, int64_t n) {
   return v;
 }
 
+// A copy of m with row i taken from row order[i] (quantised rows move whole, with their scales
+// and biases), its bytes kept alive by `owned`.
+QMatrix gather_rows(const QMatrix& m, const std::vector<int64_t>& order,
+                    std::vector<std::shared_ptr<const std::vector<uint8_t>>>& owned) {
+  const size_t rb = m.row_bytes(), sb = m.scale_row_bytes(), n = order.size();
+  auto buf = std::make_shared<std::vector<uint8_t>>(n * (rb + 2 * sb));
+  auto gather = [&](const void* src, size_t row, uint8_t* dst) {
+    for (size_t i = 0; i < n; ++i)
+      std::memcpy(dst + i * row, static_cast<const uint8_t*>(src) + size_t(order[i]) * row, row);
+  };
+  QMatrix out = m;
+  out.rows = int64_t(n);
+  gather(m.data, rb, buf->data());
+  out.data = buf->data();
+  if (m.format == WeightFormat::Affine) {
+    gather(m.scales, sb, buf->data() + n * rb);
+    gather(m.biases, sb, buf->data() + n * (rb + sb));
+    out.scales = buf->data() + n * rb;
+    out.biases = buf->data() + n * (rb + sb);
+  }
+  owned.push_back(std::move(buf));
+  return out;
+}
+
 }  // namespace
 
-ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n) {
+std::vector<int64_t> split_row_order(const ModelConfig& c, FusedInput which) {
+  const int64_t hk = c.linear_num_key_heads, r = c.linear_num_value_heads / hk;
+  const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  std::vector<int64_t> order;
+  if (which == FusedInput::Qkvz) {
+    const int64_t group = 2 * dk + 2 * r * dv;  // one key head's rows: q_g, k_g, v, z
+    for (int64_t part = 0; part < 2; ++part)     // q, then k
+      for (int64_t g = 0; g < hk; ++g)
+        for (int64_t i = 0; i < dk; ++i) order.push_back(g * group + part * dk + i);
+    for (int64_t part = 0; part < 2; ++part)  // v, then z
+      for (int64_t g = 0; g < hk; ++g)
+        for (int64_t i = 0; i < r * dv; ++i) order.push_back(g * group + 2 * dk + part * r * dv + i);
+  } else if (which == FusedInput::Ba) {
+    for (int64_t part = 0; part < 2; ++part)  // b, then a
+      for (int64_t g = 0; g < hk; ++g)
+        for (int64_t j = 0; j < r; ++j) order.push_back(g * 2 * r + part * r + j);
+  }
+  return order;
+}
+
+ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n,
+                                DeltaNetLayout stored) {
   const bool shifted = norms_hold_one_plus_w(ts, c, n);
   ModelWeights w;
   for_each_dense_tensor(c, n, w, [&](const DenseTensorSpec& spec, QMatrix* m, std::vector<float>* v) {
     switch (spec.kind) {
       case TensorKind::Linear:
         *m = view_linear(ts, spec.name, spec.rows, spec.cols, c.quant);
+        if (spec.fused != FusedInput::None && stored == DeltaNetLayout::Grouped)
+          *m = gather_rows(*m, split_row_order(c, spec.fused), w.owned);
         return;
       case TensorKind::Vector:
         *v = read_vector(ts.get(spec.name), spec.rows);
@@ -168,6 +217,16 @@ ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const
       }
     }
   });
+  const int64_t C = c.conv_dim(), vd = c.linear_value_dim(), hv = c.linear_num_value_heads;
+  for (LayerWeights& l : w.layers) {
+    DeltaNetWeights& g = l.gdn;
+    if (!g.in_proj_qkvz.empty()) {  // fused inputs, Split by now: the four are row ranges
+      g.in_proj_qkv = g.in_proj_qkvz.row_slice(0, C);
+      g.in_proj_z = g.in_proj_qkvz.row_slice(C, vd);
+      g.in_proj_b = g.in_proj_ba.row_slice(0, hv);
+      g.in_proj_a = g.in_proj_ba.row_slice(hv, hv);
+    }
+  }
   return w;
 }
 

@@ -6,6 +6,7 @@
 #include "format/hf_config.h"
 #include "core/qmatrix.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,12 +34,16 @@ enum class TensorKind {
   Conv,             // depthwise conv1d weight [channels, 1, kernel] (HF) or [channels, kernel, 1] (MLX)
 };
 
+// Qwen3-Next's fused DeltaNet inputs, whose rows a Grouped checkpoint orders per key head.
+enum class FusedInput { None, Qkvz, Ba };
+
 struct DenseTensorSpec {
   std::string name;  // module path (Linear) or full tensor name (others)
   TensorKind kind;
   int64_t rows;      // Linear: out features; Vector/Norm: length; Conv: channels
   int64_t cols;      // Linear: in features; Conv: kernel size; else 1
   bool embedding = false;  // the token embedding (quantised like a Linear, read by row)
+  FusedInput fused = FusedInput::None;
 };
 
 struct AttentionWeights {
@@ -47,8 +52,11 @@ struct AttentionWeights {
 };
 
 struct DeltaNetWeights {
-  QMatrix in_proj_qkvz, in_proj_ba;                        // Qwen3-Next: grouped per key head
-  QMatrix in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;    // Qwen3.5: split, heads contiguous
+  // Qwen3-Next's stored tensors, rows in the Split order ([q | k | v | z], [b | a]) once loaded.
+  QMatrix in_proj_qkvz, in_proj_ba;
+  // What the forward passes read, heads contiguous: Qwen3.5's own tensors, or Qwen3-Next's row
+  // ranges of the two above.
+  QMatrix in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;
   QMatrix out_proj;
   std::vector<float> conv1d;  // [conv_dim][kernel]
   std::vector<float> A_log, dt_bias;  // [value_heads]
@@ -74,6 +82,8 @@ struct ModelWeights {
   QMatrix lm_head;  // equals embed_tokens when tied
   std::vector<float> norm;
   std::vector<LayerWeights> layers;
+  // Memory the weights above point into besides the mapped file: rows reordered at load.
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned;
 };
 
 // Calls f(spec, QMatrix* or nullptr, std::vector<float>* or nullptr) for every resident tensor,
@@ -94,8 +104,9 @@ void for_each_dense_tensor(const ModelConfig& c, const NameScheme& n, ModelWeigh
       DeltaNetWeights& g = l.gdn;
       const int64_t kd = c.linear_key_dim(), vd = c.linear_value_dim(), hv = c.linear_num_value_heads;
       if (c.family == Family::Qwen3Next) {
-        f(DenseTensorSpec{a + "in_proj_qkvz", K::Linear, 2 * kd + 2 * vd, H}, &g.in_proj_qkvz, nullptr);
-        f(DenseTensorSpec{a + "in_proj_ba", K::Linear, 2 * hv, H}, &g.in_proj_ba, nullptr);
+        f(DenseTensorSpec{a + "in_proj_qkvz", K::Linear, 2 * kd + 2 * vd, H, false, FusedInput::Qkvz},
+          &g.in_proj_qkvz, nullptr);
+        f(DenseTensorSpec{a + "in_proj_ba", K::Linear, 2 * hv, H, false, FusedInput::Ba}, &g.in_proj_ba, nullptr);
       } else {
         f(DenseTensorSpec{a + "in_proj_qkv", K::Linear, c.conv_dim(), H}, &g.in_proj_qkv, nullptr);
         f(DenseTensorSpec{a + "in_proj_z", K::Linear, vd, H}, &g.in_proj_z, nullptr);
@@ -146,7 +157,13 @@ QMatrix view_linear(const TensorSet& ts, const std::string& path, int64_t rows, 
 // as mlx-lm does, by the conv1d weight being in MLX layout [C, K, 1]).
 bool norms_hold_one_plus_w(const TensorSet& ts, const ModelConfig& c, const NameScheme& n);
 
+// Row i of a fused input in the Split order is row split_row_order(c, which)[i] of the Grouped one.
+std::vector<int64_t> split_row_order(const ModelConfig& c, FusedInput which);
+
 // Loads every resident tensor (views into `ts`, vectors converted to fp32 with 1 + w applied).
-ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n);
+// Qwen3-Next's fused inputs stored in the `stored` order are reordered into the Split one (a copy
+// in `owned` when Grouped), and the four split inputs are views of their row ranges.
+ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n,
+                                DeltaNetLayout stored);
 
 }  // namespace swiftlet

@@ -26,12 +26,14 @@ int count_eight_bit(const QuantConfig& q) {
   return n;
 }
 
-// Bytes of every resident tensor named by the weights table.
-uint64_t resident_bytes(const TensorSet& ts, const ModelConfig& c) {
+// Bytes of every resident tensor named by the weights table; with `fused_only`, of Qwen3-Next's
+// fused DeltaNet inputs alone (what the loader copies when it reorders Grouped rows).
+uint64_t resident_bytes(const TensorSet& ts, const ModelConfig& c, bool fused_only = false) {
   const NameScheme n = NameScheme::detect(ts, c);
   uint64_t total = 0;
   ModelWeights scratch;
   for_each_dense_tensor(c, n, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) {
+    if (fused_only && s.fused == FusedInput::None) return;
     for (const char* sfx : {"", ".weight", ".scales", ".biases"}) {
       if (s.kind != TensorKind::Linear && *sfx) continue;
       if (s.kind == TensorKind::Linear && !*sfx) continue;
@@ -51,6 +53,8 @@ ModelSummary summarize_qpack(const QpackContainer& qc) {
   s.checksums = qc.checksums.has_value();
   s.config = qc.config;
   s.resident_bytes = fs::file_size(qc.path("model.safetensors"));
+  if (qc.manifest.deltanet_layout == DeltaNetLayout::Grouped && s.config.family == Family::Qwen3Next)
+    s.resident_bytes += resident_bytes(TensorSet::open_files({qc.path("model.safetensors")}), s.config, true);
   s.streamed_bytes = uint64_t(qc.layout.layer_count) * uint64_t(qc.layout.expert_count) * qc.layout.expert_stride;
   s.expert_bytes = qc.layout.payload();
   s.expert_stride = qc.layout.expert_stride;
@@ -73,7 +77,7 @@ ModelSummary summarize_model(const std::string& path) {
   if (!fs::is_directory(path)) fail("'{}' is neither a .qpack container nor a checkpoint directory", path);
   s.config = ModelConfig::load((fs::path(path) / "config.json").string());
   const TensorSet ts = TensorSet::open_dir(path);
-  s.resident_bytes = resident_bytes(ts, s.config);
+  s.resident_bytes = resident_bytes(ts, s.config) + resident_bytes(ts, s.config, true);  // fused inputs: copied
   for (const auto& name : ts.names()) {
     if (name.starts_with("mtp.")) continue;
     if (name.find(".mlp.experts.") != std::string::npos || name.find(".mlp.switch_mlp.") != std::string::npos)

@@ -20,7 +20,7 @@ struct ModelSummary {
   std::string quantization;    // default format of the dense Linears
   int eight_bit_modules = 0;   // per-module overrides at 8 bits (router, shared_expert_gate)
   std::string expert_format;   // "4-bit g64 (BF16 scales)" / "BF16"
-  uint64_t resident_bytes = 0;  // dense weights on disk (always in memory)
+  uint64_t resident_bytes = 0;  // dense weights in memory: on disk, plus the copy of rows reordered at load
   uint64_t streamed_bytes = 0;  // routed experts on disk
   uint64_t expert_bytes = 0;    // one expert's weights
   uint64_t expert_stride = 0;   // bytes read per expert (.qpack: the 16 KiB-aligned stride)

@@ -117,7 +117,7 @@ void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s = 
 void matmul_add_rows(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
 
 // --- decode products (matvec.cu; the routed experts: moe_experts.cu) --------------------------
-// One launch for several matrices that read the same input: q/k/v, qkvz + ba, router + the
+// One launch for several matrices that read the same input: q/k/v, qkv/z/b/a, router + the
 // shared expert's gate logit, an output projection added into the residual stream. Segment i
 // computes y_i = W_i x, or y_i += W_i x with `add`. With d_norm_w non-null, x is RMSNorm'd first
 // (x / sqrt(mean(x^2) + eps) * norm_w, ref::rms_norm): every block computes it afresh, and block 0
@@ -318,35 +318,22 @@ void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, i
 void delta_rule_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
                      const float* d_A_log, const float* d_dt_bias, float* d_S, int hk, int hv, int dk, int dv,
                      float* d_o, GpuStream s = nullptr);
-// Qwen3-Next's grouped DeltaNet projections (as unpack_qkvz_grouped / unpack_ba_grouped in
-// model/qwen3_hybrid.h) into mixed = [q | k | v], z, b, a, one token.
-void unpack_deltanet_grouped(const float* d_qkvz, const float* d_ba, int hk, int r, int dk, int dv, float* d_mixed,
-                             float* d_z, float* d_b, float* d_a, GpuStream s = nullptr);
-// Qwen3-Next's DeltaNet front in one launch (one block per key head): unpack_deltanet_grouped,
-// conv1d_silu_step and l2_norm_qk. u = [q | k | v] after conv, SiLU and the q/k L2 norms (q scaled
-// by q_scale); z, b, a as unpack_deltanet_grouped. d_mixed: [conv_dim] scratch, used only where
-// dk > 256 (then the three generic kernels run).
-void deltanet_prep_grouped(const float* d_qkvz, const float* d_ba, const float* d_conv_w, float* d_conv_state, int hk,
-                           int r, int dk, int dv, int K, float eps, float q_scale, float* d_mixed, float* d_u,
-                           float* d_z, float* d_b, float* d_a, GpuStream s = nullptr);
 // delta_rule_step then gated_rms_norm (norm weight w [dv]) in one launch, one block per value head
 // (dv <= 128, dk <= 256; otherwise the two kernels run).
 void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
                           const float* d_A_log, const float* d_dt_bias, float* d_S, const float* d_z,
                           const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, float* d_o,
                           GpuStream s = nullptr);
-// One token's DeltaNet inputs for deltanet_step: grouped (Qwen3-Next) x = the in_proj_qkvz row, b =
-// the in_proj_ba row (z, a unused); otherwise x = [q | k | v] (conv_dim), z [value_dim], b and a
-// [hv] (Qwen3.5's separate projections).
+// One token's DeltaNet inputs for deltanet_step, its projections in the split layout (both
+// families: model-math.md 5.1): x = [q | k | v] (conv_dim), z [value_dim], b and a [hv].
 struct DeltaNetIn {
-  bool grouped;
   const float* x;
   const float* z;
   const float* b;
   const float* a;
 };
-// The conv + SiLU, the q/k L2 norms (l2_eps, q scaled by q_scale; as deltanet_prep_grouped or
-// conv1d_silu_step + l2_norm_qk), then delta_rule_norm_step (gated RMSNorm with eps) in one launch,
+// The conv + SiLU, the q/k L2 norms (l2_eps, q scaled by q_scale; as conv1d_silu_step +
+// l2_norm_qk), then delta_rule_norm_step (gated RMSNorm with eps) in one launch,
 // without the u, z, b, a buffers: the hv / hk value heads of a key head run as one thread-block
 // cluster. Needs sm_90, hv / hk <= 8, dk <= 256, dv <= 128; returns false (nothing launched)
 // otherwise. state_early: the previous launch on s does not write d_S and waits for its own
@@ -362,14 +349,12 @@ void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t head
 
 
 // --- one decode token, the kernels chosen by device and shape (dispatch.cpp) --------------------
-// What the DeltaNet decode needs where deltanet_step does not apply: u [conv_dim], and for the
-// grouped layout mixed [conv_dim], z [value_dim], b and a [hv].
+// What the DeltaNet decode needs where deltanet_step does not apply: u [conv_dim].
 struct DeltaNetScratch {
-  float *mixed = nullptr, *u = nullptr, *z = nullptr, *b = nullptr, *a = nullptr;
+  float* u = nullptr;
 };
 // One token's DeltaNet after its projections, arguments as deltanet_step: that one launch where it
-// applies, else the prep kernels (deltanet_prep_grouped, or conv1d_silu_step + l2_norm_qk) and
-// delta_rule_norm_step through the scratch.
+// applies, else conv1d_silu_step + l2_norm_qk and delta_rule_norm_step through the scratch.
 void deltanet_decode(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
                      const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
                      int hk, int hv, int dk, int dv, int K, const DeltaNetScratch& scratch, float* d_o,
@@ -415,13 +400,6 @@ void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w,
 // also scaled by q_scale), one launch.
 void l2_norm_qk_rows(float* d_x, int64_t T, int64_t row_stride, int hk, int64_t n, float eps, float q_scale,
                      GpuStream s = nullptr);
-// deltanet_prep_grouped for T tokens in order: unpack_deltanet_grouped per row into d_mixed ([T]
-// [conv_dim] scratch), conv1d_silu_scan into u [T][conv_dim], l2_norm_qk_rows on u's q/k heads.
-// z [T][value_dim], b and a [T][hv] (hv = hk r). Three launches.
-void deltanet_prep_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
-                                const float* d_conv_w, float* d_conv_state, int hk, int r, int dk, int dv, int K,
-                                float eps, float q_scale, int64_t T, float* d_mixed, float* d_u, float* d_z,
-                                float* d_b, float* d_a, GpuStream s = nullptr);
 // T tokens of delta_rule_step in order, one launch: q, k, v of token t at d_q / d_k / d_v +
 // t * qkv_stride (e.g. the columns of u rows), b and a at d_b / d_a + t * ba_stride; o: [T][hv * dv].
 // The state stays in registers across the tokens and is written back to S once. dk <= 256.

@@ -296,12 +296,11 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
     std::vector<float> conv(size_t((K - 1) * C)), S(size_t(sh.hv) * sh.dk * sh.dv);
     DevBuf<float> d_conv_w(conv_w), d_norm_w(norm_w), d_A(A_log), d_dt(dt_bias), d_conv(conv.size()), d_S(S.size()),
         d_u(static_cast<size_t>(C)), d_o(static_cast<size_t>(vd));
-    // The fused path (deltanet_prep_grouped + delta_rule_norm_step) on its own copy of the state.
-    DevBuf<float> f_conv(conv.size()), f_S(S.size()), f_u(static_cast<size_t>(C)), f_o(static_cast<size_t>(vd)),
-        f_mixed(static_cast<size_t>(C)), f_z(static_cast<size_t>(vd)), f_b(size_t(sh.hv)), f_a(size_t(sh.hv));
-    // deltanet_step (one launch, sm_90) from the grouped and from the split inputs, on their own states.
-    DevBuf<float> g_conv(conv.size()), g_S(S.size()), g_o(static_cast<size_t>(vd)), s_conv(conv.size()),
-        s_S(S.size()), s_o(static_cast<size_t>(vd));
+    // deltanet_decode's fallback (conv1d_silu_step + l2_norm_qk + delta_rule_norm_step) on its own
+    // copy of the state.
+    DevBuf<float> f_conv(conv.size()), f_S(S.size()), f_u(static_cast<size_t>(C)), f_o(static_cast<size_t>(vd));
+    // deltanet_step (one launch, sm_90), on its own state.
+    DevBuf<float> s_conv(conv.size()), s_S(S.size()), s_o(static_cast<size_t>(vd));
     for (int step = 0; step < 4; ++step) {
       const std::vector<float> x = randn(rng, size_t(C)), z = randn(rng, size_t(vd)), b = randn(rng, size_t(sh.hv)),
                                a = randn(rng, size_t(sh.hv));
@@ -356,47 +355,25 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
       expect_close(d_S.get(), S, 1e-4f, 1e-5f, what + " state");
       expect_close(d_o.get(), o, 1e-4f, 1e-4f, what + " output");
 
-      // The same step from Qwen3-Next's grouped projections (the layout unpack_deltanet_grouped reads).
-      const int64_t rdv = int64_t(r) * sh.dv, group = 2 * int64_t(sh.dk) + 2 * rdv;
-      std::vector<float> P(size_t(sh.hk * group)), Rb(size_t(2 * sh.hv));
-      for (int g = 0; g < sh.hk; ++g) {
-        float* dst = P.data() + g * group;
-        std::copy_n(x.begin() + g * sh.dk, sh.dk, dst);
-        std::copy_n(x.begin() + kd + g * sh.dk, sh.dk, dst + sh.dk);
-        std::copy_n(x.begin() + 2 * kd + g * rdv, rdv, dst + 2 * sh.dk);
-        std::copy_n(z.begin() + g * rdv, rdv, dst + 2 * sh.dk + rdv);
-        for (int i = 0; i < r; ++i) {
-          Rb[size_t(g * 2 * r + i)] = b[size_t(g * r + i)];
-          Rb[size_t(g * 2 * r + r + i)] = a[size_t(g * r + i)];
-        }
-      }
-      DevBuf<float> dP(P), dR(Rb);
-      cuda::deltanet_prep_grouped(dP.p, dR.p, d_conv_w.p, f_conv.p, sh.hk, r, sh.dk, sh.dv, K, eps, q_scale,
-                                  f_mixed.p, f_u.p, f_z.p, f_b.p, f_a.p);
-      cuda::delta_rule_norm_step(f_u.p, f_u.p + kd, f_u.p + 2 * kd, f_b.p, f_a.p, d_A.p, d_dt.p, f_S.p, f_z.p,
+      cuda::conv1d_silu_step(dx.p, d_conv_w.p, f_conv.p, C, K, f_u.p);
+      cuda::l2_norm_qk(f_u.p, sh.hk, sh.dk, eps, q_scale);
+      cuda::delta_rule_norm_step(f_u.p, f_u.p + kd, f_u.p + 2 * kd, db.p, da.p, d_A.p, d_dt.p, f_S.p, dz.p,
                                  d_norm_w.p, eps, sh.hk, sh.hv, sh.dk, sh.dv, f_o.p);
-      expect_close(f_z.get(), z, 0.0f, 0.0f, what + " fused z");
-      expect_close(f_b.get(), b, 0.0f, 0.0f, what + " fused b");
       expect_close(f_u.get(), u, 1e-5f, 1e-5f, what + " fused conv/l2");
       expect_close(f_conv.get(), conv, 0.0f, 0.0f, what + " fused conv state");
       expect_close(f_S.get(), S, 1e-4f, 1e-5f, what + " fused state");
       expect_close(f_o.get(), o, 1e-4f, 1e-4f, what + " fused output");
 
-      const cuda::DeltaNetIn grouped{true, dP.p, nullptr, dR.p, nullptr}, split{false, dx.p, dz.p, db.p, da.p};
-      const bool stepped = cuda::deltanet_step(grouped, d_conv_w.p, g_conv.p, d_A.p, d_dt.p, g_S.p, d_norm_w.p, eps,
-                                               q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, g_o.p);
-      // The split step with its state loaded before the PDL wait: its predecessor (the grouped
-      // step) writes other buffers, as a decode layer's projection does.
-      EXPECT_EQ(stepped, cuda::deltanet_step(split, d_conv_w.p, s_conv.p, d_A.p, d_dt.p, s_S.p, d_norm_w.p, eps,
-                                             q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, s_o.p, nullptr,
-                                             /*state_early=*/true));
+      // With its state loaded before the PDL wait: its predecessor (delta_rule_norm_step above)
+      // writes other buffers, as a decode layer's projection does.
+      const cuda::DeltaNetIn in{dx.p, dz.p, db.p, da.p};
+      const bool stepped = cuda::deltanet_step(in, d_conv_w.p, s_conv.p, d_A.p, d_dt.p, s_S.p, d_norm_w.p, eps, q_scale,
+                                               eps, sh.hk, sh.hv, sh.dk, sh.dv, K, s_o.p, nullptr,
+                                               /*state_early=*/true);
       if (!stepped) continue;  // not sm_90: the two kernels above run instead
-      for (const auto& [tag, cv, st, out] : {std::tuple{" step (grouped)", &g_conv, &g_S, &g_o},
-                                             std::tuple{" step (split)", &s_conv, &s_S, &s_o}}) {
-        expect_close(cv->get(), conv, 0.0f, 0.0f, what + tag + " conv state");
-        expect_close(st->get(), S, 1e-4f, 1e-5f, what + tag + " state");
-        expect_close(out->get(), o, 1e-4f, 1e-4f, what + tag + " output");
-      }
+      expect_close(s_conv.get(), conv, 0.0f, 0.0f, what + " step conv state");
+      expect_close(s_S.get(), S, 1e-4f, 1e-5f, what + " step state");
+      expect_close(s_o.get(), o, 1e-4f, 1e-4f, what + " step output");
     }
   }
 }
@@ -635,34 +612,6 @@ TEST(CudaKernels, AttnPrepMatchesReference) {
       }
     }
   }
-}
-
-// Qwen3-Next's grouped projections unpacked as unpack_qkvz_grouped / unpack_ba_grouped do.
-TEST(CudaKernels, UnpackDeltaNetGroupedMatchesReference) {
-  REQUIRE_GPU();
-  std::mt19937 rng(37);
-  const int hk = 4, r = 2, dk = 16, dv = 24;
-  const int64_t kd = hk * dk, vd = int64_t(hk) * r * dv, group = 2 * dk + 2 * r * dv;
-  const std::vector<float> P = randn(rng, size_t(hk * group)), R = randn(rng, size_t(hk * 2 * r));
-  std::vector<float> mixed(static_cast<size_t>(2 * kd + vd)), z(static_cast<size_t>(vd) + 0),
-      b(static_cast<size_t>(hk * r)), a(b.size());
-  for (int g = 0; g < hk; ++g) {
-    const float* src = P.data() + g * group;
-    std::copy(src, src + dk, mixed.begin() + g * dk);
-    std::copy(src + dk, src + 2 * dk, mixed.begin() + kd + g * dk);
-    std::copy(src + 2 * dk, src + 2 * dk + r * dv, mixed.begin() + 2 * kd + int64_t(g) * r * dv);
-    std::copy(src + 2 * dk + r * dv, src + group, z.begin() + int64_t(g) * r * dv);
-    for (int i = 0; i < r; ++i) {
-      b[size_t(g * r + i)] = R[size_t(g * 2 * r + i)];
-      a[size_t(g * r + i)] = R[size_t(g * 2 * r + r + i)];
-    }
-  }
-  DevBuf<float> dP(P), dR(R), dm(mixed.size()), dz(z.size()), db(b.size()), da(a.size());
-  cuda::unpack_deltanet_grouped(dP.p, dR.p, hk, r, dk, dv, dm.p, dz.p, db.p, da.p);
-  expect_close(dm.get(), mixed, 0.0f, 0.0f, "mixed");
-  expect_close(dz.get(), z, 0.0f, 0.0f, "z");
-  expect_close(db.get(), b, 0.0f, 0.0f, "b");
-  expect_close(da.get(), a, 0.0f, 0.0f, "a");
 }
 
 // The product variants the fused tests run: the streamed products on the tensor cores, streamed

@@ -73,42 +73,6 @@ TEST(CudaPrefill, L2NormQkRows) {
   }
 }
 
-struct Gdn {
-  int hk, r, dk, dv, K;
-};
-
-TEST(CudaPrefill, DeltaNetPrepRowsMatchesSteps) {
-  REQUIRE_GPU();
-  std::mt19937 rng(103);
-  for (const Gdn& g : {Gdn{2, 2, 128, 128, 4}, Gdn{3, 2, 64, 40, 4}, Gdn{1, 2, 64, 24, 2}, Gdn{1, 1, 300, 16, 4}}) {
-    for (int64_t T : kTs) {
-      const int64_t kd = int64_t(g.hk) * g.dk, vd = int64_t(g.hk) * g.r * g.dv, C = 2 * kd + vd;
-      const int hv = g.hk * g.r;
-      const int64_t ps = 2 * kd + 2 * vd + 3, rs = 2 * hv + 1;  // rows of wider projections
-      const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(g.dk));
-      const std::vector<float> P = randn(rng, size_t(T * ps)), R = randn(rng, size_t(T * rs)),
-                               w = randn(rng, size_t(C * g.K), 0.5f), state0 = randn(rng, size_t((g.K - 1) * C));
-      Dev dP(P), dR(R), dw(w);
-      Dev st_b(state0), mixed_b(size_t(T * C)), u_b(size_t(T * C)), z_b(size_t(T * vd)), b_b(size_t(T * hv)),
-          a_b(size_t(T * hv));
-      Dev st_s(state0), mixed_s(static_cast<size_t>(C)), u_s(size_t(T * C)), z_s(size_t(T * vd)), b_s(size_t(T * hv)),
-          a_s(size_t(T * hv));
-      cuda::deltanet_prep_grouped_rows(dP.p, ps, dR.p, rs, dw.p, st_b.p, g.hk, g.r, g.dk, g.dv, g.K, eps, q_scale, T,
-                                       mixed_b.p, u_b.p, z_b.p, b_b.p, a_b.p);
-      for (int64_t t = 0; t < T; ++t)
-        cuda::deltanet_prep_grouped(dP.p + t * ps, dR.p + t * rs, dw.p, st_s.p, g.hk, g.r, g.dk, g.dv, g.K, eps,
-                                    q_scale, mixed_s.p, u_s.p + t * C, z_s.p + t * vd, b_s.p + t * hv,
-                                    a_s.p + t * hv);
-      const std::string what = tag("deltanet prep hk r dk dv K T", {g.hk, g.r, g.dk, g.dv, g.K, T});
-      expect_match(u_b, u_s, what + " u");
-      expect_match(z_b, z_s, what + " z", 0.0f, 0.0f);
-      expect_match(b_b, b_s, what + " b", 0.0f, 0.0f);
-      expect_match(a_b, a_s, what + " a", 0.0f, 0.0f);
-      expect_match(st_b, st_s, what + " conv state", 0.0f, 0.0f);
-    }
-  }
-}
-
 struct Delta {
   int hk, hv, dk, dv;
 };

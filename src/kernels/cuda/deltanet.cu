@@ -1,8 +1,8 @@
-// Gated DeltaNet (model-math.md 5.1-5.6). One token: the conv + SiLU, Qwen3-Next's grouped
-// projections unpacked, the prep (unpack, causal conv + SiLU, L2 norms) in one launch, the delta
-// rule with the gated RMSNorm, and the whole step in one launch (deltanet_step: a thread-block
-// cluster per key head). T prompt tokens: the conv and the delta rule scanned over the tokens in
-// order, the state on chip. fp32 throughout.
+// Gated DeltaNet (model-math.md 5.1-5.6). One token: the conv + SiLU, the delta rule with the
+// gated RMSNorm, and the whole step in one launch (deltanet_step: a thread-block cluster per key
+// head). T prompt tokens: the conv and the delta rule scanned over the tokens in order, the state
+// on chip. The inputs are the projections in the split layout (both families: Qwen3-Next's rows
+// are reordered at load). fp32 throughout.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
@@ -18,8 +18,6 @@ using namespace detail;  // cuda_common.cuh's helpers
 namespace {
 
 constexpr unsigned kMaxCluster = 8;  // blocks per thread-block cluster (the portable limit)
-constexpr int kConvThreads = 256;
-constexpr int kConvMaxDk = 256;
 
 // Channel c of the causal conv + SiLU (3.4) for input x: SiLU(w_c . [state_c; x]), and the state's
 // column c shifted by x (state: [K - 1][C]). The thread owns the column: no barrier.
@@ -31,48 +29,6 @@ __device__ __forceinline__ float conv_silu_channel(float x, const float* __restr
   for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
   if (K > 1) state[int64_t(K - 2) * C + c] = x;
   return siluf_(acc);
-}
-
-// One block per key head g: Qwen3-Next's grouped projections (in_proj_qkvz per g: [q_g | k_g |
-// v (r heads) | z (r heads)], in_proj_ba per g: [b (r) | a (r)]) unpacked, the causal conv + SiLU
-// on the q/k/v channels, and q_g, k_g L2-normalised (q also scaled): 3.4 - 3.5 in one launch.
-__global__ void __launch_bounds__(kConvThreads)
-    deltanet_prep_kernel(const float* __restrict__ P, const float* __restrict__ Rb, const float* __restrict__ conv_w,
-                         float* __restrict__ state, int hk, int r, int dk, int dv, int K, float eps, float q_scale,
-                         float* __restrict__ u, float* __restrict__ z, float* __restrict__ b, float* __restrict__ a) {
-  __shared__ float qk[2 * kConvMaxDk];
-  __shared__ float red[32];
-  pdl_wait_and_release();
-  const int g = blockIdx.x;
-  const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv, C = 2 * kd + int64_t(hk) * rdv;
-  const int64_t group = 2 * int64_t(dk) + 2 * rdv;
-  const float* src = P + g * group;
-  float ssq = 0.0f, ssk = 0.0f;
-  for (int64_t t = threadIdx.x; t < 2 * dk + rdv; t += kConvThreads) {
-    const int64_t c = t < dk ? g * dk + t : t < 2 * dk ? kd + g * dk + (t - dk) : 2 * kd + g * rdv + (t - 2 * dk);
-    const float v = conv_silu_channel(src[t], conv_w, state, C, K, c);
-    if (t < dk) {
-      qk[t] = v;
-      ssq = fmaf(v, v, ssq);
-    } else if (t < 2 * dk) {
-      qk[t] = v;
-      ssk = fmaf(v, v, ssk);
-    } else {
-      u[c] = v;
-    }
-  }
-  for (int64_t t = threadIdx.x; t < rdv; t += kConvThreads) z[g * rdv + t] = src[2 * dk + rdv + t];
-  if (threadIdx.x < unsigned(r)) {
-    b[g * r + threadIdx.x] = Rb[int64_t(g) * 2 * r + threadIdx.x];
-    a[g * r + threadIdx.x] = Rb[int64_t(g) * 2 * r + r + threadIdx.x];
-  }
-  ssq = block_sum(ssq, red);  // also the barrier before reading qk
-  ssk = block_sum(ssk, red);
-  const float iq = rsqrtf(ssq + eps) * q_scale, ik = rsqrtf(ssk + eps);
-  for (int t = threadIdx.x; t < dk; t += kConvThreads) {
-    u[int64_t(g) * dk + t] = qk[t] * iq;
-    u[kd + int64_t(g) * dk + t] = qk[dk + t] * ik;
-  }
 }
 
 constexpr int kDnSlices = 8;
@@ -213,24 +169,11 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices, 1)
   const int tid = block_thread(), nt = block_warps() * 32;
   const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv, C = 2 * kd + hk * rdv;
   // This head's inputs: q_g, k_g (dk each), v_h, z_h (dv each), b_h, a_h.
-  const float *q_in, *k_in, *v_in, *z_in;
-  float b_in, a_in;
-  if (in.grouped) {
-    const float* src = in.x + g * (2 * int64_t(dk) + 2 * rdv);
-    q_in = src;
-    k_in = src + dk;
-    v_in = src + 2 * dk + int64_t(rank) * dv;
-    z_in = src + 2 * dk + rdv + int64_t(rank) * dv;
-    b_in = in.b[int64_t(g) * 2 * r + rank];
-    a_in = in.b[int64_t(g) * 2 * r + r + rank];
-  } else {
-    q_in = in.x + int64_t(g) * dk;
-    k_in = in.x + kd + int64_t(g) * dk;
-    v_in = in.x + 2 * kd + int64_t(h) * dv;
-    z_in = in.z + int64_t(h) * dv;
-    b_in = in.b[h];
-    a_in = in.a[h];
-  }
+  const float* q_in = in.x + int64_t(g) * dk;
+  const float* k_in = in.x + kd + int64_t(g) * dk;
+  const float* v_in = in.x + 2 * kd + int64_t(h) * dv;
+  const float* z_in = in.z + int64_t(h) * dv;
+  const float b_in = in.b[h], a_in = in.a[h];
   // The conv: rank 0's items [0, 2 dk) are q_g and k_g; every block's next dv items its v channels.
   const int qk_items = rank == 0 ? 2 * dk : 0;
   float ssq = 0.0f, ssk = 0.0f;
@@ -274,22 +217,6 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices, 1)
 
 }  // namespace
 
-void deltanet_prep_grouped(const float* d_qkvz, const float* d_ba, const float* d_conv_w, float* d_conv_state, int hk,
-                           int r, int dk, int dv, int K, float eps, float q_scale, float* d_mixed, float* d_u,
-                           float* d_z, float* d_b, float* d_a, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && r >= 1 && r <= kConvThreads);
-  const int64_t kd = int64_t(hk) * dk, C = 2 * kd + int64_t(hk) * r * dv;
-  if (dk > kConvMaxDk) {  // the generic kernels
-    unpack_deltanet_grouped(d_qkvz, d_ba, hk, r, dk, dv, d_mixed, d_z, d_b, d_a, s);
-    conv1d_silu_step(d_mixed, d_conv_w, d_conv_state, C, K, d_u, s);
-    l2_norm_qk(d_u, hk, dk, eps, q_scale, s);
-    return;
-  }
-  launch(deltanet_prep_kernel, unsigned(hk), kConvThreads, 0, s, d_qkvz, d_ba, d_conv_w, d_conv_state, hk, r, dk, dv,
-         K, eps, q_scale, d_u, d_z, d_b, d_a);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
 void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, const float* d_b, const float* d_a,
                           const float* d_A_log, const float* d_dt_bias, float* d_S, const float* d_z,
                           const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, float* d_o, GpuStream s) {
@@ -332,28 +259,12 @@ namespace {
 
 constexpr int kEltThreads = 256;
 constexpr int kScanThreads = 256;
-constexpr int64_t kMaxGridY = 65535;  // T rides on gridDim.y
 
 __global__ void conv1d_silu_step_kernel(const float* __restrict__ x, const float* __restrict__ w, float* state,
                                         int64_t C, int K, float* __restrict__ u) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
-  const float* wc = w + c * K;
-  const float xc = x[c];
-  float acc = wc[K - 1] * xc;
-  for (int j = 0; j < K - 1; ++j) acc += wc[j] * state[j * C + c];
-  u[c] = siluf_(acc);
-  // Each thread owns its channel's column of the state, so the shift needs no barrier.
-  for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
-  if (K > 1) state[int64_t(K - 2) * C + c] = xc;
-}
-
-// One thread per element of the qkvz row (and of the ba row): in_proj_qkvz is per key head g [q_g
-// (dk) | k_g (dk) | v (r heads of dv) | z (r heads)], in_proj_ba per g [b (r) | a (r)].
-__global__ void unpack_grouped_kernel(const float* __restrict__ P, const float* __restrict__ R, int hk, int r, int dk,
-                                      int dv, float* __restrict__ mixed, float* __restrict__ z, float* __restrict__ b,
-                                      float* __restrict__ a) {
-  detail::unpack_grouped_at(int64_t(blockIdx.x) * blockDim.x + threadIdx.x, P, R, hk, r, dk, dv, mixed, z, b, a);
+  u[c] = conv_silu_channel(x[c], w, state, C, K, c);
 }
 
 // A thread per channel c steps through the T tokens in order, as T launches of
@@ -372,17 +283,6 @@ __global__ void conv1d_silu_scan_kernel(const float* __restrict__ x, int64_t x_s
     for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
     if (K > 1) state[int64_t(K - 2) * C + c] = xc;
   }
-}
-
-// unpack_grouped_kernel for token blockIdx.y: inputs at row strides, outputs packed
-// (mixed [T][2 hk dk + hk r dv], z [T][hk r dv], b and a [T][hk r]).
-__global__ void unpack_grouped_rows_kernel(const float* __restrict__ P, int64_t p_stride, const float* __restrict__ R,
-                                           int64_t r_stride, int hk, int r, int dk, int dv, float* __restrict__ mixed,
-                                           float* __restrict__ z, float* __restrict__ b, float* __restrict__ a) {
-  const int64_t t = blockIdx.y;
-  const int64_t kd = int64_t(hk) * dk, vd = int64_t(hk) * r * dv, C = 2 * kd + vd, nb = int64_t(hk) * r;
-  detail::unpack_grouped_at(int64_t(blockIdx.x) * blockDim.x + threadIdx.x, P + t * p_stride, R + t * r_stride, hk, r,
-                            dk, dv, mixed + t * C, z + t * vd, b + t * nb, a + t * nb);
 }
 
 constexpr int kDeltaCols = 32;   // value columns per block (threadIdx.x)
@@ -480,15 +380,6 @@ void delta_rule_step(const float* d_q, const float* d_k, const float* d_v, const
   delta_rule_scan(d_q, d_k, d_v, 0, d_b, d_a, 0, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, 1, d_o, s);
 }
 
-void unpack_deltanet_grouped(const float* d_qkvz, const float* d_ba, int hk, int r, int dk, int dv, float* d_mixed,
-                             float* d_z, float* d_b, float* d_a, GpuStream s) {
-  const int64_t n = int64_t(hk) * (2 * int64_t(dk) + 2 * int64_t(r) * dv);
-  const int64_t n_ba = int64_t(hk) * 2 * r;
-  unpack_grouped_kernel<<<blocks_for(n > n_ba ? n : n_ba, 256), 256, 0, s>>>(d_qkvz, d_ba, hk, r, dk, dv, d_mixed, d_z,
-                                                                             d_b, d_a);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
 void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w, float* d_state, int64_t C, int K,
                       int64_t T, float* d_u, int64_t u_stride, GpuStream s) {
   SWIFTLET_CUDA_REQUIRE(K >= 1 && T >= 0 && x_stride >= C && u_stride >= C);
@@ -496,34 +387,6 @@ void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w,
   conv1d_silu_scan_kernel<<<blocks_for(C, kScanThreads), kScanThreads, 0, s>>>(d_x, x_stride, d_conv_w, d_state, C,
                                                                                K, T, d_u, u_stride);
   SWIFTLET_CUDA_LAUNCHED();
-}
-
-namespace {
-// unpack_deltanet_grouped for T tokens: qkvz rows at qkvz_stride, ba rows at ba_stride, into
-// mixed [T][conv_dim], z [T][value_dim], b and a [T][hv] (hv = hk r).
-void unpack_deltanet_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
-                                  int hk, int r, int dk, int dv, int64_t T, float* d_mixed, float* d_z, float* d_b,
-                                  float* d_a, GpuStream s) {
-  const int64_t n = int64_t(hk) * (2 * int64_t(dk) + 2 * int64_t(r) * dv);
-  const int64_t n_ba = int64_t(hk) * 2 * r;
-  SWIFTLET_CUDA_REQUIRE(T >= 0 && T <= kMaxGridY && qkvz_stride >= n && ba_stride >= n_ba);
-  if (T == 0) return;
-  const dim3 grid(blocks_for(n > n_ba ? n : n_ba, 256), unsigned(T));
-  unpack_grouped_rows_kernel<<<grid, 256, 0, s>>>(d_qkvz, qkvz_stride, d_ba, ba_stride, hk, r, dk, dv, d_mixed, d_z,
-                                                  d_b, d_a);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-}  // namespace
-
-void deltanet_prep_grouped_rows(const float* d_qkvz, int64_t qkvz_stride, const float* d_ba, int64_t ba_stride,
-                                const float* d_conv_w, float* d_conv_state, int hk, int r, int dk, int dv, int K,
-                                float eps, float q_scale, int64_t T, float* d_mixed, float* d_u, float* d_z,
-                                float* d_b, float* d_a, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && r >= 1);
-  const int64_t kd = int64_t(hk) * dk, C = 2 * kd + int64_t(hk) * r * dv;
-  unpack_deltanet_grouped_rows(d_qkvz, qkvz_stride, d_ba, ba_stride, hk, r, dk, dv, T, d_mixed, d_z, d_b, d_a, s);
-  conv1d_silu_scan(d_mixed, C, d_conv_w, d_conv_state, C, K, T, d_u, C, s);
-  l2_norm_qk_rows(d_u, T, C, hk, dk, eps, q_scale, s);
 }
 
 void delta_rule_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,

@@ -13,19 +13,11 @@ void deltanet_decode(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_
                     dv, K, d_o, s, state_early))
     return;
   const int64_t kd = int64_t(hk) * dk, C = 2 * kd + int64_t(hv) * dv;
-  const float *z = in.z, *b = in.b, *a = in.a;
-  if (in.grouped) {
-    deltanet_prep_grouped(in.x, in.b, d_conv_w, d_conv_state, hk, hv / hk, dk, dv, K, l2_eps, q_scale, scratch.mixed,
-                          scratch.u, scratch.z, scratch.b, scratch.a, s);
-    z = scratch.z;
-    b = scratch.b;
-    a = scratch.a;
-  } else {
-    conv1d_silu_step(in.x, d_conv_w, d_conv_state, C, K, scratch.u, s);
-    l2_norm_qk(scratch.u, hk, dk, l2_eps, q_scale, s);  // q then k: contiguous in u
-  }
-  const float* u = scratch.u;
-  delta_rule_norm_step(u, u + kd, u + 2 * kd, b, a, d_A_log, d_dt_bias, d_S, z, d_norm_w, eps, hk, hv, dk, dv, d_o, s);
+  float* u = scratch.u;
+  conv1d_silu_step(in.x, d_conv_w, d_conv_state, C, K, u, s);
+  l2_norm_qk(u, hk, dk, l2_eps, q_scale, s);  // q then k: contiguous in u
+  delta_rule_norm_step(u, u + kd, u + 2 * kd, in.b, in.a, d_A_log, d_dt_bias, d_S, in.z, d_norm_w, eps, hk, hv, dk,
+                       dv, d_o, s);
 }
 
 void experts_act(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, int n,

@@ -63,36 +63,6 @@ __device__ __forceinline__ void attn_prep_head(const float* __restrict__ P, cons
     for (int i = threadIdx.x; i < hd; i += blockDim.x) vdst[int64_t(j) * hd + i] = Vp[int64_t(j) * hd + i];
 }
 
-// Element idx of one token's grouped projections unpacked: in_proj_qkvz is per key head g [q_g (dk)
-// | k_g (dk) | v (r heads of dv) | z (r heads)], in_proj_ba per g [b (r) | a (r)]. P, R and the
-// outputs point at the token's rows; idx covers max(hk (2 dk + 2 r dv), hk 2 r).
-__device__ __forceinline__ void unpack_grouped_at(int64_t idx, const float* __restrict__ P,
-                                                  const float* __restrict__ R, int hk, int r, int dk, int dv,
-                                                  float* __restrict__ mixed, float* __restrict__ z,
-                                                  float* __restrict__ b, float* __restrict__ a) {
-  const int64_t group = 2 * int64_t(dk) + 2 * int64_t(r) * dv;
-  const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv;
-  if (idx < hk * group) {
-    const int64_t g = idx / group, o = idx % group;
-    const float v = P[idx];
-    if (o < dk)
-      mixed[g * dk + o] = v;
-    else if (o < 2 * dk)
-      mixed[kd + g * dk + (o - dk)] = v;
-    else if (o < 2 * dk + rdv)
-      mixed[2 * kd + g * rdv + (o - 2 * dk)] = v;
-    else
-      z[g * rdv + (o - 2 * dk - rdv)] = v;
-  }
-  if (idx < int64_t(hk) * 2 * r) {
-    const int64_t g = idx / (2 * r), o = idx % (2 * r);
-    if (o < r)
-      b[g * r + o] = R[idx];
-    else
-      a[g * r + (o - r)] = R[idx];
-  }
-}
-
 // Row `row` of one token's q and k (2 hk rows of n at x, q first) L2-normalised, q rows (row < hk)
 // also scaled by q_scale; one block.
 __device__ __forceinline__ void l2_norm_qk_block(float* x, int hk, int64_t n, float eps, float q_scale, int row) {
