@@ -37,8 +37,42 @@ PROMPTS = ['What does the word "harbor" mean?', "What is a dog?", "Define happin
            "What does Genesis 1:1 say?", "What is a compiler in computing?", "Why is the sky blue?"]
 
 
+def split_row_order(cfg, fused):
+    """Row i of a fused DeltaNet input in the Split order is row order[i] of the Grouped one
+    (docs/qpack.md 2, deltanetLayout; as split_row_order in src/model/weights.cpp)."""
+    hk = cfg["linear_num_key_heads"]
+    r = cfg["linear_num_value_heads"] // hk
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    if fused == "qkvz":
+        group = 2 * dk + 2 * r * dv
+        order = [g * group + part * dk + i for part in range(2) for g in range(hk) for i in range(dk)]
+        order += [g * group + 2 * dk + part * r * dv + i for part in range(2) for g in range(hk)
+                  for i in range(r * dv)]
+        return np.array(order)
+    return np.array([g * 2 * r + part * r + j for part in range(2) for g in range(hk) for j in range(r)])
+
+
+def to_grouped(tensors, cfg):
+    """Puts the fused inputs of a container written Split back into the Grouped order transformers
+    reads (whole rows: quantised rows move with their scales and biases)."""
+    for name, t in tensors.items():
+        fused = "qkvz" if ".linear_attn.in_proj_qkvz." in name else "ba" if ".linear_attn.in_proj_ba." in name else None
+        if fused:
+            order = split_row_order(cfg, fused)
+            grouped = np.empty_like(t.data)
+            grouped[order] = t.data
+            tensors[name] = st_io.Tensor(t.dtype, grouped)
+
+
 def read_qpack(d):
     tensors, _ = st_io.load_file(os.path.join(d, "model.safetensors"))
+    with open(os.path.join(d, "manifest.json")) as fh:
+        layout_name = json.load(fh).get("deltanetLayout", "grouped")
+    if layout_name == "split":
+        with open(os.path.join(d, "config.json")) as fh:
+            to_grouped(tensors, json.load(fh))
+    elif layout_name != "grouped":
+        raise ValueError(f"{d}: deltanetLayout {layout_name!r} is not 'grouped' or 'split'")
     with open(os.path.join(d, "packed_experts", "layout.json")) as fh:
         layout = json.load(fh)
     E, stride = layout["expertCount"], layout["expertStride"]
