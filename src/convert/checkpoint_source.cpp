@@ -84,20 +84,20 @@ TensorBytes view_bytes(const void* p, size_t n) {
   return b;
 }
 
-// Makes `it` write its rows in `order` (row i of each tensor from row order[i] of what it produced):
-// Qwen3-Next's fused DeltaNet inputs go into the container Split (DeltaNetLayout). Every tensor of a
-// Linear (weight, scales, biases) has one row per output, and quantisation works within a row, so
-// quantised rows move whole and the result equals quantising the reordered matrix.
-void split_rows(ResidentItem& it, std::vector<int64_t> order) {
-  it.produce = [inner = std::move(it.produce), order = std::move(order)] {
+// Makes `it` write only the rows `rows` of what it produced, in that order: a part of Qwen3-Next's
+// fused DeltaNet inputs in the split order (DeltaNetLayout), from a source of `src_rows` rows.
+// Every tensor of a Linear (weight, scales, biases) has one row per output, and quantisation works
+// within a row, so quantised rows move whole and the result equals quantising the selected rows.
+void select_rows(ResidentItem& it, std::vector<int64_t> rows, int64_t src_rows) {
+  it.produce = [inner = std::move(it.produce), rows = std::move(rows), src_rows] {
     std::vector<TensorBytes> out = inner();
     for (TensorBytes& t : out) {
-      const size_t row = t.nbytes() / order.size();
-      SWIFTLET_CHECK(row * order.size() == t.nbytes(), "a fused input's rows do not divide its bytes");
+      const size_t row = t.nbytes() / size_t(src_rows);
+      SWIFTLET_CHECK(row * size_t(src_rows) == t.nbytes(), "a fused input's rows do not divide its bytes");
       TensorBytes p;
-      p.owned.resize(t.nbytes());
-      for (size_t i = 0; i < order.size(); ++i)
-        std::memcpy(p.owned.data() + i * row, t.data() + size_t(order[i]) * row, row);
+      p.owned.resize(rows.size() * row);
+      for (size_t i = 0; i < rows.size(); ++i)
+        std::memcpy(p.owned.data() + i * row, t.data() + size_t(rows[i]) * row, row);
       t = std::move(p);
     }
     return out;
@@ -186,18 +186,39 @@ class CheckpointSource : public RepackSource {
     return out;
   }
 
+  // The container's tensors in the checkpoint's order. Qwen3-Next's fused inputs (one source
+  // tensor) become two container tensors each: in_proj_qkvz -> in_proj_qkv, in_proj_z and
+  // in_proj_ba -> in_proj_b, in_proj_a, rows in the split order.
   std::vector<ResidentItem> resident() override {
     std::vector<DenseTensorSpec> src, dst;
     std::vector<ResidentItem> items;
     ModelWeights scratch;
-    for_each_dense_tensor(config_, src_names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { src.push_back(s); });
-    for_each_dense_tensor(config_, dst_names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { dst.push_back(s); });
-    SWIFTLET_CHECK(src.size() == dst.size(), "tensor tables differ");
+    const DeltaNetLayout stored = stored_deltanet_layout(*ts_, config_, src_names_);
+    auto add_src = [&](const DenseTensorSpec& s, auto&&, auto&&) { src.push_back(s); };
+    auto add_dst = [&](const DenseTensorSpec& s, auto&&, auto&&) { dst.push_back(s); };
+    for_each_dense_tensor(config_, src_names_, scratch, add_src, stored);
+    for_each_dense_tensor(config_, dst_names_, scratch, add_dst, DeltaNetLayout::Split);
     overrides_.clear();
-    for (size_t i = 0; i < src.size(); ++i) {
-      items.push_back(resident_item(src[i], dst[i]));
-      if (src[i].fused != FusedInput::None) split_rows(items.back(), split_row_order(config_, src[i].fused));
+    size_t d = 0;
+    for (const DenseTensorSpec& s : src) {
+      if (s.fused == FusedInput::None) {
+        SWIFTLET_CHECK(d < dst.size() && dst[d].rows == s.rows, "tensor tables differ");
+        items.push_back(resident_item(s, dst[d++]));
+        continue;
+      }
+      const std::vector<int64_t> order = split_row_order(config_, s.fused);
+      size_t first = 0;
+      for (int part = 0; part < 2; ++part, ++d) {  // qkv then z, or b then a
+        SWIFTLET_CHECK(d < dst.size(), "tensor tables differ");
+        const size_t n = size_t(dst[d].rows);
+        SWIFTLET_CHECK(first + n <= order.size(), "a fused input's parts exceed its rows");
+        items.push_back(resident_item(s, dst[d]));
+        select_rows(items.back(), {order.begin() + ptrdiff_t(first), order.begin() + ptrdiff_t(first + n)}, s.rows);
+        first += n;
+      }
+      SWIFTLET_CHECK(first == order.size(), "a fused input's parts do not cover its rows");
     }
+    SWIFTLET_CHECK(d == dst.size(), "tensor tables differ");
     return items;
   }
 
@@ -242,9 +263,9 @@ class CheckpointSource : public RepackSource {
         const std::string w = d.name + ".weight";
         if (m.format == WeightFormat::Affine) {
           const int64_t g = s.cols / m.group_size;
-          it.tensors = {{w, DType::U32, {s.rows, s.cols * m.bits / 32}, nullptr},
-                        {d.name + ".scales", m.scale_dtype, {s.rows, g}, nullptr},
-                        {d.name + ".biases", m.scale_dtype, {s.rows, g}, nullptr}};
+          it.tensors = {{w, DType::U32, {d.rows, s.cols * m.bits / 32}, nullptr},
+                        {d.name + ".scales", m.scale_dtype, {d.rows, g}, nullptr},
+                        {d.name + ".biases", m.scale_dtype, {d.rows, g}, nullptr}};
           if (m.bits != bits_ || m.group_size != group_) overrides_[d.name] = QuantSpec{m.bits, m.group_size};
           it.produce = [m] {
             std::vector<TensorBytes> out;
@@ -259,14 +280,14 @@ class CheckpointSource : public RepackSource {
         const int bits = bits_ == 16 || pass_through_ ? 16 : is_eight_bit_module(s.name) ? 8 : bits_;
         if (bits == 16 || s.cols % group_ != 0) {
           const DType dt = float_dtype(m.format);
-          it.tensors = {{w, dt, {s.rows, s.cols}, nullptr}};
+          it.tensors = {{w, dt, {d.rows, s.cols}, nullptr}};
           it.produce = [m] { return std::vector<TensorBytes>{view_bytes(m.data, size_t(m.rows) * m.row_bytes())}; };
           return it;
         }
         const int group = group_;
-        it.tensors = {{w, DType::U32, {s.rows, s.cols * bits / 32}, nullptr},
-                      {d.name + ".scales", DType::BF16, {s.rows, s.cols / group}, nullptr},
-                      {d.name + ".biases", DType::BF16, {s.rows, s.cols / group}, nullptr}};
+        it.tensors = {{w, DType::U32, {d.rows, s.cols * bits / 32}, nullptr},
+                      {d.name + ".scales", DType::BF16, {d.rows, s.cols / group}, nullptr},
+                      {d.name + ".biases", DType::BF16, {d.rows, s.cols / group}, nullptr}};
         if (bits != bits_) overrides_[d.name] = QuantSpec{bits, group};
         it.produce = [m, bits, group] { return quantize_matrix(m, bits, group); };
         return it;

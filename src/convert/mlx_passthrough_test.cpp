@@ -2,8 +2,8 @@
 // test makes MLX-style checkpoints from the committed 4-bit fixtures with an unquantised router
 // and shared expert gate (f32 or bf16) and with per-module 8-bit overrides in other group sizes,
 // repacks them, and compares every tensor's bytes between checkpoint and container (Qwen3-Next's
-// fused DeltaNet inputs row by row: the container holds them in the split order); then runs both
-// through the engine.
+// fused DeltaNet inputs row by row: the container holds them split, docs/qpack.md 4); then runs
+// both through the engine.
 #include "core/dtype.h"
 #include "core/error.h"
 #include "experts/qpack_experts.h"
@@ -16,6 +16,7 @@
 #include "model/weights.h"
 #include "runtime/model_loader.h"
 #include "convert/repack.h"
+#include "support/split_inputs.h"
 #include "support/test_paths.h"
 
 #include <fmt/format.h>
@@ -169,31 +170,37 @@ TEST_P(MlxPassThrough, EveryTensorKeepsItsBytes) {
   const TensorSet src = TensorSet::open_dir(ckpt());
   const TensorSet dst = TensorSet::open_files({container() + "/model.safetensors"});
   const ModelConfig c = ModelConfig::load(ckpt() + "/config.json");
-  // Every resident tensor of the checkpoint is in the container, with its dtype, shape and bytes.
-  size_t resident = 0, float_gates = 0;
+  // Every resident tensor of the checkpoint is in the container, with its dtype, shape and bytes;
+  // Qwen3-Next's fused DeltaNet inputs as their split parts, row by row.
+  size_t resident = 0, fused = 0, float_gates = 0;
   for (const std::string& n : src.names()) {
     if (n.find(".switch_mlp.") != std::string::npos) continue;
-    ++resident;
     const TensorView& s = src.get(n);
+    const std::string module = n.substr(0, n.rfind('.'));
+    float_gates += is_gate(module) && is_float(s.dtype);
+    if (n.find(".linear_attn.in_proj_qkvz.") != std::string::npos ||
+        n.find(".linear_attn.in_proj_ba.") != std::string::npos) {
+      ++fused;
+      continue;
+    }
+    ++resident;
     const TensorView* d = dst.find(n);
     ASSERT_NE(d, nullptr) << n << " is missing from the container";
     ASSERT_EQ(dtype_name(s.dtype), dtype_name(d->dtype)) << n;
     ASSERT_EQ(s.shape, d->shape) << n;
-    const FusedInput fused = n.find(".linear_attn.in_proj_qkvz.") != std::string::npos ? FusedInput::Qkvz
-                             : n.find(".linear_attn.in_proj_ba.") != std::string::npos ? FusedInput::Ba
-                                                                                       : FusedInput::None;
-    if (fused == FusedInput::None) {
-      ASSERT_EQ(0, std::memcmp(s.data, d->data, s.nbytes)) << n;
-    } else {  // row i of the container is row order[i] of the checkpoint
-      const std::vector<int64_t> order = split_row_order(c, fused);
-      const size_t row = s.nbytes / order.size();
-      for (size_t i = 0; i < order.size(); ++i)
-        ASSERT_EQ(0, std::memcmp(s.data + size_t(order[i]) * row, d->data + i * row, row)) << n << " row " << i;
-    }
-    const std::string module = n.substr(0, n.rfind('.'));
-    float_gates += is_gate(module) && is_float(s.dtype);
+    ASSERT_EQ(0, std::memcmp(s.data, d->data, s.nbytes)) << n;
   }
-  EXPECT_EQ(resident, dst.names().size()) << "the container holds tensors the checkpoint does not";
+  size_t parts = 0;
+  for (const std::string& n : dst.names()) {
+    const auto f = swiftlet::testing::fused_rows_of(c, n);
+    if (!f) continue;
+    ++parts;
+    const TensorView* s = src.find(f->fused_name);
+    ASSERT_NE(s, nullptr) << n << " has no source " << f->fused_name;
+    ASSERT_NO_FATAL_FAILURE(swiftlet::testing::expect_rows_from(*s, dst.get(n), *f));
+  }
+  EXPECT_EQ(parts, 2 * fused);
+  EXPECT_EQ(resident + parts, dst.names().size()) << "the container holds tensors the checkpoint does not";
   EXPECT_GT(float_gates, 0u);
 
   // Every expert's sections in the layer files are the checkpoint's stacked tensors' slices.

@@ -500,8 +500,6 @@ RepackStats write_container(RepackSource& src, const RepackOptions& o) {
   m.source_checkpoint = o.source_name.empty() ? src.describe() : o.source_name;
   m.quant_bits = src.quant_bits();
   m.quant_group_size = src.quant_group_size();
-  // The checkpoint source reorders Qwen3-Next's fused inputs; synthetic rows are random in any order.
-  m.deltanet_layout = DeltaNetLayout::Split;
   cw.commit(m);
 
   RepackStats st;

@@ -13,14 +13,6 @@ namespace swiftlet {
 
 enum class Family { Qwen3Next, Qwen35Moe };
 
-// The row order of Qwen3-Next's fused DeltaNet inputs in_proj_qkvz and in_proj_ba
-// (model-math.md 5.1). Grouped: as the published checkpoints store them, per key head g
-// [q_g | k_g | v (r heads) | z (r heads)] and [b (r) | a (r)]. Split: [q | k | v | z] and [b | a],
-// each part heads in order, Qwen3.5's layout as row ranges of one matrix. The loader turns Grouped
-// into Split once; a container says which it holds (docs/qpack.md 2). Qwen3.5's separate inputs
-// are split either way.
-enum class DeltaNetLayout { Grouped, Split };
-
 // Quantisation of one module (MLX affine: value = scale * q + bias, groups along the input axis).
 struct QuantSpec {
   int bits = 0;  // 0: not quantised

@@ -328,7 +328,6 @@ ojson QpackManifest::to_json() const {
   return ojson{{"magic", magic},           {"version", version},
               {"modelName", model_name},  {"sourceCheckpoint", source_checkpoint},
               {"quantBits", quant_bits},  {"quantGroupSize", quant_group_size},
-              {"deltanetLayout", deltanet_layout == DeltaNetLayout::Split ? "split" : "grouped"},
               {"files", f}};
 }
 
@@ -351,16 +350,6 @@ QpackManifest QpackManifest::parse(const json& j, const std::string& source) {
   m.source_checkpoint = present("sourceCheckpoint") ? string_field(j, "sourceCheckpoint", source) : "";
   m.quant_bits = present("quantBits") ? int(int_field(j, "quantBits", source)) : 0;
   m.quant_group_size = present("quantGroupSize") ? int(int_field(j, "quantGroupSize", source)) : 0;
-  m.deltanet_layout = DeltaNetLayout::Grouped;  // what a writer without the field stored
-  if (present("deltanetLayout")) {
-    const json& v = j["deltanetLayout"];
-    const std::string text = v.is_string() ? v.get<std::string>() : v.dump();
-    if (text == "split") m.deltanet_layout = DeltaNetLayout::Split;
-    else if (text != "grouped")
-      fail("{}: deltanetLayout is {}; this swiftlet reads \"grouped\" and \"split\" (a container from a "
-           "newer swiftlet: update swiftlet; else re-run swiftlet-repack)", source,
-           v.is_string() ? "'" + text + "'" : text);
-  }
   if (j.contains("files")) {
     if (!j["files"].is_object()) fail("{}: 'files' must map paths to byte sizes", source);
     for (auto& [k, v] : j["files"].items()) {

@@ -86,14 +86,10 @@ struct QpackManifest {
   std::string source_checkpoint;  // where it came from (a path, ORG/REPO, synthetic:PRESET)
   int quant_bits = 4;             // 16 when not quantised
   int quant_group_size = 64;
-  // deltanetLayout (our extension): the row order of Qwen3-Next's fused DeltaNet inputs. Absent in
-  // containers of version-1 writers (Swiftlet's, and swiftlet's before it), whose rows are
-  // Grouped as published; swiftlet-repack writes Split.
-  DeltaNetLayout deltanet_layout = DeltaNetLayout::Split;
   std::map<std::string, uint64_t> files;  // relative path -> bytes (every file but the manifest)
 
   nlohmann::ordered_json to_json() const;
-  // Checks magic, version and deltanetLayout with messages that say what to do.
+  // Checks magic and version with messages that say what to do.
   static QpackManifest parse(const nlohmann::json& j, const std::string& source);
 };
 

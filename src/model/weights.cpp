@@ -186,16 +186,25 @@ std::vector<int64_t> split_row_order(const ModelConfig& c, FusedInput which) {
   return order;
 }
 
-ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n,
-                                DeltaNetLayout stored) {
+DeltaNetLayout stored_deltanet_layout(const TensorSet& ts, const ModelConfig& c, const NameScheme& n) {
+  if (c.family != Family::Qwen3Next) return DeltaNetLayout::Split;
+  for (int i = 0; i < c.num_layers; ++i)
+    if (c.is_linear_layer(i)) {
+      const std::string fused = n.layer(i) + "linear_attn.in_proj_qkvz";
+      return ts.find(fused + ".weight") ? DeltaNetLayout::Grouped : DeltaNetLayout::Split;
+    }
+  return DeltaNetLayout::Split;
+}
+
+ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n) {
   const bool shifted = norms_hold_one_plus_w(ts, c, n);
+  const DeltaNetLayout stored = stored_deltanet_layout(ts, c, n);
   ModelWeights w;
   for_each_dense_tensor(c, n, w, [&](const DenseTensorSpec& spec, QMatrix* m, std::vector<float>* v) {
     switch (spec.kind) {
       case TensorKind::Linear:
         *m = view_linear(ts, spec.name, spec.rows, spec.cols, c.quant);
-        if (spec.fused != FusedInput::None && stored == DeltaNetLayout::Grouped)
-          *m = gather_rows(*m, split_row_order(c, spec.fused), w.owned);
+        if (spec.fused != FusedInput::None) *m = gather_rows(*m, split_row_order(c, spec.fused), w.owned);
         return;
       case TensorKind::Vector:
         *v = read_vector(ts.get(spec.name), spec.rows);
@@ -216,11 +225,11 @@ ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const
         return;
       }
     }
-  });
+  }, stored);
   const int64_t C = c.conv_dim(), vd = c.linear_value_dim(), hv = c.linear_num_value_heads;
   for (LayerWeights& l : w.layers) {
     DeltaNetWeights& g = l.gdn;
-    if (!g.in_proj_qkvz.empty()) {  // fused inputs, Split by now: the four are row ranges
+    if (!g.in_proj_qkvz.empty()) {  // Grouped inputs, reordered by now: the four are row ranges
       g.in_proj_qkv = g.in_proj_qkvz.row_slice(0, C);
       g.in_proj_z = g.in_proj_qkvz.row_slice(C, vd);
       g.in_proj_b = g.in_proj_ba.row_slice(0, hv);

@@ -37,6 +37,14 @@ enum class TensorKind {
 // Qwen3-Next's fused DeltaNet inputs, whose rows a Grouped checkpoint orders per key head.
 enum class FusedInput { None, Qkvz, Ba };
 
+// How a checkpoint or container stores the DeltaNet inputs (docs/qpack.md 4, model-math.md 5.1).
+// Grouped: Qwen3-Next as published (Hugging Face, MLX, Swiftlet's containers): two fused tensors,
+// in_proj_qkvz rows [q_g | k_g | v (r heads) | z (r heads)] and in_proj_ba rows [b (r) | a (r)]
+// for each key head g. Split: four tensors in_proj_qkv ([q | k | v]), in_proj_z, in_proj_b and
+// in_proj_a, heads in order: Qwen3.5's own layout, and what swiftlet-repack writes for both
+// families. The tensor names say which; the loader turns Grouped into Split once.
+enum class DeltaNetLayout { Grouped, Split };
+
 struct DenseTensorSpec {
   std::string name;  // module path (Linear) or full tensor name (others)
   TensorKind kind;
@@ -87,9 +95,12 @@ struct ModelWeights {
 };
 
 // Calls f(spec, QMatrix* or nullptr, std::vector<float>* or nullptr) for every resident tensor,
-// in a fixed order. lm_head is skipped when embeddings are tied.
+// in a fixed order. lm_head is skipped when embeddings are tied. `layout` picks Qwen3-Next's
+// DeltaNet inputs: the two fused tensors (Grouped) or the four split ones (Split); Qwen3.5 has
+// only the four.
 template <typename F>
-void for_each_dense_tensor(const ModelConfig& c, const NameScheme& n, ModelWeights& w, F&& f) {
+void for_each_dense_tensor(const ModelConfig& c, const NameScheme& n, ModelWeights& w, F&& f,
+                           DeltaNetLayout layout = DeltaNetLayout::Split) {
   const int64_t H = c.hidden_size;
   using K = TensorKind;
   w.layers.resize(size_t(c.num_layers));
@@ -103,7 +114,7 @@ void for_each_dense_tensor(const ModelConfig& c, const NameScheme& n, ModelWeigh
       const std::string a = p + "linear_attn.";
       DeltaNetWeights& g = l.gdn;
       const int64_t kd = c.linear_key_dim(), vd = c.linear_value_dim(), hv = c.linear_num_value_heads;
-      if (c.family == Family::Qwen3Next) {
+      if (c.family == Family::Qwen3Next && layout == DeltaNetLayout::Grouped) {
         f(DenseTensorSpec{a + "in_proj_qkvz", K::Linear, 2 * kd + 2 * vd, H, false, FusedInput::Qkvz},
           &g.in_proj_qkvz, nullptr);
         f(DenseTensorSpec{a + "in_proj_ba", K::Linear, 2 * hv, H, false, FusedInput::Ba}, &g.in_proj_ba, nullptr);
@@ -157,13 +168,17 @@ QMatrix view_linear(const TensorSet& ts, const std::string& path, int64_t rows, 
 // as mlx-lm does, by the conv1d weight being in MLX layout [C, K, 1]).
 bool norms_hold_one_plus_w(const TensorSet& ts, const ModelConfig& c, const NameScheme& n);
 
-// Row i of a fused input in the Split order is row split_row_order(c, which)[i] of the Grouped one.
+// Row i of a fused input in the Split order is row split_row_order(c, which)[i] of the Grouped
+// one: in_proj_qkvz's first conv_dim() rows become in_proj_qkv, the rest in_proj_z; in_proj_ba's
+// first linear_num_value_heads rows in_proj_b, the rest in_proj_a.
 std::vector<int64_t> split_row_order(const ModelConfig& c, FusedInput which);
 
+// Grouped when the first DeltaNet layer of a Qwen3-Next model has in_proj_qkvz, else Split.
+DeltaNetLayout stored_deltanet_layout(const TensorSet& ts, const ModelConfig& c, const NameScheme& n);
+
 // Loads every resident tensor (views into `ts`, vectors converted to fp32 with 1 + w applied).
-// Qwen3-Next's fused inputs stored in the `stored` order are reordered into the Split one (a copy
-// in `owned` when Grouped), and the four split inputs are views of their row ranges.
-ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n,
-                                DeltaNetLayout stored);
+// Grouped inputs are reordered once into memory of their own (`owned`) and the four split inputs
+// are views of their row ranges.
+ModelWeights load_dense_weights(const TensorSet& ts, const ModelConfig& c, const NameScheme& n);
 
 }  // namespace swiftlet

@@ -1,7 +1,8 @@
-// Qwen3-Next's fused DeltaNet inputs (in_proj_qkvz, in_proj_ba) in the Grouped order of the
-// published checkpoints and of version-1 containers, and in the Split order swiftlet-repack writes
-// (DeltaNetLayout, docs/qpack.md 2): the row order by hand, what repack records and writes, both
-// container layouts giving the same logits (float, 4-bit, 8-bit, MLX pass-through), and bad values.
+// Qwen3-Next's DeltaNet inputs fused and Grouped (in_proj_qkvz, in_proj_ba), as the published
+// checkpoints and Swiftlet's containers hold them, and split (in_proj_qkv, in_proj_z, in_proj_b,
+// in_proj_a) as swiftlet-repack writes them (DeltaNetLayout, docs/qpack.md 4): the row order by
+// hand, what repack writes, both container layouts giving the same logits (float, 4-bit, 8-bit,
+// MLX pass-through), and containers holding neither whole.
 #include "convert/repack.h"
 
 #include "core/error.h"
@@ -11,13 +12,16 @@
 #include "model/weights.h"
 #include "runtime/model_info.h"
 #include "runtime/model_loader.h"
+#include "support/split_inputs.h"
 #include "support/test_paths.h"
 #include "support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <filesystem>
 #include <fstream>
 
@@ -55,45 +59,44 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-FusedInput fused_of(const std::string& name) {
-  if (name.find("linear_attn.in_proj_qkvz.") != std::string::npos) return FusedInput::Qkvz;
-  if (name.find("linear_attn.in_proj_ba.") != std::string::npos) return FusedInput::Ba;
-  return FusedInput::None;
-}
-
-// Turns a Split container into what a version-1 writer (Swiftlet, or swiftlet before the layout
-// field) makes: the fused inputs' rows back in the Grouped order, no deltanetLayout in the manifest,
-// and no checksums.json.
+// Turns a container of split inputs into what Swiftlet writes: per DeltaNet layer the fused
+// in_proj_qkvz and in_proj_ba, rows Grouped, and no checksums.json.
 void make_grouped(const std::string& dir) {
   const ModelConfig c = ModelConfig::load(dir + "/config.json");
   const std::string st = dir + "/model.safetensors";
   {
     const TensorSet ts = TensorSet::open_files({st});
-    std::vector<std::vector<uint8_t>> bufs;
+    std::map<std::string, std::vector<uint8_t>> fused;  // fused name -> Grouped bytes
+    std::map<std::string, TensorToWrite> fused_meta;
+    std::map<std::string, size_t> rows_filled;
     std::vector<TensorToWrite> out;
-    int moved = 0;
     for (const std::string& name : ts.names()) {
       const TensorView& t = ts.get(name);
-      const FusedInput which = fused_of(name);
-      if (which == FusedInput::None) {
+      const auto f = swiftlet::testing::fused_rows_of(c, name);
+      if (!f) {
         out.push_back({name, t.dtype, t.shape, t.data});
         continue;
       }
-      const std::vector<int64_t> order = split_row_order(c, which);
-      ASSERT_EQ(int64_t(order.size()), t.shape[0]) << name;
-      const size_t row = t.nbytes / order.size();
-      auto& b = bufs.emplace_back(t.nbytes);
-      for (size_t i = 0; i < order.size(); ++i) std::memcpy(b.data() + size_t(order[i]) * row, t.data + i * row, row);
-      out.push_back({name, t.dtype, t.shape, b.data()});
-      ++moved;
+      const size_t row = t.nbytes / size_t(t.shape[0]);
+      rows_filled[f->fused_name] += f->rows.size();
+      auto& b = fused[f->fused_name];
+      b.resize(row * size_t(f->fused_rows));
+      for (size_t i = 0; i < f->rows.size(); ++i) std::memcpy(b.data() + size_t(f->rows[i]) * row, t.data + i * row, row);
+      std::vector<int64_t> shape = t.shape;
+      shape[0] = f->fused_rows;
+      fused_meta[f->fused_name] = {f->fused_name, t.dtype, shape, nullptr};
     }
-    ASSERT_GT(moved, 0);
+    ASSERT_FALSE(fused.empty());
+    ASSERT_EQ(fused.size() % size_t(2 * c.num_linear_layers()), 0u);  // two inputs a layer, each suffix
+    for (auto& [name, meta] : fused_meta) {
+      ASSERT_EQ(rows_filled[name], size_t(meta.shape[0])) << name << ": its parts do not cover it";
+      meta.data = fused[name].data();
+      out.push_back(meta);
+    }
     write_safetensors(st + ".new", out);
   }
   fs::rename(st + ".new", st);
   json m = json::parse(read_text_file(dir + "/manifest.json"));
-  ASSERT_EQ(m.value("deltanetLayout", ""), "split");
-  m.erase("deltanetLayout");
   m["files"].erase(kQpackChecksumsFile);
   m["files"]["model.safetensors"] = fs::file_size(st);
   fs::remove(dir + "/" + kQpackChecksumsFile);
@@ -119,32 +122,29 @@ TEST(DeltaNetLayout, SplitRowOrderByHand) {
             (std::vector<int64_t>{0, 1, 10, 11, 2, 3, 12, 13, 4, 5, 6, 14, 15, 16, 7, 8, 9, 17, 18, 19}));
 }
 
-// swiftlet-repack says "split" and writes each fused input's row i from the checkpoint's row
-// split_row_order[i]: at --bits 16 the bf16 rows pass through, so the bytes show it.
-TEST(DeltaNetLayout, RepackRecordsAndWritesTheSplitLayout) {
+// swiftlet-repack writes the four split inputs, each row i of a part from the checkpoint's row
+// split_row_order[first + i], and no fused input: at --bits 16 the bf16 rows pass through, so the
+// bytes show it. Swiftlet, which looks for in_proj_qkvz, refuses such a container by name.
+TEST(DeltaNetLayout, RepackWritesTheSplitInputs) {
   if (!has_fixture("next_8l")) GTEST_SKIP() << "fixture missing";
   TempDir tmp;
   const std::string out = container("next_8l", 16, tmp / "m.qpack");
-  const json m = json::parse(read_text_file(out + "/manifest.json"));
-  EXPECT_EQ(m.value("deltanetLayout", ""), "split");
   const ModelConfig c = ModelConfig::load(out + "/config.json");
   const TensorSet src = TensorSet::open_dir(fixture_dir("next_8l"));
   const TensorSet dst = TensorSet::open_files({out + "/model.safetensors"});
   int checked = 0;
   for (const std::string& name : dst.names()) {
-    const FusedInput which = fused_of(name);
-    if (which == FusedInput::None) continue;
-    const TensorView& a = src.get(name);
-    const TensorView& b = dst.get(name);
-    ASSERT_EQ(a.dtype, b.dtype) << name;
-    ASSERT_EQ(a.nbytes, b.nbytes) << name;
-    const std::vector<int64_t> order = split_row_order(c, which);
-    const size_t row = a.nbytes / order.size();
-    for (size_t i = 0; i < order.size(); ++i)
-      ASSERT_EQ(0, std::memcmp(b.data + i * row, a.data + size_t(order[i]) * row, row)) << name << " row " << i;
+    EXPECT_EQ(name.find("in_proj_qkvz"), std::string::npos) << name;
+    EXPECT_EQ(name.find("in_proj_ba"), std::string::npos) << name;
+    const auto f = swiftlet::testing::fused_rows_of(c, name);
+    if (!f) continue;
+    ASSERT_NO_FATAL_FAILURE(swiftlet::testing::expect_rows_from(src.get(f->fused_name), dst.get(name), *f));
     ++checked;
   }
-  EXPECT_EQ(checked, 2 * c.num_linear_layers());
+  EXPECT_EQ(checked, 4 * c.num_linear_layers());
+  const NameScheme n = NameScheme::detect(dst, c);
+  EXPECT_EQ(stored_deltanet_layout(dst, c, n), DeltaNetLayout::Split);
+  EXPECT_EQ(stored_deltanet_layout(src, c, NameScheme::detect(src, c)), DeltaNetLayout::Grouped);
 }
 
 struct LayoutCase {
@@ -154,9 +154,9 @@ struct LayoutCase {
 
 class DeltaNetLayoutLogits : public ::testing::TestWithParam<LayoutCase> {};
 
-// A container in the old (Grouped) layout is reordered at load: its logits equal those of the same
-// weights written Split, bit for bit, and so do those of the checkpoint where the container holds
-// its exact weights (bf16 at --bits 16, the MLX fixture's bytes).
+// A container of fused Grouped inputs (Swiftlet's) is reordered at load: its logits equal those of
+// the same weights written split, bit for bit, and so do those of the checkpoint where the
+// container holds its exact weights (bf16 at --bits 16, the MLX fixture's bytes).
 TEST_P(DeltaNetLayoutLogits, OldAndNewContainersAgree) {
   const LayoutCase p = GetParam();
   if (!has_fixture(p.fixture)) GTEST_SKIP() << "fixture missing";
@@ -175,7 +175,8 @@ TEST_P(DeltaNetLayoutLogits, OldAndNewContainersAgree) {
   uint64_t fused = 0;
   const TensorSet ts = TensorSet::open_files({grouped + "/model.safetensors"});
   for (const std::string& name : ts.names())
-    if (fused_of(name) != FusedInput::None) fused += ts.get(name).nbytes;
+    if (name.find("in_proj_qkvz.") != std::string::npos || name.find("in_proj_ba.") != std::string::npos)
+      fused += ts.get(name).nbytes;
   EXPECT_GT(fused, 0u);
   EXPECT_EQ(summarize_model(split).resident_bytes, fs::file_size(split + "/model.safetensors"));
   EXPECT_EQ(summarize_model(grouped).resident_bytes, fs::file_size(grouped + "/model.safetensors") + fused);
@@ -188,24 +189,51 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DeltaNetLayoutLogits,
                            return std::string(info.param.fixture) + "_" + std::to_string(info.param.bits) + "bit";
                          });
 
-// An unknown or mistyped deltanetLayout is refused with what to do, before anything runs.
-TEST(DeltaNetLayout, UnknownLayoutIsAClearError) {
+// Drops tensors from a container's model.safetensors (and its checksums, which then differ).
+void drop_tensors(const std::string& dir, const std::vector<std::string>& names) {
+  const std::string st = dir + "/model.safetensors";
+  {
+    const TensorSet ts = TensorSet::open_files({st});
+    std::vector<TensorToWrite> out;
+    for (const std::string& name : ts.names()) {
+      const TensorView& t = ts.get(name);
+      if (std::find(names.begin(), names.end(), name) == names.end()) out.push_back({name, t.dtype, t.shape, t.data});
+    }
+    ASSERT_EQ(out.size() + names.size(), ts.names().size());
+    write_safetensors(st + ".new", out);
+  }
+  fs::rename(st + ".new", st);
+  json m = json::parse(read_text_file(dir + "/manifest.json"));
+  m["files"].erase(kQpackChecksumsFile);
+  m["files"]["model.safetensors"] = fs::file_size(st);
+  fs::remove(dir + "/" + kQpackChecksumsFile);
+  write_text(dir + "/manifest.json", m.dump(2));
+}
+
+// A container that holds a layer's inputs in neither layout whole is refused, naming the tensor
+// that is missing, before anything runs.
+TEST(DeltaNetLayout, IncompleteInputsAreAClearError) {
   if (!has_fixture("next_8l")) GTEST_SKIP() << "fixture missing";
   TempDir tmp;
-  const std::string out = container("next_8l", 4, tmp / "m.qpack");
-  json m = json::parse(read_text_file(out + "/manifest.json"));
-  for (const json& bad : {json("diagonal"), json(2), json("Split")}) {
-    m["deltanetLayout"] = bad;
-    write_text(out + "/manifest.json", m.dump(2));
-    const std::string e = error_of([&] { load_model(out); });
-    EXPECT_NE(e.find("deltanetLayout"), std::string::npos) << e;
-    EXPECT_NE(e.find(bad.is_string() ? "'" + bad.get<std::string>() + "'" : bad.dump()), std::string::npos) << e;
-    EXPECT_NE(e.find("\"grouped\" and \"split\""), std::string::npos) << e;
-    EXPECT_NE(e.find("update swiftlet"), std::string::npos) << e;
-  }
-  m["deltanetLayout"] = "grouped";  // a known value: loads (the rows are then read as Grouped)
-  write_text(out + "/manifest.json", m.dump(2));
-  EXPECT_NO_THROW(load_model(out));
+  const std::string split = container("next_8l", 16, tmp / "split.qpack");
+  const ModelConfig c = ModelConfig::load(split + "/config.json");
+  int first = 0;
+  while (!c.is_linear_layer(first)) ++first;
+  const std::string z = "model.layers." + std::to_string(first) + ".linear_attn.in_proj_z.weight";
+  ASSERT_NO_FATAL_FAILURE(drop_tensors(split, {z}));
+  std::string e = error_of([&] { load_model(split); });
+  EXPECT_NE(e.find("missing tensor '" + z + "'"), std::string::npos) << e;
+
+  // Fused in the first DeltaNet layer, split parts missing in a later one.
+  const std::string grouped = container("next_8l", 16, tmp / "grouped.qpack");
+  ASSERT_NO_FATAL_FAILURE(make_grouped(grouped));
+  int last = c.num_layers - 1;
+  while (!c.is_linear_layer(last)) --last;
+  ASSERT_GT(last, first);
+  const std::string ba = "model.layers." + std::to_string(last) + ".linear_attn.in_proj_ba.weight";
+  ASSERT_NO_FATAL_FAILURE(drop_tensors(grouped, {ba}));
+  e = error_of([&] { load_model(grouped); });
+  EXPECT_NE(e.find("missing tensor '" + ba + "'"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ int count_eight_bit(const QuantConfig& q) {
 // fused DeltaNet inputs alone (what the loader copies when it reorders Grouped rows).
 uint64_t resident_bytes(const TensorSet& ts, const ModelConfig& c, bool fused_only = false) {
   const NameScheme n = NameScheme::detect(ts, c);
+  const DeltaNetLayout layout = stored_deltanet_layout(ts, c, n);
   uint64_t total = 0;
   ModelWeights scratch;
   for_each_dense_tensor(c, n, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) {
@@ -39,7 +40,7 @@ uint64_t resident_bytes(const TensorSet& ts, const ModelConfig& c, bool fused_on
       if (s.kind == TensorKind::Linear && !*sfx) continue;
       if (const TensorView* t = ts.find(s.name + sfx)) total += t->nbytes;
     }
-  });
+  }, layout);
   return total;
 }
 
@@ -53,8 +54,8 @@ ModelSummary summarize_qpack(const QpackContainer& qc) {
   s.checksums = qc.checksums.has_value();
   s.config = qc.config;
   s.resident_bytes = fs::file_size(qc.path("model.safetensors"));
-  if (qc.manifest.deltanet_layout == DeltaNetLayout::Grouped && s.config.family == Family::Qwen3Next)
-    s.resident_bytes += resident_bytes(TensorSet::open_files({qc.path("model.safetensors")}), s.config, true);
+  // A Grouped container (Swiftlet's) costs its fused DeltaNet inputs twice: mapped and reordered.
+  s.resident_bytes += resident_bytes(TensorSet::open_files({qc.path("model.safetensors")}), s.config, true);
   s.streamed_bytes = uint64_t(qc.layout.layer_count) * uint64_t(qc.layout.expert_count) * qc.layout.expert_stride;
   s.expert_bytes = qc.layout.payload();
   s.expert_stride = qc.layout.expert_stride;

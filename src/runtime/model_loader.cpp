@@ -121,7 +121,7 @@ std::unique_ptr<LoadedModel> load_qpack(const std::string& path, const LoadOptio
   lm->model.config = qc.config;
   lm->tensors = std::make_unique<TensorSet>(TensorSet::open_files({qc.path("model.safetensors")}, opts.resident));
   const NameScheme names = NameScheme::detect(*lm->tensors, lm->model.config);
-  lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names, qc.manifest.deltanet_layout);
+  lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names);
   lm->memory = plan_memory(summarize_qpack(qc), opts);
   QpackExpertsOptions eo;
   eo.verify = opts.verify_experts;
@@ -149,8 +149,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   lm->model.config = ModelConfig::load(cfg_path);
   lm->tensors = std::make_unique<TensorSet>(TensorSet::open_dir(path));
   const NameScheme names = NameScheme::detect(*lm->tensors, lm->model.config);
-  // Hugging Face and MLX checkpoints keep Qwen3-Next's fused inputs in the published order.
-  lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names, DeltaNetLayout::Grouped);
+  lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names);
   lm->experts = std::make_unique<TensorExperts>(*lm->tensors, lm->model.config, names);
   lm->model.experts = lm->experts.get();
   return lm;

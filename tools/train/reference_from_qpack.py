@@ -12,7 +12,8 @@ the MLX -> HF view). Written to DIR:
   reference.json   greedy continuations of chat prompts (full-sequence forwards, float64), the
                    smallest top-1/top-2 logit gap along each, the perplexity of the test text's
                    first windows (float64, `swiftlet perplexity`'s definition) and of the whole test
-                   text (float32)
+                   text (float32, and bfloat16: the weights and activations as a bf16 checkpoint
+                   runs in transformers)
   logits_N.f32     the float64 logits at the last prompt position of prompt N, as float32
   test_slice.txt   the test text's first documents, enough for the windows scored in reference.json
 """
@@ -38,8 +39,8 @@ PROMPTS = ['What does the word "harbor" mean?', "What is a dog?", "Define happin
 
 
 def split_row_order(cfg, fused):
-    """Row i of a fused DeltaNet input in the Split order is row order[i] of the Grouped one
-    (docs/qpack.md 2, deltanetLayout; as split_row_order in src/model/weights.cpp)."""
+    """Row i of a fused DeltaNet input in the split order is row order[i] of the grouped one
+    (docs/qpack.md 4; as split_row_order in src/model/weights.cpp)."""
     hk = cfg["linear_num_key_heads"]
     r = cfg["linear_num_value_heads"] // hk
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
@@ -53,26 +54,26 @@ def split_row_order(cfg, fused):
 
 
 def to_grouped(tensors, cfg):
-    """Puts the fused inputs of a container written Split back into the Grouped order transformers
-    reads (whole rows: quantised rows move with their scales and biases)."""
-    for name, t in tensors.items():
-        fused = "qkvz" if ".linear_attn.in_proj_qkvz." in name else "ba" if ".linear_attn.in_proj_ba." in name else None
-        if fused:
-            order = split_row_order(cfg, fused)
-            grouped = np.empty_like(t.data)
-            grouped[order] = t.data
-            tensors[name] = st_io.Tensor(t.dtype, grouped)
+    """Fuses the split DeltaNet inputs swiftlet-repack writes for Qwen3-Next (in_proj_qkv + in_proj_z,
+    in_proj_b + in_proj_a) back into the grouped in_proj_qkvz / in_proj_ba transformers reads
+    (whole rows: quantised rows move with their scales and biases). Qwen3.5 keeps them split."""
+    if cfg.get("model_type") != "qwen3_next":
+        return
+    for name in [n for n in tensors if ".linear_attn.in_proj_qkv." in n or ".linear_attn.in_proj_b." in n]:
+        fused, first, second = (("qkvz", "in_proj_qkv.", "in_proj_z.") if "in_proj_qkv." in name
+                                else ("ba", "in_proj_b.", "in_proj_a."))
+        other = name.replace(first, second)
+        t, u = tensors.pop(name), tensors.pop(other)
+        split = np.concatenate([t.data, u.data])
+        grouped = np.empty_like(split)
+        grouped[split_row_order(cfg, fused)] = split
+        tensors[name.replace(first, "in_proj_" + fused + ".")] = st_io.Tensor(t.dtype, grouped)
 
 
 def read_qpack(d):
     tensors, _ = st_io.load_file(os.path.join(d, "model.safetensors"))
-    with open(os.path.join(d, "manifest.json")) as fh:
-        layout_name = json.load(fh).get("deltanetLayout", "grouped")
-    if layout_name == "split":
-        with open(os.path.join(d, "config.json")) as fh:
-            to_grouped(tensors, json.load(fh))
-    elif layout_name != "grouped":
-        raise ValueError(f"{d}: deltanetLayout {layout_name!r} is not 'grouped' or 'split'")
+    with open(os.path.join(d, "config.json")) as fh:
+        to_grouped(tensors, json.load(fh))
     with open(os.path.join(d, "packed_experts", "layout.json")) as fh:
         layout = json.load(fh)
     E, stride = layout["expertCount"], layout["expertStride"]
@@ -182,10 +183,12 @@ def main():
     ref["slice"] = {"documents": k, "tokens": int(len(ids)), **{a: b for a, b in r.items()}}
     print(f"slice: {k} documents, {len(ids)} tokens, ppl {r['ppl']:.6f} over {r['scored']} tokens (float64)", flush=True)
 
-    m32 = model.to(torch.float32)
-    r = perplexity(m32, tokenize(tok, text))
-    ref["test_fp32"] = {a: b for a, b in r.items() if a != "window_nll"}
-    print(f"whole test text: ppl {r['ppl']:.4f} over {r['scored']} tokens, {r['windows']} windows (float32)", flush=True)
+    test_ids = tokenize(tok, text)
+    for name, dtype in (("test_fp32", torch.float32), ("test_bf16", torch.bfloat16)):
+        r = perplexity(model.to(dtype), test_ids)
+        ref[name] = {a: b for a, b in r.items() if a != "window_nll"}
+        print(f"whole test text: ppl {r['ppl']:.4f} over {r['scored']} tokens, {r['windows']} windows ({dtype})",
+              flush=True)
     with open(os.path.join(args.out, "reference.json"), "w") as fh:
         json.dump(ref, fh, indent=1)
 
