@@ -59,6 +59,19 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
+// Replaces a container's model.safetensors by `tensors` (their data may point into the mapped
+// original) and updates the manifest; drops checksums.json, whose resident checksum would differ.
+void replace_resident(const std::string& dir, const std::vector<TensorToWrite>& tensors) {
+  const std::string st = dir + "/model.safetensors";
+  write_safetensors(st + ".new", tensors);
+  fs::rename(st + ".new", st);
+  json m = json::parse(read_text_file(dir + "/manifest.json"));
+  m["files"].erase(kQpackChecksumsFile);
+  m["files"]["model.safetensors"] = fs::file_size(st);
+  fs::remove(dir + "/" + kQpackChecksumsFile);
+  write_text(dir + "/manifest.json", m.dump(2));
+}
+
 // Turns a container of split inputs into what Swiftlet writes: per DeltaNet layer the fused
 // in_proj_qkvz and in_proj_ba, rows Grouped, and no checksums.json.
 void make_grouped(const std::string& dir) {
@@ -93,14 +106,8 @@ void make_grouped(const std::string& dir) {
       meta.data = fused[name].data();
       out.push_back(meta);
     }
-    write_safetensors(st + ".new", out);
+    replace_resident(dir, out);
   }
-  fs::rename(st + ".new", st);
-  json m = json::parse(read_text_file(dir + "/manifest.json"));
-  m["files"].erase(kQpackChecksumsFile);
-  m["files"]["model.safetensors"] = fs::file_size(st);
-  fs::remove(dir + "/" + kQpackChecksumsFile);
-  write_text(dir + "/manifest.json", m.dump(2));
 }
 
 // Worked by hand for 2 key heads of 2 value heads each, dk = dv = 1. Grouped in_proj_qkvz rows:
@@ -200,14 +207,8 @@ void drop_tensors(const std::string& dir, const std::vector<std::string>& names)
       if (std::find(names.begin(), names.end(), name) == names.end()) out.push_back({name, t.dtype, t.shape, t.data});
     }
     ASSERT_EQ(out.size() + names.size(), ts.names().size());
-    write_safetensors(st + ".new", out);
+    replace_resident(dir, out);
   }
-  fs::rename(st + ".new", st);
-  json m = json::parse(read_text_file(dir + "/manifest.json"));
-  m["files"].erase(kQpackChecksumsFile);
-  m["files"]["model.safetensors"] = fs::file_size(st);
-  fs::remove(dir + "/" + kQpackChecksumsFile);
-  write_text(dir + "/manifest.json", m.dump(2));
 }
 
 // A container that holds a layer's inputs in neither layout whole is refused, naming the tensor
