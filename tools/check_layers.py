@@ -53,9 +53,10 @@ FILE_EXCEPTIONS = {
     "model/gpu_forward_test.cpp": {"runtime/session.h", "experts/expert_slots.h"},
 }
 # tests/support headers a unit test of any layer may include (they include only core/, the
-# standard library and test libraries). The others need more (tiny_model.h: a synthetic container, from convert/).
+# standard library and test libraries). The others need more (tiny_model.h: a synthetic container, from
+# convert/; split_inputs.h: the DeltaNet row order, from model/).
 LIGHT_SUPPORT = {"support/test_paths.h", "support/test_util.h", "support/local_hub.h"}
-SUPPORT_NEEDS = {"support/tiny_model.h": "convert"}
+SUPPORT_NEEDS = {"support/tiny_model.h": "convert", "support/split_inputs.h": "model"}
 
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
 SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
