@@ -191,6 +191,8 @@ class Forward final : public ForwardPass {
   std::vector<float> router_;   // [T][experts]
   std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I]; outputs [T*top_k][H]
   std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]
+  std::vector<ExpertWeights> ews_;  // [max_batch] the experts of a group
+  std::vector<MatmulJob> jobs_;      // [2 * max_batch] a group's products
   std::vector<int32_t> ids_;      // experts the chunk routes to, in compute order
   std::vector<int32_t> all_experts_;  // 0 .. E-1: a long prompt's read-ahead of the next layer
   std::vector<int64_t> expert_rows_;  // [expert] first row of its outputs in ye_
