@@ -93,8 +93,8 @@ void Forward::decode_batch(std::span<SessionState* const> states, std::span<cons
   if (N == 0) fail("decode_batch: the batch is empty: give at least one session state and its token");
   if (tokens.size() != states.size())
     fail("decode_batch: {} session states but {} tokens: give one token per state", states.size(), tokens.size());
-  if (observer_ || override_)
-    fail("decode_batch: routing observers and overrides follow one sequence: decode those sessions alone");
+  if (observer_)
+    fail("decode_batch: a routing observer follows one sequence: decode those sessions alone");
   for (int64_t i = 0; i < N; ++i) {
     const SessionState* st = states[size_t(i)];
     if (!st) fail("decode_batch: session state {} is null", i);

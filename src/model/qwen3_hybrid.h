@@ -77,9 +77,10 @@ class Forward final : public ForwardPass {
   // for the sequences that chose it; attention and DeltaNet run on each sequence's own state.
   // logits: [N][vocab], row i equal to what run() on states[i] alone would give. Throws Error
   // (changing no state) on an empty batch, a state listed twice, a state of another model's
-  // shape, a token outside the vocabulary, or with a routing observer or override set (they
-  // follow one sequence). The next layers' experts are guessed (set_predict_next) only for a
-  // batch of one; a larger batch has each layer read its union when the layer routes.
+  // shape, a token outside the vocabulary, or with a routing observer set (it follows one
+  // sequence). A route override is asked for each row at its own position, as run() asks it.
+  // The next layers' experts are guessed (set_predict_next) only for a batch of one; a larger
+  // batch has each layer read its union when the layer routes.
   void decode_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens, std::vector<float>& logits);
 
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
