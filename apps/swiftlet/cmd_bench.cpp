@@ -10,8 +10,9 @@
 // model's own router, mapped onto its layers and experts as docs/routing-trace.md describes.
 // --streams 1,2,4 measures batched decoding instead (Forward::decode_batch, docs/batching.md):
 // in each configuration's process, N sequences with prompts of their own decode together, for
-// every N listed, each N against the others in the same process; it prints aggregate and
-// per-stream decode tok/s, the experts a step acquires and the time per step by part.
+// every N listed, each N against the others in the same process (taking turns step by step when
+// the cache holds every expert); it prints aggregate and per-stream decode tok/s, the experts a
+// step acquires and the time per step by part.
 #include "cli_util.h"
 #include "commands.h"
 
@@ -298,50 +299,70 @@ void run_streams_child(const BenchOptions& o) {
   }
   const double prefill_s = since(t_prefill);
 
-  // Decodes the first n streams together for `steps` steps; returns the result row.
-  auto decode = [&](int n, bool measure) {
-    std::vector<SessionState> st(start.begin(), start.begin() + n);
+  // One batch size: its own Forward (buffers, profile) and copies of the first n streams.
+  struct Run {
+    int n;
+    std::unique_ptr<Forward> fwd;
+    std::vector<SessionState> st;
     std::vector<SessionState*> ptr;
-    for (SessionState& s : st) ptr.push_back(&s);
-    std::vector<int32_t> next(first.begin(), first.begin() + n);
-    std::vector<std::vector<int32_t>> out(static_cast<size_t>(n));
-    fwd.reset_profile();
+    std::vector<int32_t> next;
+    std::vector<std::vector<int32_t>> out;
+    std::vector<float> logits;
+    double secs = 0;
+    ExpertStats io;  // hits, misses, bytes_read, wait_seconds summed over its steps
+  };
+  auto make_run = [&](int n) {
+    Run r;
+    r.n = n;
+    r.fwd = std::make_unique<Forward>(m, engine.backend());
+    r.fwd->set_predict_next(eo.predict_next);
+    if (per_stream) r.fwd->set_route_override(&*per_stream);
+    r.st.assign(start.begin(), start.begin() + n);
+    for (SessionState& x : r.st) r.ptr.push_back(&x);
+    r.next.assign(first.begin(), first.begin() + n);
+    r.out.resize(size_t(n));
+    return r;
+  };
+  auto step = [&](Run& r) {
+    if (per_stream) {
+      std::vector<std::pair<int64_t, int64_t>> table;
+      for (int i = 0; i < r.n; ++i) table.emplace_back(r.st[size_t(i)].pos, offset_of(i));
+      per_stream->set(std::move(table));
+    }
     const ExpertStats e0 = src->expert_stats();
     const auto t0 = Clock::now();
-    for (int s = 0; s < o.decode; ++s) {
-      if (per_stream) {
-        std::vector<std::pair<int64_t, int64_t>> table;
-        for (int i = 0; i < n; ++i) table.emplace_back(st[size_t(i)].pos, offset_of(i));
-        per_stream->set(std::move(table));
-      }
-      fwd.decode_batch(ptr, next, logits);
-      for (int i = 0; i < n; ++i) {
-        next[size_t(i)] = argmax_of(logits.data() + int64_t(i) * V, V);
-        out[size_t(i)].push_back(next[size_t(i)]);
-      }
-    }
-    const double secs = since(t0);
+    r.fwd->decode_batch(r.ptr, r.next, r.logits);
+    r.secs += since(t0);
     const ExpertStats e1 = src->expert_stats();
-    if (!measure) return json();
-    const Forward::Profile& p = fwd.profile();
+    r.io.hits += e1.hits - e0.hits;
+    r.io.misses += e1.misses - e0.misses;
+    r.io.bytes_read += e1.bytes_read - e0.bytes_read;
+    r.io.wait_seconds += e1.wait_seconds - e0.wait_seconds;
+    for (int i = 0; i < r.n; ++i) {
+      r.next[size_t(i)] = argmax_of(r.logits.data() + int64_t(i) * V, V);
+      r.out[size_t(i)].push_back(r.next[size_t(i)]);
+    }
+  };
+  auto result = [&](const Run& r) {
+    const Forward::Profile& p = r.fwd->profile();
     const double steps = double(o.decode);
     auto ms = [&](double v) { return v / steps * 1e3; };
     json hashes = json::array();
-    for (const auto& toks : out) {
+    for (const auto& toks : r.out) {
       uint64_t h = 1469598103934665603ull;
       for (int32_t id : toks) h = (h ^ uint64_t(uint32_t(id))) * 1099511628211ull;
       hashes.push_back(fmt::format("{:016x}", h));
     }
-    return json{{"streams", n},
+    return json{{"streams", r.n},
                 {"steps", o.decode},
-                {"seconds", secs},
-                {"aggregate_tok_s", double(n) * steps / secs},
-                {"per_stream_tok_s", steps / secs},
-                {"hits", e1.hits - e0.hits},
-                {"misses", e1.misses - e0.misses},
-                {"bytes_read", e1.bytes_read - e0.bytes_read},
-                {"wait_s", e1.wait_seconds - e0.wait_seconds},
-                {"acquired_per_step", double((e1.hits - e0.hits) + (e1.misses - e0.misses)) / steps},
+                {"seconds", r.secs},
+                {"aggregate_tok_s", double(r.n) * steps / r.secs},
+                {"per_stream_tok_s", steps / r.secs},
+                {"hits", r.io.hits},
+                {"misses", r.io.misses},
+                {"bytes_read", r.io.bytes_read},
+                {"wait_s", r.io.wait_seconds},
+                {"acquired_per_step", double(r.io.hits + r.io.misses) / steps},
                 {"profile",
                  {{"attention_ms", ms(p.attention)},
                   {"delta_net_ms", ms(p.delta_net)},
@@ -349,14 +370,31 @@ void run_streams_child(const BenchOptions& o) {
                   {"expert_compute_ms", ms(p.expert_compute)},
                   {"expert_acquire_ms", ms(p.expert_acquire)},
                   {"lm_head_ms", ms(p.lm_head)},
-                  {"total_ms", secs / steps * 1e3}}},
+                  {"total_ms", r.secs / steps * 1e3}}},
                 {"stream_hashes", hashes}};
   };
   // A first pass of the largest batch reads every expert the measured passes use (each stream
   // decodes the same tokens in any batch).
-  if (o.warm) decode(max_n, false);
+  if (o.warm) {
+    Run w = make_run(max_n);
+    for (int s = 0; s < o.decode; ++s) step(w);
+  }
+  // When the cache keeps every expert it reads, the batch sizes take turns step by step, so a
+  // change in what else this machine runs falls on all of them alike. A smaller cache runs them
+  // one after another: taking turns, one batch would find the experts another just read.
+  const int cap = src->capacity();
+  const bool interleave = cap == 0 || int64_t(cap) >= int64_t(c.num_layers) * c.num_experts;
+  std::vector<Run> runs;
+  for (int n : sizes) runs.push_back(make_run(n));
+  if (interleave) {
+    for (int s = 0; s < o.decode; ++s)
+      for (Run& r : runs) step(r);
+  } else {
+    for (Run& r : runs)
+      for (int s = 0; s < o.decode; ++s) step(r);
+  }
   json rows = json::array();
-  for (int n : sizes) rows.push_back(decode(n, true));
+  for (const Run& r : runs) rows.push_back(result(r));
 
   const QpackContainer qc = QpackContainer::open(o.model.model);
   const bool tied = m.weights.lm_head.data == m.weights.embed_tokens.data;
@@ -368,6 +406,7 @@ void run_streams_child(const BenchOptions& o) {
             {"dense_bytes", dense},
             {"expert_bytes", qc.layout.payload()},
             {"cache_budget", es.cache_budget},
+            {"interleaved", interleave},
             {"rows", rows}};
   j["memory_gb_s"] = measure_memory_bandwidth(size_t(256) << 20);
   std::printf("%s\n", j.dump().c_str());
@@ -523,6 +562,10 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
               "aggregate over the memory bound (%.1f GB/s / (dense weights + acquired experts) x N); disk %.2f GB/s\n\n",
               membw, disk);
   std::printf("%s\n", table.c_str());
+  for (const json& cfg : rows)
+    std::printf("%s: the batch sizes ran %s\n", cfg["cache"].get<std::string>().c_str(),
+                cfg.value("interleaved", false) ? "in turns, one step each (the cache holds every expert)"
+                                                : "one after another (the cache is smaller than the model)");
   std::printf("each stream decoded the same tokens in every batch it was in: %s\n", same ? "yes" : "NO");
 }
 
