@@ -556,7 +556,7 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
               o.streams.c_str(), o.prompt_tokens, o.decode, o.model.backend.c_str(),
               o.warm ? "; measured after a first pass of the largest batch filled the cache" : "");
   std::printf("routing: %s%s\n", routing.c_str(),
-              o.routing_trace.empty() ? "" : " (stream i replays its own region of the trace, i / N of its length on)");
+              o.routing_trace.empty() ? "" : " (stream i replays its own region of the trace, from i / (largest N) of its length on)");
   std::printf("xagg, xper: aggregate and per-stream tok/s over the first N's of the same configuration (same process); "
               "experts/step: routed experts acquired a step (the union of the streams' choices, all layers); %%mem: "
               "aggregate over the memory bound (%.1f GB/s / (dense weights + acquired experts) x N); disk %.2f GB/s\n\n",
@@ -583,6 +583,10 @@ void run_bench(const BenchOptions& o) {
   for (const std::string& c : split(o.cache))
     if (c != "default" && c != "all" && c.rfind("budget:", 0) != 0) parse_bytes(c, "--cache");
   for (const std::string& io : split(o.io)) parse_io_mode(io);
+  if (!o.streams.empty()) {
+    parse_streams(o.streams);  // refused here, before any run
+    if (o.model.gpu) fail("--streams measures the CPU's decode_batch: leave out --gpu");
+  }
 
   // The disk first: random reads of whole experts, as decode does them.
   const int k = std::max(1, qc.config.num_experts_per_tok);
