@@ -195,5 +195,38 @@ TEST_F(RoutingCli, TraceThenCacheSimAndReplayInBench) {
   EXPECT_EQ(c.positions[0], 0);
 }
 
+// bench --streams: each batch size in the same process, every stream decoding the same tokens in
+// every batch (decode_batch is bit-exact), a step of one stream acquiring top-k experts a layer
+// and a step of three the union of theirs; a bad list is refused with a message.
+TEST_F(RoutingCli, BenchStreamsComparesBatchSizesInOneProcess) {
+  const std::string model = testing::tiny_qpack_with_tokenizer();
+  const ModelConfig c = QpackContainer::open(model).config;
+  CmdResult r = sh("bench " + model + " --streams 1,3 --cache all --warm --io-modes uring --predict off "
+                   "--prompt-tokens 4 --decode 3 --disk-seconds 0.1 --json",
+                   true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["same_tokens"].get<bool>());
+  ASSERT_EQ(j["streams"].size(), 1u);
+  const auto& cfg = j["streams"][0];
+  EXPECT_TRUE(cfg["interleaved"].get<bool>());  // --cache all keeps every expert
+  const auto& rows = cfg["rows"];
+  ASSERT_EQ(rows.size(), 2u);
+  const double one_step = double(c.num_layers * c.num_experts_per_tok);
+  EXPECT_EQ(rows[0]["streams"].get<int>(), 1);
+  EXPECT_EQ(rows[0]["acquired_per_step"].get<double>(), one_step);
+  EXPECT_EQ(rows[1]["streams"].get<int>(), 3);
+  EXPECT_GE(rows[1]["acquired_per_step"].get<double>(), one_step);
+  EXPECT_LE(rows[1]["acquired_per_step"].get<double>(), 3 * one_step);
+  EXPECT_EQ(rows[1]["stream_hashes"].size(), 3u);
+  EXPECT_EQ(rows[0]["stream_hashes"][0], rows[1]["stream_hashes"][0]);
+  EXPECT_EQ(rows[1]["misses"].get<size_t>(), 0u);  // --warm read them all first
+  EXPECT_NEAR(rows[1]["aggregate_tok_s"].get<double>(), 3 * rows[1]["per_stream_tok_s"].get<double>(), 1e-9);
+
+  r = sh("bench " + model + " --streams 1,0 --disk-seconds 0.1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--streams takes batch sizes"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace swiftlet

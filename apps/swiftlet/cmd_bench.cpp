@@ -8,6 +8,11 @@
 // the measured hit rate / the disk's random-read rate, measured in the same run).
 // --routing-trace replays recorded routing (a --trace-experts file of a real model) instead of the
 // model's own router, mapped onto its layers and experts as docs/routing-trace.md describes.
+// --streams 1,2,4 measures batched decoding instead (Forward::decode_batch, docs/batching.md):
+// in each configuration's process, N sequences with prompts of their own decode together, for
+// every N listed, each N against the others in the same process (taking turns step by step when
+// the cache holds every expert); it prints aggregate and per-stream decode tok/s, the experts a
+// step acquires and the time per step by part.
 #include "cli_util.h"
 #include "commands.h"
 
@@ -17,12 +22,14 @@
 #include "experts/expert_reader.h"
 #include "experts/routing_trace.h"
 #include "format/qpack.h"
+#include "model/qwen3_hybrid.h"
 #include "runtime/engine.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +50,7 @@ struct BenchOptions {
   ModelFlags model;
   std::string cache = "default", io = "uring,serial", predict = "off,1";
   std::string routing_trace;
+  std::string streams;  // --streams: batch sizes to compare (empty: the streaming benchmark)
   int prompt_tokens = 32, decode = 64;
   double disk_seconds = 3;
   bool json = false, child = false, warm = false;
@@ -203,6 +211,207 @@ void run_child(const BenchOptions& o) {
   std::printf("%s\n", j.dump().c_str());
 }
 
+// Maps each stream's positions onto a region of its own of a routing trace: the positions a
+// batch holds are distinct (the streams' prompts differ in length), so a table set before each
+// call tells which stream a position belongs to. Without it streams one position apart would
+// replay the trace one token apart, and each would find the experts the other just used.
+class StreamRouteOverride final : public RouteOverride {
+ public:
+  explicit StreamRouteOverride(RouteOverride& inner) : inner_(inner) {}
+  // The trace offset of every position of the next call (replaces the previous table).
+  void set(std::vector<std::pair<int64_t, int64_t>> pos_offset) { table_ = std::move(pos_offset); }
+  void route(int layer, int64_t pos, std::span<int32_t> experts) override {
+    inner_.route(layer, pos + offset(pos), experts);
+  }
+  bool predict(int layer, int64_t pos, std::span<int32_t> experts) override {
+    return inner_.predict(layer, pos + offset(pos), experts);
+  }
+
+ private:
+  int64_t offset(int64_t pos) const {
+    for (const auto& [p, off] : table_)
+      if (p == pos) return off;
+    return table_.empty() ? 0 : table_.front().second;  // a prompt: one stream, its offset
+  }
+  RouteOverride& inner_;
+  std::vector<std::pair<int64_t, int64_t>> table_;
+};
+
+std::vector<int> parse_streams(const std::string& list) {
+  std::vector<int> out;
+  for (const std::string& s : split(list)) {
+    char* end = nullptr;
+    const long v = std::strtol(s.c_str(), &end, 10);
+    if (end == s.c_str() || *end != 0 || v < 1 || v > 64)
+      fail("--streams takes batch sizes from 1 to 64, comma-separated (e.g. 1,2,4), not '{}'", s);
+    out.push_back(int(v));
+  }
+  if (out.empty()) fail("--streams needs at least one batch size (e.g. 1,2,4)");
+  return out;
+}
+
+int32_t argmax_of(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
+
+// --streams, one configuration, in this process: prefills the largest batch's sequences once
+// (stream i: its own pseudo-random prompt of prompt_tokens + i tokens), then for each batch size
+// N decodes copies of the first N of them together for --decode steps. Prints one JSON object.
+void run_streams_child(const BenchOptions& o) {
+  const std::vector<int> sizes = parse_streams(o.streams);
+  const int max_n = *std::max_element(sizes.begin(), sizes.end());
+  const auto t_load = Clock::now();
+  const EngineOptions eo = o.model.engine_options();
+  Engine engine(eo);
+  const double load_s = since(t_load);
+  if (engine.gpu()) fail("--streams measures the CPU's decode_batch: leave out --gpu");
+  const Model& m = engine.model();
+  const ModelConfig& c = engine.config();
+  const int64_t V = c.vocab_size;
+  Forward fwd(m, engine.backend());
+  fwd.set_predict_next(eo.predict_next);
+  std::optional<RoutingTrace> trace;
+  std::optional<TraceRouteOverride> replay;
+  std::optional<StreamRouteOverride> per_stream;
+  if (!o.routing_trace.empty()) {
+    trace = read_routing_trace(o.routing_trace);
+    replay.emplace(*trace, c.num_layers, c.num_experts, c.num_experts_per_tok);
+    per_stream.emplace(*replay);
+    fwd.set_route_override(&*per_stream);
+  }
+  const int64_t trace_len = trace ? int64_t(trace->size()) : 0;
+  auto offset_of = [&](int i) { return trace_len * i / max_n; };
+  const ExpertSource* src = m.experts;
+
+  // Prefill every stream once; each batch size starts from copies of these states.
+  std::vector<SessionState> start;
+  std::vector<int32_t> first;
+  std::vector<float> logits;
+  const auto t_prefill = Clock::now();
+  int64_t prefilled = 0;
+  for (int i = 0; i < max_n; ++i) {
+    std::vector<int32_t> prompt = bench_prompt(o.prompt_tokens + i, int(V));
+    std::mt19937 rng(uint32_t(7 + i));
+    for (int32_t& id : prompt) id = int32_t((uint32_t(id) + rng()) % uint32_t(std::min<int64_t>(V, 100000)));
+    if (per_stream) per_stream->set({{0, offset_of(i)}});
+    start.push_back(SessionState::create(c));
+    fwd.run(start.back(), prompt, LogitsMode::Last, logits);
+    first.push_back(argmax_of(logits.data(), V));
+    prefilled += int64_t(prompt.size());
+  }
+  const double prefill_s = since(t_prefill);
+
+  // One batch size: its own Forward (buffers, profile) and copies of the first n streams.
+  struct Run {
+    int n;
+    std::unique_ptr<Forward> fwd;
+    std::vector<SessionState> st;
+    std::vector<SessionState*> ptr;
+    std::vector<int32_t> next;
+    std::vector<std::vector<int32_t>> out;
+    std::vector<float> logits;
+    double secs = 0;
+    ExpertStats io;  // hits, misses, bytes_read, wait_seconds summed over its steps
+  };
+  auto make_run = [&](int n) {
+    Run r;
+    r.n = n;
+    r.fwd = std::make_unique<Forward>(m, engine.backend());
+    r.fwd->set_predict_next(eo.predict_next);
+    if (per_stream) r.fwd->set_route_override(&*per_stream);
+    r.st.assign(start.begin(), start.begin() + n);
+    for (SessionState& x : r.st) r.ptr.push_back(&x);
+    r.next.assign(first.begin(), first.begin() + n);
+    r.out.resize(size_t(n));
+    return r;
+  };
+  auto step = [&](Run& r) {
+    if (per_stream) {
+      std::vector<std::pair<int64_t, int64_t>> table;
+      for (int i = 0; i < r.n; ++i) table.emplace_back(r.st[size_t(i)].pos, offset_of(i));
+      per_stream->set(std::move(table));
+    }
+    const ExpertStats e0 = src->expert_stats();
+    const auto t0 = Clock::now();
+    r.fwd->decode_batch(r.ptr, r.next, r.logits);
+    r.secs += since(t0);
+    const ExpertStats e1 = src->expert_stats();
+    r.io.hits += e1.hits - e0.hits;
+    r.io.misses += e1.misses - e0.misses;
+    r.io.bytes_read += e1.bytes_read - e0.bytes_read;
+    r.io.wait_seconds += e1.wait_seconds - e0.wait_seconds;
+    for (int i = 0; i < r.n; ++i) {
+      r.next[size_t(i)] = argmax_of(r.logits.data() + int64_t(i) * V, V);
+      r.out[size_t(i)].push_back(r.next[size_t(i)]);
+    }
+  };
+  auto result = [&](const Run& r) {
+    const Forward::Profile& p = r.fwd->profile();
+    const double steps = double(o.decode);
+    auto ms = [&](double v) { return v / steps * 1e3; };
+    json hashes = json::array();
+    for (const auto& toks : r.out) {
+      uint64_t h = 1469598103934665603ull;
+      for (int32_t id : toks) h = (h ^ uint64_t(uint32_t(id))) * 1099511628211ull;
+      hashes.push_back(fmt::format("{:016x}", h));
+    }
+    return json{{"streams", r.n},
+                {"steps", o.decode},
+                {"seconds", r.secs},
+                {"aggregate_tok_s", double(r.n) * steps / r.secs},
+                {"per_stream_tok_s", steps / r.secs},
+                {"hits", r.io.hits},
+                {"misses", r.io.misses},
+                {"bytes_read", r.io.bytes_read},
+                {"wait_s", r.io.wait_seconds},
+                {"acquired_per_step", double(r.io.hits + r.io.misses) / steps},
+                {"profile",
+                 {{"attention_ms", ms(p.attention)},
+                  {"delta_net_ms", ms(p.delta_net)},
+                  {"router_shared_ms", ms(p.router_shared)},
+                  {"expert_compute_ms", ms(p.expert_compute)},
+                  {"expert_acquire_ms", ms(p.expert_acquire)},
+                  {"lm_head_ms", ms(p.lm_head)},
+                  {"total_ms", r.secs / steps * 1e3}}},
+                {"stream_hashes", hashes}};
+  };
+  // A first pass of the largest batch reads every expert the measured passes use (each stream
+  // decodes the same tokens in any batch).
+  if (o.warm) {
+    Run w = make_run(max_n);
+    for (int s = 0; s < o.decode; ++s) step(w);
+  }
+  // When the cache keeps every expert it reads, the batch sizes take turns step by step, so a
+  // change in what else this machine runs falls on all of them alike. A smaller cache runs them
+  // one after another: taking turns, one batch would find the experts another just read.
+  const int cap = src->capacity();
+  const bool interleave = cap == 0 || int64_t(cap) >= int64_t(c.num_layers) * c.num_experts;
+  std::vector<Run> runs;
+  for (int n : sizes) runs.push_back(make_run(n));
+  if (interleave) {
+    for (int s = 0; s < o.decode; ++s)
+      for (Run& r : runs) step(r);
+  } else {
+    for (Run& r : runs)
+      for (int s = 0; s < o.decode; ++s) step(r);
+  }
+  json rows = json::array();
+  for (const Run& r : runs) rows.push_back(result(r));
+
+  const QpackContainer qc = QpackContainer::open(o.model.model);
+  const bool tied = m.weights.lm_head.data == m.weights.embed_tokens.data;
+  const uint64_t dense = engine.loaded().memory.resident - (tied ? 0 : m.weights.embed_tokens.total_bytes());
+  const ExpertStats es = src->expert_stats();
+  json j = {{"load_s", load_s},
+            {"peak_rss", peak_rss_bytes()},
+            {"prefill_tok_s", double(prefilled) / prefill_s},
+            {"dense_bytes", dense},
+            {"expert_bytes", qc.layout.payload()},
+            {"cache_budget", es.cache_budget},
+            {"interleaved", interleave},
+            {"rows", rows}};
+  j["memory_gb_s"] = measure_memory_bandwidth(size_t(256) << 20);
+  std::printf("%s\n", j.dump().c_str());
+}
+
 // Random expert reads from the container for `seconds`: GB/s with `depth` reads in flight.
 double measure_disk(const QpackContainer& qc, IoMode mode, int depth, double seconds) {
   std::unique_ptr<ExpertReader> r = make_expert_reader(qc, mode, depth);
@@ -252,6 +461,7 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   a += fmt::format(" --predict-next {}", predict);
   if (o.warm) a += " --warm";
   if (!o.routing_trace.empty()) a += fmt::format(" --routing-trace '{}'", o.routing_trace);
+  if (!o.streams.empty()) a += fmt::format(" --streams {}", o.streams);
   if (m.chunked_prefill) a += " --chunked-prefill";
   if (m.gpu) a += " --gpu";
   if (!m.gpu_cache_gb.empty()) a += " --gpu-cache-gb " + m.gpu_cache_gb;
@@ -284,8 +494,83 @@ json run_config(const BenchOptions& o, const std::string& cache, const std::stri
   return j;
 }
 
+// --streams: one table of every configuration's batch sizes, each against its configuration's
+// first batch size (measured in the same process), and whether each stream decoded the same tokens
+// in every batch it was part of.
+void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::string& routing, json& rows,
+                    double membw, double disk) {
+  bool same = true;
+  std::string table = fmt::format(
+      "{:<12} {:<6} {:<5} {:>3} {:>9} {:>9} {:>6} {:>6} {:>8} {:>6} {:>8} {:>7} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} "
+      "{:>6} {:>7}\n",
+      "cache", "io", "pred", "N", "aggregate", "perstream", "xagg", "xper", "experts", "hit%", "MB read", "IOwait",
+      "%mem", "attn", "gdn", "rt+sh", "expert", "wait", "lmhead", "step");
+  table += fmt::format(
+      "{:<12} {:<6} {:<5} {:>3} {:>9} {:>9} {:>6} {:>6} {:>8} {:>6} {:>8} {:>7} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} "
+      "{:>6} {:>7}\n",
+      "", "", "", "", "tok/s", "tok/s", "", "", "/step", "", "/step", "%", "", "ms", "ms", "ms", "ms", "ms", "ms", "ms");
+  for (json& cfg : rows) {
+    std::string cache = cfg["cache"].get<std::string>();
+    if (cache == "default") cache = fmt::format("def {:.2f}G", double(cfg["cache_budget"].get<uint64_t>()) / 1e9);
+    const json& runs = cfg["rows"];
+    const double base_agg = runs[0]["aggregate_tok_s"].get<double>();
+    const double base_per = runs[0]["per_stream_tok_s"].get<double>();
+    std::vector<std::string> hashes;
+    for (const json& r : runs) {
+      const json& h = r["stream_hashes"];
+      for (size_t i = 0; i < h.size(); ++i) {
+        if (i >= hashes.size()) hashes.push_back(h[i].get<std::string>());
+        else same = same && hashes[i] == h[i].get<std::string>();
+      }
+      const double steps = double(r["steps"].get<int64_t>());
+      const uint64_t hits = r["hits"], misses = r["misses"];
+      const double acquired = r["acquired_per_step"].get<double>();
+      // Weight bytes a step reads: the dense matrices once, each acquired expert once.
+      const double bytes = double(cfg["dense_bytes"].get<uint64_t>()) + acquired * double(cfg["expert_bytes"].get<uint64_t>());
+      const double mem_bound = membw * 1e9 / bytes * double(r["streams"].get<int>());
+      const double agg = r["aggregate_tok_s"].get<double>();
+      const json& pf = r["profile"];
+      table += fmt::format(
+          "{:<12} {:<6} {:<5} {:>3} {:>9.2f} {:>9.2f} {:>6.2f} {:>6.2f} {:>8.1f} {:>6.1f} {:>8.1f} {:>7.1f} {:>6.1f} | "
+          "{:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>7.1f}\n",
+          cache, cfg["io"].get<std::string>(), pred_name(cfg["predict"].get<int>()), r["streams"].get<int>(), agg,
+          r["per_stream_tok_s"].get<double>(), agg / base_agg, r["per_stream_tok_s"].get<double>() / base_per,
+          acquired, hits + misses ? 100.0 * double(hits) / double(hits + misses) : 0.0,
+          double(r["bytes_read"].get<uint64_t>()) / 1e6 / steps, 100.0 * r["wait_s"].get<double>() / r["seconds"].get<double>(),
+          100.0 * agg / mem_bound, pf["attention_ms"].get<double>(), pf["delta_net_ms"].get<double>(),
+          pf["router_shared_ms"].get<double>(), pf["expert_compute_ms"].get<double>(),
+          pf["expert_acquire_ms"].get<double>(), pf["lm_head_ms"].get<double>(), pf["total_ms"].get<double>());
+    }
+  }
+  if (o.json) {
+    json all = {{"model", o.model.model}, {"routing", routing}, {"memory_gb_s", membw}, {"disk_gb_s", disk},
+                {"streams", rows}, {"same_tokens", same}};
+    std::printf("%s\n", all.dump(1).c_str());
+    return;
+  }
+  std::printf("model %s: %d layers x %d experts, top-%d, %llu bytes per expert\n", o.model.model.c_str(),
+              qc.config.num_layers, qc.config.num_experts, qc.config.num_experts_per_tok,
+              (unsigned long long)qc.layout.payload());
+  std::printf("batched decoding (--streams %s): stream i prefills its own prompt of %d + i tokens, then N streams "
+              "decode %d tokens each greedily, one decode_batch a step; backend %s%s\n",
+              o.streams.c_str(), o.prompt_tokens, o.decode, o.model.backend.c_str(),
+              o.warm ? "; measured after a first pass of the largest batch filled the cache" : "");
+  std::printf("routing: %s%s\n", routing.c_str(),
+              o.routing_trace.empty() ? "" : " (stream i replays its own region of the trace, from i / (largest N) of its length on)");
+  std::printf("xagg, xper: aggregate and per-stream tok/s over the first N's of the same configuration (same process); "
+              "experts/step: routed experts acquired a step (the union of the streams' choices, all layers); %%mem: "
+              "aggregate over the memory bound (%.1f GB/s / (dense weights + acquired experts) x N); disk %.2f GB/s\n\n",
+              membw, disk);
+  std::printf("%s\n", table.c_str());
+  for (const json& cfg : rows)
+    std::printf("%s: the batch sizes ran %s\n", cfg["cache"].get<std::string>().c_str(),
+                cfg.value("interleaved", false) ? "in turns, one step each (the cache holds every expert)"
+                                                : "one after another (the cache is smaller than the model)");
+  std::printf("each stream decoded the same tokens in every batch it was in: %s\n", same ? "yes" : "NO");
+}
+
 void run_bench(const BenchOptions& o) {
-  if (o.child) return run_child(o);
+  if (o.child) return o.streams.empty() ? run_child(o) : run_streams_child(o);
   if (o.decode < 2) fail("--decode must be at least 2 tokens");
   if (!looks_like_qpack(o.model.model)) fail("swiftlet bench measures expert streaming: give it a .qpack container");
   const QpackContainer qc = QpackContainer::open(o.model.model);
@@ -298,6 +583,10 @@ void run_bench(const BenchOptions& o) {
   for (const std::string& c : split(o.cache))
     if (c != "default" && c != "all" && c.rfind("budget:", 0) != 0) parse_bytes(c, "--cache");
   for (const std::string& io : split(o.io)) parse_io_mode(io);
+  if (!o.streams.empty()) {
+    parse_streams(o.streams);  // refused here, before any run
+    if (o.model.gpu) fail("--streams measures the CPU's decode_batch: leave out --gpu");
+  }
 
   // The disk first: random reads of whole experts, as decode does them.
   const int k = std::max(1, qc.config.num_experts_per_tok);
@@ -330,6 +619,7 @@ void run_bench(const BenchOptions& o) {
   // right after its decode (the strictest bound).
   double membw = membw_before;
   for (const json& r : rows) membw = std::max(membw, r["memory_gb_s"].get<double>());
+  if (!o.streams.empty()) return report_streams(o, qc, routing, rows, membw, disk);
   const uint64_t stride = qc.layout.expert_stride;
   const std::string first_hash = rows.empty() ? "" : rows[0]["tokens_hash"].get<std::string>();
   bool same = true;
@@ -453,6 +743,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--routing-trace", o->routing_trace,
                   "route with the experts recorded in this --trace-experts file instead of the model's router "
                   "(layers and experts mapped as docs/routing-trace.md says)");
+  cmd->add_option("--streams", o->streams,
+                  "batched decoding instead: batch sizes to compare, e.g. 1,2,4 (N sequences with prompts of their "
+                  "own decoded together by one Forward::decode_batch a step, each N in the same process)");
   cmd->add_flag("--warm", o->warm, "run each configuration twice and measure the second pass (cache filled)");
   cmd->add_flag("--child", o->child, "(internal) run one configuration and print its JSON")->group("");
   cmd->callback([o] { run_bench(*o); });

@@ -135,6 +135,53 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeBatchTest,
 INSTANTIATE_TEST_SUITE_P(Trained, DecodeBatchTest,
                          ::testing::Combine(::testing::Values("toy"), ::testing::Values(Backend::Cpu)), param_name);
 
+// Routes by layer and position only (as a replayed trace does): each row of a batch must be
+// asked at its own position, so a batch picks the experts each sequence picks alone.
+class PositionRoutes : public RouteOverride {
+ public:
+  explicit PositionRoutes(int experts) : experts_(experts) {}
+  void route(int layer, int64_t pos, std::span<int32_t> out) override {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = int32_t((pos * 5 + layer * 3 + int64_t(i)) % experts_);
+  }
+
+ private:
+  int experts_;
+};
+
+TEST(DecodeBatch, RouteOverrideIsAskedAtEachRowsPosition) {
+  auto lm = load_model(fixture_dir("q35_mlx4"));
+  const ModelConfig& c = lm->model.config;
+  ASSERT_GE(c.num_experts, c.num_experts_per_tok);  // the ids above stay distinct
+  PositionRoutes routes(c.num_experts);
+  Forward solo(lm->model, Backend::Cpu), batch(lm->model, Backend::Cpu), plain(lm->model, Backend::Cpu);
+  solo.set_route_override(&routes);
+  batch.set_route_override(&routes);
+  std::vector<SessionState> alone, batched, unrouted;
+  std::vector<float> logits, want, other;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<int32_t> prompt = prompt_for(i, 2 + 3 * i, c.vocab_size);
+    alone.push_back(SessionState::create(c));
+    solo.run(alone.back(), prompt, LogitsMode::None, logits);
+    batched.push_back(alone.back());
+    unrouted.push_back(SessionState::create(c));
+    plain.run(unrouted.back(), prompt, LogitsMode::None, logits);
+  }
+  std::vector<SessionState*> states;
+  for (SessionState& s : batched) states.push_back(&s);
+  const std::vector<int32_t> tokens{11, 12, 13};
+  batch.decode_batch(states, tokens, logits);
+  const int64_t V = c.vocab_size;
+  bool differs_from_router = false;
+  for (int i = 0; i < 3; ++i) {
+    solo.run(alone[size_t(i)], std::span(&tokens[size_t(i)], 1), LogitsMode::Last, want);
+    const std::vector<float> row(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+    EXPECT_TRUE(row == want) << "sequence " << i << ": max |difference| " << max_abs_diff(row, want);
+    plain.run(unrouted[size_t(i)], std::span(&tokens[size_t(i)], 1), LogitsMode::Last, other);
+    differs_from_router = differs_from_router || other != want;
+  }
+  EXPECT_TRUE(differs_from_router) << "the override chose what the router chooses: the test checks nothing";
+}
+
 class CountingObserver : public RoutingObserver {
  public:
   void routed(int, int64_t, std::span<const int32_t>, std::span<const int32_t>, std::span<const float>) override {}

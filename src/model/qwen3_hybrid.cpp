@@ -67,8 +67,8 @@ void Forward::decode_batch(std::span<SessionState* const> states, std::span<cons
   if (N == 0) fail("decode_batch: the batch is empty: give at least one session state and its token");
   if (tokens.size() != states.size())
     fail("decode_batch: {} session states but {} tokens: give one token per state", states.size(), tokens.size());
-  if (observer_ || override_)
-    fail("decode_batch: routing observers and overrides follow one sequence: decode those sessions alone");
+  if (observer_)
+    fail("decode_batch: a routing observer follows one sequence: decode those sessions alone");
   for (int64_t i = 0; i < N; ++i) {
     const SessionState* st = states[size_t(i)];
     if (!st) fail("decode_batch: session state {} is null", i);
@@ -214,9 +214,8 @@ void Forward::gated_attention(int li, std::span<const SeqRows> seqs) {
   float* P = grow(proj_, size_t(T * qrows));
   float* Kp = grow(proj2_, size_t(T * kvd));
   float* Vp = grow(proj3_, size_t(T * kvd));
-  k_.matmul(w.q_proj, x, T, P);
-  k_.matmul(w.k_proj, x, T, Kp);
-  k_.matmul(w.v_proj, x, T, Vp);
+  const MatmulJob qkv[] = {{&w.q_proj, x, T, P}, {&w.k_proj, x, T, Kp}, {&w.v_proj, x, T, Vp}};
+  k_.matmul_group(std::span(qkv));
 
   float* q = grow(q_, size_t(T * od));
   float* gate = grow(gate_, size_t(T * od));
@@ -491,9 +490,9 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   float* sh = grow(shared_h_, size_t(T * SI));
   float* su = grow(shared_u_, size_t(T * SI));
   float* sg = grow(shared_g_, size_t(T));
-  k_.matmul(w.shared_gate_proj, x, T, sh);
-  k_.matmul(w.shared_up_proj, x, T, su);
-  k_.matmul(w.shared_expert_gate, x, T, sg);
+  const MatmulJob shared[] = {
+      {&w.shared_gate_proj, x, T, sh}, {&w.shared_up_proj, x, T, su}, {&w.shared_expert_gate, x, T, sg}};
+  k_.matmul_group(std::span(shared));
   act::silu_mul(sh, su, T * SI, fast_);
   k_.matmul(w.shared_down_proj, sh, T, out);
   for (int64_t t = 0; t < T; ++t) {
@@ -502,10 +501,9 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   }
 
   // Routed experts: each chosen expert is fetched once and applied to all its tokens; those
-  // already in memory first, so the compute runs while the others are still being read. One
-  // acquire per expert: computing expert i overlaps the reads of the ones after it. Outputs are
-  // kept per expert and added in expert order, so the result does not depend on which experts
-  // happened to be cached (the cache size never changes the logits).
+  // already in memory first, so the compute runs while the others are still being read. Outputs
+  // are kept per expert and added in expert order, so the result does not depend on which
+  // experts happened to be cached (the cache size never changes the logits).
   std::vector<int64_t>& first_row = expert_rows_;
   first_row.assign(size_t(E) + 1, 0);
   int64_t rows = 0;
@@ -515,26 +513,49 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   }
   float* yall = grow(ye_, size_t(rows * H));
   std::stable_partition(ids.begin(), ids.end(), [&](int32_t e) { return m_.experts->ready(li, e); });
-  const size_t batch = size_t(std::max(1, m_.experts->max_batch()));
-  ExpertWeights ew;
+  const int64_t batch = std::max(1, m_.experts->max_batch());
   const auto t_routed = ProfileClock::now();
   profile_.router_shared += seconds_between(t_start, t_routed);
+  // Experts already in memory go in groups (up to max_batch held at once, as one at a time did):
+  // their products are one matmul_group each for gate + up and for down, every thread busy
+  // across the group's experts. An expert still being read goes alone, so its wait overlaps
+  // the reads of the ones after it.
+  float* xe = grow(xe_, size_t(rows * H));
+  float* he = grow(he_, size_t(rows * I));
+  float* ue = grow(ue_, size_t(rows * I));
   double acquiring = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
+  int64_t held = 0;
+  for (size_t i = 0; i < ids.size();) {
+    size_t g = 1;
+    if (m_.experts->ready(li, ids[i]))
+      while (i + g < ids.size() && held + int64_t(g) < batch && m_.experts->ready(li, ids[i + g])) ++g;
+    ExpertWeights* ew = grow(ews_, g);
     const auto ta = ProfileClock::now();
-    m_.experts->acquire(li, std::span(ids).subspan(i, 1), std::span(&ew, 1));
+    m_.experts->acquire(li, std::span(ids).subspan(i, g), std::span(ew, g));
     acquiring += seconds_between(ta, ProfileClock::now());
-    const auto& list = by_expert[ids[i]];
-    const int64_t nt = int64_t(list.size());
-    float* xe = grow(xe_, size_t(nt * H));
-    float* he = grow(he_, size_t(nt * I));
-    float* ue = grow(ue_, size_t(nt * I));
-    for (int64_t j = 0; j < nt; ++j) std::copy(x + list[size_t(j)].first * H, x + (list[size_t(j)].first + 1) * H, xe + j * H);
-    k_.matmul(ew.gate, xe, nt, he);
-    k_.matmul(ew.up, xe, nt, ue);
-    act::silu_mul(he, ue, nt * I, fast_);
-    k_.matmul(ew.down, he, nt, yall + first_row[size_t(ids[i])] * H);
-    if ((i + 1) % batch == 0 || i + 1 == ids.size()) m_.experts->release(li);
+    held += int64_t(g);
+    jobs_.clear();
+    for (size_t k = 0; k < g; ++k) {  // gather each expert's rows; gate and up products
+      const auto& list = by_expert[ids[i + k]];
+      const int64_t r0 = first_row[size_t(ids[i + k])], nt = int64_t(list.size());
+      for (int64_t j = 0; j < nt; ++j)
+        std::copy(x + list[size_t(j)].first * H, x + (list[size_t(j)].first + 1) * H, xe + (r0 + j) * H);
+      jobs_.push_back({&ew[k].gate, xe + r0 * H, nt, he + r0 * I});
+      jobs_.push_back({&ew[k].up, xe + r0 * H, nt, ue + r0 * I});
+    }
+    k_.matmul_group(jobs_);
+    jobs_.clear();
+    for (size_t k = 0; k < g; ++k) {
+      const int64_t r0 = first_row[size_t(ids[i + k])], nt = int64_t(by_expert[ids[i + k]].size());
+      act::silu_mul(he + r0 * I, ue + r0 * I, nt * I, fast_);
+      jobs_.push_back({&ew[k].down, he + r0 * I, nt, yall + r0 * H});
+    }
+    k_.matmul_group(jobs_);
+    i += g;
+    if (held == batch || i == ids.size()) {
+      m_.experts->release(li);
+      held = 0;
+    }
   }
   profile_.expert_acquire += acquiring;
   profile_.expert_compute += seconds_between(t_routed, ProfileClock::now()) - acquiring;

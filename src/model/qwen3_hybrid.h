@@ -77,9 +77,10 @@ class Forward final : public ForwardPass {
   // for the sequences that chose it; attention and DeltaNet run on each sequence's own state.
   // logits: [N][vocab], row i equal to what run() on states[i] alone would give. Throws Error
   // (changing no state) on an empty batch, a state listed twice, a state of another model's
-  // shape, a token outside the vocabulary, or with a routing observer or override set (they
-  // follow one sequence). The next layers' experts are guessed (set_predict_next) only for a
-  // batch of one; a larger batch has each layer read its union when the layer routes.
+  // shape, a token outside the vocabulary, or with a routing observer set (it follows one
+  // sequence). A route override is asked for each row at its own position, as run() asks it.
+  // The next layers' experts are guessed (set_predict_next) only for a batch of one; a larger
+  // batch has each layer read its union when the layer routes.
   void decode_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens, std::vector<float>& logits);
 
   // Debugging aids for tests: the residual stream after each layer ([layer][T][H]) of the last
@@ -191,6 +192,8 @@ class Forward final : public ForwardPass {
   std::vector<float> router_;   // [T][experts]
   std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I]; outputs [T*top_k][H]
   std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]
+  std::vector<ExpertWeights> ews_;  // [max_batch] the experts of a group
+  std::vector<MatmulJob> jobs_;      // [2 * max_batch] a group's products
   std::vector<int32_t> ids_;      // experts the chunk routes to, in compute order
   std::vector<int32_t> all_experts_;  // 0 .. E-1: a long prompt's read-ahead of the next layer
   std::vector<int64_t> expert_rows_;  // [expert] first row of its outputs in ye_

@@ -5,6 +5,7 @@
 #include "core/qmatrix.h"
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -15,9 +16,21 @@ namespace swiftlet {
 // activations throughout (as exact as the reference, slower on quantised weights).
 enum class Backend { Reference, Cpu, CpuF32 };
 
+// One product of a group: Y[t, rows] = W X[t, cols] for t < n.
+struct MatmulJob {
+  const QMatrix* w;
+  const float* x;
+  int64_t n;
+  float* y;
+};
+
 struct Kernels {
   // Y[t, rows] = W X[t, cols] for t < n.
   void (*matmul)(const QMatrix& w, const float* x, int64_t n, float* y);
+  // Every job of a group, as matmul computes each (the same results bit for bit), with the rows
+  // of all of them split over the thread pool at once: a layer's routed experts, small products
+  // each, keep every thread busy without a wait per product.
+  void (*matmul_group)(std::span<const MatmulJob> jobs);
   // out[0..cols) = row r of W.
   void (*dequant_row)(const QMatrix& w, int64_t r, float* out);
   const char* name;

@@ -289,6 +289,53 @@ TEST(Kernels, LargeMatmulsMatchReference) {
   }
 }
 
+// A group of products (a layer's routed experts) gives each job what matmul gives it alone, bit
+// for bit, and so stays within the int8 bound of the scalar reference: jobs of 4 and 8 bits, of
+// 1 to 5 tokens, large enough to be split into several tasks and small enough for one, on every
+// backend (the reference and cpu-f32 run the jobs one at a time) and instruction set.
+TEST(Kernels, GroupOfProductsMatchesEachProductAlone) {
+  for (Isa isa : isas()) {
+    for (Backend backend : {Backend::Cpu, Backend::CpuF32, Backend::Reference}) {
+      std::mt19937 rng(21);
+      const Kernels& k = kernels_for(backend, isa);
+      struct Shape {
+        int64_t rows, cols;
+        int bits;
+        int64_t n;
+      };
+      const Shape shapes[] = {{512, 1024, 4, 1}, {512, 1024, 4, 2}, {1024, 512, 4, 1},
+                              {7, 256, 8, 3},    {300, 512, 8, 1},  {130, 576, 4, 5}};
+      std::vector<OwnedMatrix> ws;
+      std::vector<std::vector<float>> xs, got, alone;
+      for (const Shape& sh : shapes) {
+        ws.push_back(random_matrix(rng, WeightFormat::Affine, sh.rows, sh.cols, sh.bits, DType::BF16, 64));
+        xs.push_back(random_x(rng, sh.n, sh.cols));
+        got.emplace_back(size_t(sh.n * sh.rows), -1.0f);
+        alone.emplace_back(size_t(sh.n * sh.rows), -2.0f);
+      }
+      std::vector<MatmulJob> jobs;
+      for (size_t i = 0; i < ws.size(); ++i)
+        jobs.push_back({&ws[i].m, xs[i].data(), shapes[i].n, got[i].data()});
+      k.matmul_group(jobs);
+      for (size_t i = 0; i < ws.size(); ++i) {
+        const Shape& sh = shapes[i];
+        k.matmul(ws[i].m, xs[i].data(), sh.n, alone[i].data());
+        const std::string what =
+            fmt::format("{} {} job {}: q{} {}x{} n={}", k.name, isa_name(isa), i, sh.bits, sh.rows, sh.cols, sh.n);
+        for (size_t e = 0; e < got[i].size(); ++e)
+          ASSERT_EQ(got[i][e], alone[i][e]) << what << " at t=" << e / size_t(sh.rows) << " r=" << e % size_t(sh.rows);
+        std::vector<float> want(size_t(sh.n * sh.rows));
+        ref::matmul(ws[i].m, xs[i].data(), sh.n, want.data());
+        if (backend == Backend::Cpu) {
+          EXPECT_LE(fit_q8(got[i], want, q8_bound(ws[i].m, xs[i], sh.n)).worst, 1.0) << what;
+        } else {
+          expect_close(got[i], want, what);
+        }
+      }
+    }
+  }
+}
+
 // A token's output does not depend on the batch it is in: prefix reuse prefills a suffix and
 // must continue exactly like a fresh run that prefilled everything at once.
 TEST(Kernels, BatchGivesDecodeResultsBitForBit) {
