@@ -26,7 +26,10 @@ using api::GenerationOptions;
 class BatchTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    engine_ = api::Engine::open({.model = testing::tiny_qpack_with_tokenizer(), .threads = 2}).release();
+    api::EngineOptions ao;
+    ao.model = testing::tiny_qpack_with_tokenizer();
+    ao.threads = 2;
+    engine_ = api::Engine::open(ao).release();
     EngineOptions o;
     o.model = testing::tiny_qpack_with_tokenizer();
     o.threads = 2;
@@ -137,7 +140,9 @@ TEST_F(BatchTest, MembersJoinAndLeaveMidBatch) {
     const uint64_t rows = batch.decoded_rows();
     step();
     ++prefill_steps;
-    if (batch.prefilling() > 0) EXPECT_EQ(batch.decoded_rows() - rows, decoding) << "a member waited for the newcomer's prompt";
+    if (batch.prefilling() > 0) {
+      EXPECT_EQ(batch.decoded_rows() - rows, decoding) << "a member waited for the newcomer's prompt";
+    }
   }
   EXPECT_GE(prefill_steps, 5);
   EXPECT_GT(batch.decoded_rows(), rows_before);
@@ -188,7 +193,9 @@ TEST_F(BatchTest, ChatTurnsInABatchEqualSendingThemAlone) {
     EXPECT_EQ(batch.result(ia).text, want[0][t]);
     Batch::Result rb = batch.result(ib);
     EXPECT_EQ(rb.text, want[1][t]);
-    if (t == 1) EXPECT_GT(rb.stats.reused_tokens, 0);
+    if (t == 1) {
+      EXPECT_GT(rb.stats.reused_tokens, 0);
+    }
   }
   EXPECT_GT(a.last_stats().reused_tokens, 0);
 }
@@ -231,6 +238,30 @@ TEST_F(BatchTest, BadUseIsRefusedWithAMessage) {
   EXPECT_NE(std::string(swiftlet_last_error()).find("engine is NULL"), std::string::npos);
   EXPECT_EQ(swiftlet_batch_add(nullptr, "x", 4, 1, nullptr, nullptr), -1);
   EXPECT_NE(std::string(swiftlet_last_error()).find("must not be NULL"), std::string::npos);
+}
+
+// The C API's batch: two raw prompts stepped to the end stream the texts they get alone.
+TEST_F(BatchTest, TheCApiStepsABatch) {
+  swiftlet_engine* e = swiftlet_open(testing::tiny_qpack_with_tokenizer().c_str(), "cpu");
+  ASSERT_NE(e, nullptr) << swiftlet_last_error();
+  swiftlet_batch* b = swiftlet_batch_new(e, 2);
+  ASSERT_NE(b, nullptr) << swiftlet_last_error();
+  std::string text[2];
+  auto collect = [](const char* piece, int length, void* user) {
+    static_cast<std::string*>(user)->append(piece, size_t(length));
+    return 1;
+  };
+  EXPECT_GT(swiftlet_batch_add(b, prompt(1).c_str(), 8, 1, collect, &text[0]), 0) << swiftlet_last_error();
+  EXPECT_GT(swiftlet_batch_add(b, prompt(4).c_str(), 8, 1, collect, &text[1]), 0) << swiftlet_last_error();
+  EXPECT_EQ(swiftlet_batch_add(b, prompt(2).c_str(), 8, 1, collect, nullptr), -1);  // max_sequences 2
+  EXPECT_NE(std::string(swiftlet_last_error()).find("the batch is full"), std::string::npos);
+  int left = 2, steps = 0;
+  while (left > 0 && steps++ < 100) left = swiftlet_batch_step(b);
+  EXPECT_EQ(left, 0) << swiftlet_last_error();
+  EXPECT_EQ(text[0], alone(1, 8));
+  EXPECT_EQ(text[1], alone(4, 8));
+  swiftlet_batch_free(b);
+  swiftlet_close(e);
 }
 
 }  // namespace
