@@ -60,7 +60,7 @@ int serve(int argc, char** argv) {
   app.add_option("--prefill-chunk", wo.prefill_chunk,
                  "prompt tokens a new request feeds between two decode steps of the running ones")
       ->capture_default_str();
-  app.add_option("--max-queue", wo.max_queue, "requests that may wait for the engine; more get 429")
+  app.add_option("--max-queue", wo.max_queue, "requests that may wait for a free slot (--parallel); more get 429")
       ->capture_default_str();
   app.add_option("--max-body-mb", max_body_mb, "largest request body accepted, in MiB (larger: 413)")
       ->capture_default_str();
