@@ -38,6 +38,7 @@ EngineOptions ModelFlags::engine_options() const {
   o.threads = threads;
   o.load.verify_experts = !no_verify;
   apply_cache_flags(o.load, cache_gb, cache_mb, ram_budget, io, context);
+  o.load.budget_sessions = sessions;
   o.predict_next = predict_next;
   o.chunked_prefill = chunked_prefill;
   o.load.resident = parse_residency(resident);

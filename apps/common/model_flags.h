@@ -13,7 +13,7 @@ namespace swiftlet::cli {
 
 // Where the flags go. Cli: the model is the positional MODEL and --context sets the context the
 // RAM budget leaves room for. Server: the model is --model/-m and there is no --context (the
-// server sets `context` from --ctx x --parallel before engine_options()).
+// server sets `context` from --ctx and `sessions` from --parallel before engine_options()).
 enum class FlagSet { Cli, Server };
 
 // MODEL, --backend, --threads, --tokenizer, --no-verify; the expert cache and IO flags
@@ -25,6 +25,7 @@ struct ModelFlags {
   bool no_verify = false;
   std::string cache_gb, cache_mb, ram_budget, io = "uring", resident = "populate";
   int64_t context = 4096;
+  int sessions = 1;  // session states the RAM budget leaves room for
   int predict_next = 1;
   bool chunked_prefill = false;
   bool gpu = false;          // --gpu

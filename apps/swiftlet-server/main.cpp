@@ -4,6 +4,8 @@
 //
 //   swiftlet-server --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--ctx N] [--parallel N]
 //
+// --parallel N: N slots decoded together (continuous batching, src/server/engine_worker.h).
+//
 // Listens at once (GET /health answers 503 while the model loads) and prints
 // "listening on http://HOST:PORT" on stdout; --port 0 picks a free port.
 #include "core/error.h"
@@ -51,8 +53,14 @@ int serve(int argc, char** argv) {
       ->envname("SWIFTLET_API_KEY");
   app.add_option("--ctx", wo.max_context, "context length per conversation, in tokens (prompt + answer)")
       ->capture_default_str();
-  app.add_option("--parallel", wo.sessions, "conversations whose state is kept for prefix reuse")->capture_default_str();
-  app.add_option("--max-queue", wo.max_queue, "requests that may wait for the engine; more get 429")
+  app.add_option("--parallel", wo.sessions,
+                 "slots: requests generated together (continuous batching), each slot keeping its "
+                 "conversation's state for prefix reuse")
+      ->capture_default_str();
+  app.add_option("--prefill-chunk", wo.prefill_chunk,
+                 "prompt tokens a new request feeds between two decode steps of the running ones")
+      ->capture_default_str();
+  app.add_option("--max-queue", wo.max_queue, "requests that may wait for a free slot (--parallel); more get 429")
       ->capture_default_str();
   app.add_option("--max-body-mb", max_body_mb, "largest request body accepted, in MiB (larger: 413)")
       ->capture_default_str();
@@ -72,9 +80,12 @@ int serve(int argc, char** argv) {
   so.max_body_bytes = size_t(max_body_mb * (1 << 20));
   so.max_header_bytes = max_header_kb << 10;
   so.http_threads = std::max<int>(so.http_threads, int(wo.max_queue) + 8);
-  // Every kept conversation holds a KV cache of up to --ctx tokens: the RAM budget leaves room
-  // for all of them.
-  mf.context = wo.max_context * std::max(1, int(wo.sessions));
+  // Every slot holds a session state with a KV cache of up to --ctx tokens: the RAM budget
+  // leaves room for all of them (or says to lower --parallel).
+  if (wo.sessions < 1) swiftlet::fail("--parallel must be at least 1, got {}", wo.sessions);
+  if (wo.prefill_chunk < 1) swiftlet::fail("--prefill-chunk must be at least 1, got {}", wo.prefill_chunk);
+  mf.context = wo.max_context;
+  mf.sessions = wo.sessions;
   wo.engine = mf.engine_options();
 
   if (!swiftlet::server::is_loopback_host(so.host) && so.api_key.empty())

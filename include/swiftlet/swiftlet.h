@@ -5,6 +5,14 @@
 //   swiftlet::api::Chat chat(*engine, {.system = "Be brief."});
 //   chat.send("Hello!", [](std::string_view piece) { std::cout << piece << std::flush; return true; });
 //
+// Several answers at once (continuous batching):
+//
+//   swiftlet::api::Batch batch(*engine);
+//   auto a = batch.add("Once upon a time", {.greedy = true}, print_a);
+//   auto b = batch.add(chat, "And then?", {}, print_b);   // the next turn of a Chat
+//   batch.run();                                          // or step() in your own loop
+//   std::string text_a = batch.result(a).text;
+//
 // Errors (a missing file, a corrupt container, bad options) are thrown as std::runtime_error
 // with a message that says what to do.
 #pragma once
@@ -82,6 +90,8 @@ struct ChatOptions {
 
 // A conversation: each send() prefills only the new turn. cancel() may be called from any
 // thread (e.g. a signal handler's helper) to stop the answer being generated.
+class Batch;
+
 class Chat {
  public:
   Chat(Engine& engine, const ChatOptions& opts = {});
@@ -93,7 +103,49 @@ class Chat {
   const Stats& last_stats() const;
 
  private:
+  friend class Batch;
   struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct BatchOptions {
+  int max_sequences = 8;   // members at once; add() refuses more
+  int prefill_chunk = 256; // prompt tokens a newcomer feeds between two steps of the others
+};
+
+// Several generations advanced together, one token each per step: the dense weights are read
+// once per step for all of them and each routed expert once for those that chose it, so N
+// answers cost much less than N times one. A newcomer's prompt is fed in chunks between steps.
+// Each answer is exactly what Engine::generate / Chat::send gives alone (greedy: the same text;
+// sampled: the same draws for the same seed). Not thread-safe, except cancel().
+class Batch {
+ public:
+  using Id = uint64_t;
+  explicit Batch(Engine& engine, const BatchOptions& opts = {});
+  ~Batch();
+  // A one-shot generation from raw text (no chat template), as Engine::generate.
+  Id add(const std::string& prompt, const GenerationOptions& opts = {}, TextCallback on_text = {});
+  // The next turn of `chat`, as chat.send() (the answer joins its history when finished; the
+  // chat must outlive it and not be sent to meanwhile; chat.cancel() stops it).
+  Id add(Chat& chat, const std::string& user_text, const GenerationOptions& opts = {}, TextCallback on_text = {});
+  // One step; returns the ids that finished in it (their results wait in result()).
+  std::vector<Id> step();
+  void run();  // steps until every member has finished
+  // Stops a member at its next step (finish reason "cancelled"). Any thread; unknown ids are ignored.
+  void cancel(Id id);
+  size_t active() const;  // members not finished
+
+  struct Result {
+    std::string text;
+    Stats stats;
+  };
+  // A finished member's answer, handed over once. Throws if the id is unknown, not finished
+  // yet, or its generation failed (the message says why).
+  Result result(Id id);
+
+  struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

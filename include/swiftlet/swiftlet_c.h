@@ -21,6 +21,21 @@ void swiftlet_chat_free(swiftlet_chat* chat);
 int swiftlet_chat_send(swiftlet_chat* chat, const char* user_text, int max_new_tokens,
                        swiftlet_text_fn fn, void* user);
 void swiftlet_chat_cancel(swiftlet_chat* chat);
+
+/* Several generations stepped together (see swiftlet::api::Batch). */
+typedef struct swiftlet_batch swiftlet_batch;
+swiftlet_batch* swiftlet_batch_new(swiftlet_engine* engine, int max_sequences);
+void swiftlet_batch_free(swiftlet_batch* batch);
+/* A raw-text generation (greedy when greedy != 0); returns its id (> 0), or -1. */
+long long swiftlet_batch_add(swiftlet_batch* batch, const char* prompt, int max_new_tokens, int greedy,
+                             swiftlet_text_fn fn, void* user);
+/* The next turn of a chat; returns its id (> 0), or -1. */
+long long swiftlet_batch_add_chat(swiftlet_batch* batch, swiftlet_chat* chat, const char* user_text,
+                                  int max_new_tokens, swiftlet_text_fn fn, void* user);
+/* One step; returns the number of members still generating, or -1 when one failed (then
+ * swiftlet_last_error() says why; the others go on). Answers arrive through the callbacks. */
+int swiftlet_batch_step(swiftlet_batch* batch);
+void swiftlet_batch_cancel(swiftlet_batch* batch, long long id);
 /* The last error message of this thread ("" if none). */
 const char* swiftlet_last_error(void);
 

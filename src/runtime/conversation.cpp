@@ -20,10 +20,10 @@ void Conversation::set_system(std::string system) {
   reset();
 }
 
-GenerateResult Conversation::send(const std::string& user_text, const TurnOptions& opts,
-                                  const TokenCallback& on_token, const std::atomic<bool>* cancel) {
+Conversation::Turn Conversation::begin_turn(const std::string& user_text, const TurnOptions& opts) const {
   const Tokenizer& tok = engine_.require_tokenizer();
-  std::vector<ChatMessage> added;
+  Turn turn;
+  std::vector<ChatMessage>& added = turn.added;
   if (history_.empty() && !system_.empty()) added.push_back({"system", system_, ""});
   added.push_back({"user", user_text, ""});
   ChatContinuation plan = plan_continuation(engine_.template_kind(), history_, added, chat_);
@@ -35,7 +35,7 @@ GenerateResult Conversation::send(const std::string& user_text, const TurnOption
     plan.text = "\n" + render_chat(engine_.template_kind(), added, chat_);
   }
 
-  GenerateRequest req;
+  GenerateRequest& req = turn.req;
   if (plan.pure_append) req.prompt = seen_;
   const std::vector<int32_t> more = tok.encode(plan.text, /*parse_special=*/true);
   req.prompt.insert(req.prompt.end(), more.begin(), more.end());
@@ -43,11 +43,14 @@ GenerateResult Conversation::send(const std::string& user_text, const TurnOption
   req.max_new_tokens = opts.max_new_tokens;
   req.stop = opts.stop;
   req.stop_tokens = engine_.stop_tokens();
-  GenerateResult res = session_->generate(req, on_token, cancel);
+  return turn;
+}
 
+void Conversation::end_turn(Turn turn, const GenerateResult& res) {
+  const Tokenizer& tok = engine_.require_tokenizer();
   // What the model has now seen, as the template will render it next time: the prompt, the
   // raw answer and <|im_end|> (fed with the next turn when generation ended another way).
-  seen_ = req.prompt;
+  seen_ = std::move(turn.req.prompt);
   seen_.insert(seen_.end(), res.tokens.begin(), res.tokens.end());
   const int32_t im_end = tok.token_id("<|im_end|>");
   if (im_end >= 0 && (seen_.empty() || seen_.back() != im_end)) {
@@ -56,8 +59,15 @@ GenerateResult Conversation::send(const std::string& user_text, const TurnOption
     else
       seen_.push_back(im_end);
   }
-  for (auto& m : added) history_.push_back(std::move(m));
+  for (auto& m : turn.added) history_.push_back(std::move(m));
   history_.push_back({"assistant", res.text, ""});
+}
+
+GenerateResult Conversation::send(const std::string& user_text, const TurnOptions& opts,
+                                  const TokenCallback& on_token, const std::atomic<bool>* cancel) {
+  Turn turn = begin_turn(user_text, opts);
+  GenerateResult res = session_->generate(turn.req, on_token, cancel);
+  end_turn(std::move(turn), res);
   return res;
 }
 

@@ -26,6 +26,17 @@ class Conversation {
   GenerateResult send(const std::string& user_text, const TurnOptions& opts,
                       const TokenCallback& on_token = {}, const std::atomic<bool>* cancel = nullptr);
 
+  // send() in two halves, for Batch: begin_turn renders the user turn into the request to
+  // generate on session(); end_turn records the answer (text, tokens) as send() does. The
+  // conversation must not be used otherwise in between.
+  struct Turn {
+    GenerateRequest req;
+    std::vector<ChatMessage> added;
+  };
+  Turn begin_turn(const std::string& user_text, const TurnOptions& opts) const;
+  void end_turn(Turn turn, const GenerateResult& res);
+  Session& session() { return *session_; }
+
   // Starts over (keeps the system prompt unless set_system changes it).
   void reset();
   void set_system(std::string system);

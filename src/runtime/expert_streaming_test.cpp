@@ -11,6 +11,7 @@
 #include "support/test_util.h"
 #include "support/tiny_model.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -152,6 +153,19 @@ TEST(ExpertStreaming, RamBudgetSizesTheCacheOrIsRefusedWithTheNumbers) {
   EXPECT_GT(gpu.runtime, cpu.runtime);
   EXPECT_LT(gpu.cache, cpu.cache);
   EXPECT_LE(gpu.resident + gpu.state + gpu.buffers + gpu.runtime + gpu.cache, budget);
+
+  // swiftlet-server --parallel N: the plan counts N session states, and a budget that fits one
+  // but not N says to lower --parallel.
+  o.gpu = false;
+  o.ram_budget = budget;
+  o.budget_sessions = 4;
+  const MemoryPlan four = plan_memory(path, o);
+  EXPECT_EQ(four.state, 4 * base.state);
+  o.ram_budget = fixed + 5 * stride + 10;
+  o.budget_sessions = 1 + int((5 * stride) / std::max<uint64_t>(1, base.state)) + 1;
+  const std::string many = testing::error_of([&] { plan_memory(path, o); });
+  EXPECT_NE(many.find(fmt::format("the state of {} sessions", o.budget_sessions)), std::string::npos) << many;
+  EXPECT_NE(many.find("or --parallel"), std::string::npos) << many;
 }
 
 TEST(ExpertStreaming, ParseBytes) {

@@ -80,7 +80,8 @@ MemoryPlan plan_memory(const ModelSummary& s, const LoadOptions& opts) {
   MemoryPlan p;
   p.budget = opts.ram_budget;
   p.resident = r.resident;
-  p.state = r.kv_cache + 3 * r.linear_state;  // the state and two prefix-reuse snapshots
+  // Each session: its state and two prefix-reuse snapshots.
+  p.state = uint64_t(std::max(1, opts.budget_sessions)) * (r.kv_cache + 3 * r.linear_state);
   p.buffers = r.activations;
   p.runtime = 96ull << 20;  // code, libraries, tokenizer, heap (measured ~70-90 MB)
   // The CUDA runtime's host memory: measured +140 MB of peak RSS on the H200 (80B shape, default
@@ -95,12 +96,14 @@ MemoryPlan plan_memory(const ModelSummary& s, const LoadOptions& opts) {
     const uint64_t fixed = p.resident + p.state + p.buffers + p.runtime;
     const uint64_t least = uint64_t(std::max(1, c.num_experts_per_tok)) * stride;  // one layer's experts
     if (opts.ram_budget < fixed + least)
-      fail("--ram-budget {} cannot be met: the resident weights take {}, the state at a {}-token context {}, "
+      fail("--ram-budget {} cannot be met: the resident weights take {}, the state{} at a {}-token context {}, "
            "working buffers {} and the runtime {}, which leaves {} for the expert cache, less than the {} one "
-           "layer's {} experts need; raise the budget to at least {} (or lower the context)",
-           gb(opts.ram_budget), gb(p.resident), opts.budget_context, gb(p.state), gb(p.buffers), gb(p.runtime),
+           "layer's {} experts need; raise the budget to at least {} (or lower the context{})",
+           gb(opts.ram_budget), gb(p.resident),
+           opts.budget_sessions > 1 ? fmt::format(" of {} sessions", opts.budget_sessions) : std::string(),
+           opts.budget_context, gb(p.state), gb(p.buffers), gb(p.runtime),
            gb(opts.ram_budget > fixed ? opts.ram_budget - fixed : 0), gb(least), c.num_experts_per_tok,
-           gb(fixed + least));
+           gb(fixed + least), opts.budget_sessions > 1 ? " or --parallel" : "");
     p.cache = std::min(all, opts.ram_budget - fixed);
   } else {
     p.cache = std::min(all, one_token);

@@ -123,18 +123,20 @@ void Session::remember_snapshot() {
   snapshots_.push_back(forward_->snapshot(state_));
 }
 
-int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel) {
+void Session::check_prompt(std::span<const int32_t> prompt) const {
   if (prompt.empty()) fail("the prompt is empty: give at least one token");
   if (opts_.max_context > 0 && int64_t(prompt.size()) > opts_.max_context)
     fail("the prompt has {} tokens but the context is limited to {} (raise --ctx or shorten it)",
          prompt.size(), opts_.max_context);
+}
+
+int64_t Session::rewind_for(std::span<const int32_t> prompt) {
   const auto& seen = state_.tokens;
   const size_t lcp = size_t(std::mismatch(seen.begin(), seen.end(), prompt.begin(), prompt.end()).first - seen.begin());
   const int64_t P = int64_t(prompt.size());
 
   if (int64_t(lcp) == state_.pos && (int64_t(lcp) < P || logits_pos_ == P)) {
     // Pure extension (or the same prompt again with its logits still at hand).
-    if (int64_t(lcp) < P) feed(prompt.subspan(lcp), cancel);
     return int64_t(lcp);
   }
   // Diverged (or nothing left to feed): rewind to the latest snapshot inside the common prefix.
@@ -146,104 +148,172 @@ int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool
     const int64_t reused = best->pos;
     // Drop snapshots past the rewind point: they belong to the abandoned branch.
     std::erase_if(snapshots_, [&](const StateSnapshot& s) { return s.pos > reused; });
-    feed(prompt.subspan(size_t(reused)), cancel);
     return reused;
   }
   forward_->reset(state_);
   snapshots_.clear();
-  feed(prompt, cancel);
   return 0;
+}
+
+int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel) {
+  check_prompt(prompt);
+  pending_.clear();
+  pending_done_ = pending_mark_ = 0;
+  const int64_t reused = rewind_for(prompt);
+  if (reused < int64_t(prompt.size())) feed(prompt.subspan(size_t(reused)), cancel);
+  return reused;
+}
+
+int64_t Session::begin_prompt(std::span<const int32_t> prompt, size_t snapshot_at) {
+  check_prompt(prompt);
+  const int64_t reused = rewind_for(prompt);
+  pending_.assign(prompt.begin() + reused, prompt.end());
+  pending_done_ = 0;
+  pending_mark_ = snapshot_at > size_t(reused) && snapshot_at < prompt.size() ? snapshot_at - size_t(reused) : 0;
+  if (!pending_.empty()) logits_pos_ = -1;
+  else remember_snapshot();
+  return reused;
+}
+
+void Session::feed_prompt(size_t max_tokens) {
+  size_t n = std::min(max_tokens, prompt_pending());
+  if (pending_mark_ > pending_done_) n = std::min(n, pending_mark_ - pending_done_);
+  const size_t chunk = size_t(std::max(1, opts_.prefill_chunk));
+  const std::span<const int32_t> all(pending_);
+  while (n > 0) {
+    const size_t m = std::min(n, chunk);
+    const bool last = pending_done_ + m == pending_.size();
+    forward_->run(state_, all.subspan(pending_done_, m), last ? LogitsMode::Last : LogitsMode::None, logits_);
+    pending_done_ += m;
+    n -= m;
+  }
+  if (pending_mark_ > 0 && pending_done_ == pending_mark_) remember_snapshot();
+  if (pending_done_ < pending_.size()) return;
+  logits_pos_ = state_.pos;
+  if (pending_.size() > 1) forward_->release_buffers();  // as feed() does
+  pending_.clear();
+  pending_done_ = pending_mark_ = 0;
+  remember_snapshot();
 }
 
 GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback& on_token,
                                  const std::atomic<bool>* cancel) {
-  if (req.max_new_tokens < 0) fail("max new tokens must be >= 0, got {}", req.max_new_tokens);
-  validate(req.sampling);
-  GenerateResult res;
-  GenerateStats& st = res.stats;
-  const ExpertStats experts_before = model_.experts ? model_.experts->expert_stats() : ExpertStats{};
-  const GpuStats gpu_before = opts_.gpu ? gpu_stats(*opts_.gpu) : GpuStats{};
-  const auto t0 = Clock::now();
-
-  st.prompt_tokens = int64_t(req.prompt.size());
-  st.reused_tokens = prepare(req.prompt, cancel);
-  st.prefilled_tokens = st.prompt_tokens - st.reused_tokens;
-  st.prefill_seconds = since(t0);
-  if (logits_pos_ != state_.pos) res.finish = FinishReason::Cancelled;
-  else remember_snapshot();
-
-  Sampler sampler(req.sampling, int(model_.config.vocab_size));
-  std::optional<StreamDecoder> decoder;
-  if (tokenizer_) decoder.emplace(*tokenizer_, /*skip_special=*/true);
-  StopMatcher stops(req.stop);
-  std::vector<int32_t> history(req.prompt.begin(), req.prompt.end());
-  Clock::time_point t_first{};
-
-  auto emit = [&](const std::string& text, int32_t token) {
-    if (text.empty()) return true;
-    res.text += text;
-    return !on_token || on_token(text, token);
-  };
-
-  for (int i = 0; res.finish != FinishReason::Cancelled && i < req.max_new_tokens; ++i) {
-    if (cancelled(cancel)) {
-      res.finish = FinishReason::Cancelled;
-      break;
-    }
-    logits_pos_ = -1;  // sampling (and the constraint) modifies the logits in place
-    const int32_t next = req.constraint
-                             ? sample_constrained(sampler, *req.constraint, logits_, unmasked_, history, req.max_new_tokens - i)
-                             : sampler.sample(logits_, history);
-    if (i == 0) {
-      t_first = Clock::now();
-      st.ttft_seconds = since(t0);
-    }
-    res.tokens.push_back(next);
-    history.push_back(next);
-    if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), next) != req.stop_tokens.end()) {
-      res.finish = FinishReason::Stop;
-      break;
-    }
-    if (decoder) {
-      StopMatcher::Result r = stops.feed(decoder->push(next));
-      if (!emit(r.text, next)) res.finish = FinishReason::Cancelled;
-      if (r.stopped) {
-        res.finish = FinishReason::Stop;
-        res.stop_string = stops.matched_stop();
-        break;
-      }
-    } else if (on_token && !on_token("", next)) {
-      res.finish = FinishReason::Cancelled;
-    }
-    if (res.finish == FinishReason::Cancelled) break;
-    if (i + 1 == req.max_new_tokens) break;  // Length: the last token is kept but not fed
-    forward_->run(state_, std::span(&next, 1), LogitsMode::Last, logits_);
+  Generation gen(*this, req, on_token, cancel);
+  gen.prompt_done(prepare(req.prompt, cancel));
+  while (std::optional<int32_t> next = gen.next()) {
+    forward_->run(state_, std::span(&*next, 1), LogitsMode::Last, logits_);
     logits_pos_ = state_.pos;
   }
-  if (decoder && res.finish != FinishReason::Stop) {
-    std::string tail = decoder->flush();
-    StopMatcher::Result r = stops.feed(tail);
-    std::string rest = r.text + (r.stopped ? "" : stops.flush());
-    if (r.stopped) {
-      res.finish = FinishReason::Stop;
-      res.stop_string = stops.matched_stop();
-    }
-    emit(rest, res.tokens.empty() ? -1 : res.tokens.back());
+  return gen.finish();
+}
+
+// ------------------------------------------------------------------------------ Generation
+
+Generation::Generation(Session& session, const GenerateRequest& req, TokenCallback on_token,
+                       const std::atomic<bool>* cancel)
+    : s_(session), req_(req), on_token_(std::move(on_token)), cancel_(cancel),
+      t0_(Clock::now()), sampler_((validate(req.sampling), req.sampling), int(session.model_.config.vocab_size)),
+      stops_(req.stop), history_(req.prompt.begin(), req.prompt.end()) {
+  if (req.max_new_tokens < 0) fail("max new tokens must be >= 0, got {}", req.max_new_tokens);
+  if (s_.model_.experts) experts_before_ = s_.model_.experts->expert_stats();
+  if (s_.opts_.gpu) gpu_before_ = gpu_stats(*s_.opts_.gpu);
+  if (s_.tokenizer_) decoder_.emplace(*s_.tokenizer_, /*skip_special=*/true);
+}
+
+void Generation::prompt_done(int64_t reused) {
+  GenerateStats& st = res_.stats;
+  st.prompt_tokens = int64_t(req_.prompt.size());
+  st.reused_tokens = reused;
+  st.prefilled_tokens = st.prompt_tokens - st.reused_tokens;
+  st.prefill_seconds = since(t0_);
+  if (s_.logits_pos_ != s_.state_.pos) {
+    res_.finish = FinishReason::Cancelled;
+    finished_ = true;
+  } else {
+    s_.remember_snapshot();
   }
-  st.generated_tokens = int64_t(res.tokens.size());
-  if (!res.tokens.empty()) st.decode_seconds = since(t_first);
-  if (model_.experts) st.experts = minus(model_.experts->expert_stats(), experts_before);
-  if (opts_.gpu) {
+}
+
+bool Generation::emit(const std::string& text, int32_t token) {
+  if (text.empty()) return true;
+  res_.text += text;
+  return !on_token_ || on_token_(text, token);
+}
+
+std::optional<int32_t> Generation::next() {
+  if (finished_) return std::nullopt;
+  if (i_ >= req_.max_new_tokens) {
+    finished_ = true;  // Length
+    return std::nullopt;
+  }
+  if (cancelled(cancel_)) {
+    res_.finish = FinishReason::Cancelled;
+    finished_ = true;
+    return std::nullopt;
+  }
+  s_.logits_pos_ = -1;  // sampling (and the constraint) modifies the logits in place
+  const int32_t next = req_.constraint ? sample_constrained(sampler_, *req_.constraint, s_.logits_, s_.unmasked_,
+                                                            history_, req_.max_new_tokens - i_)
+                                       : sampler_.sample(s_.logits_, history_);
+  if (i_ == 0) {
+    t_first_ = Clock::now();
+    res_.stats.ttft_seconds = since(t0_);
+  }
+  res_.tokens.push_back(next);
+  history_.push_back(next);
+  if (std::find(req_.stop_tokens.begin(), req_.stop_tokens.end(), next) != req_.stop_tokens.end()) {
+    res_.finish = FinishReason::Stop;
+    finished_ = true;
+    return std::nullopt;
+  }
+  if (decoder_) {
+    StopMatcher::Result r = stops_.feed(decoder_->push(next));
+    if (!emit(r.text, next)) res_.finish = FinishReason::Cancelled;
+    if (r.stopped) {
+      res_.finish = FinishReason::Stop;
+      res_.stop_string = stops_.matched_stop();
+      finished_ = true;
+      return std::nullopt;
+    }
+  } else if (on_token_ && !on_token_("", next)) {
+    res_.finish = FinishReason::Cancelled;
+  }
+  ++i_;
+  // Cancelled by the callback; or Length: the last token is kept but not fed.
+  if (res_.finish == FinishReason::Cancelled || i_ == req_.max_new_tokens) {
+    finished_ = true;
+    return std::nullopt;
+  }
+  return next;
+}
+
+GenerateResult Generation::finish() {
+  SWIFTLET_CHECK(finished_, "Generation::finish before the answer is complete");
+  if (decoder_ && res_.finish != FinishReason::Stop) {
+    std::string tail = decoder_->flush();
+    StopMatcher::Result r = stops_.feed(tail);
+    std::string rest = r.text + (r.stopped ? "" : stops_.flush());
+    if (r.stopped) {
+      res_.finish = FinishReason::Stop;
+      res_.stop_string = stops_.matched_stop();
+    }
+    emit(rest, res_.tokens.empty() ? -1 : res_.tokens.back());
+  }
+  GenerateStats& st = res_.stats;
+  st.generated_tokens = int64_t(res_.tokens.size());
+  if (!res_.tokens.empty()) st.decode_seconds = since(t_first_);
+  if (s_.model_.experts) st.experts = minus(s_.model_.experts->expert_stats(), experts_before_);
+  if (s_.opts_.gpu) {
     st.on_gpu = true;
-    st.gpu = gpu_stats(*opts_.gpu);
-    st.gpu.hits -= gpu_before.hits;
-    st.gpu.misses -= gpu_before.misses;
-    st.gpu.evictions -= gpu_before.evictions;
-    st.gpu.bytes_uploaded -= gpu_before.bytes_uploaded;
-    st.gpu.upload_seconds -= gpu_before.upload_seconds;
+    st.gpu = gpu_stats(*s_.opts_.gpu);
+    st.gpu.hits -= gpu_before_.hits;
+    st.gpu.misses -= gpu_before_.misses;
+    st.gpu.evictions -= gpu_before_.evictions;
+    st.gpu.bytes_uploaded -= gpu_before_.bytes_uploaded;
+    st.gpu.upload_seconds -= gpu_before_.upload_seconds;
   }
   st.peak_rss = peak_rss_bytes();
-  return res;
+  return std::move(res_);
 }
 
 }  // namespace swiftlet

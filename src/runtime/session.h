@@ -10,8 +10,10 @@
 #include "tokenizer/tokenizer.h"
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +79,9 @@ struct SessionOptions {
   RouteOverride* route_override = nullptr;
 };
 
+class Batch;
+class Generation;
+
 class Session {
  public:
   // tokenizer may be null: then text, stop strings and the streamed pieces are empty.
@@ -89,6 +94,16 @@ class Session {
   // Afterwards last_logits() holds the logits after the last prompt token.
   int64_t prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel = nullptr);
   const std::vector<float>& last_logits() const { return logits_; }
+
+  // A prompt in pieces (Batch feeds newcomers a chunk at a time between decode steps):
+  // begin_prompt validates the prompt and rewinds the state as prepare() does, returning the
+  // reused tokens; feed_prompt then runs up to `max_tokens` of the rest, stopping at
+  // `snapshot_at` (a turn boundary, 0: none) to keep a DeltaNet snapshot there. When
+  // prompt_pending() is 0 the logits are ready and a snapshot of the prompt's end is kept.
+  // Chunk boundaries never change a result (the token-by-token DeltaNet form).
+  int64_t begin_prompt(std::span<const int32_t> prompt, size_t snapshot_at = 0);
+  size_t prompt_pending() const { return pending_.size() - pending_done_; }
+  void feed_prompt(size_t max_tokens);
 
   // Runs `tokens` from a fresh state (nothing reused, no snapshot kept) as one prompt and returns
   // the logits of the positions from `from` on ([T - from][vocab]: row j predicts token
@@ -107,6 +122,10 @@ class Session {
   size_t buffer_bytes() const { return forward_->buffer_bytes(); }
 
  private:
+  friend class Batch;
+  friend class Generation;
+  void check_prompt(std::span<const int32_t> prompt) const;
+  int64_t rewind_for(std::span<const int32_t> prompt);
   void feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel);
   void remember_snapshot();
 
@@ -119,6 +138,47 @@ class Session {
   std::vector<float> unmasked_;   // [vocab] the logits before a constrained pick (sample_constrained)
   int64_t logits_pos_ = -1;
   std::vector<StateSnapshot> snapshots_;  // oldest first
+  std::vector<int32_t> pending_;  // begin_prompt: the prompt tokens left to feed
+  size_t pending_done_ = 0;       // of pending_, those fed
+  size_t pending_mark_ = 0;       // of pending_, where a snapshot is due (0: none)
+};
+
+// One answer being generated on a session: samples each token from the session's logits,
+// streams its text and applies the stops (tokens, strings, length, cancel). Session::generate
+// runs one from prompt to end; Batch interleaves several, running their tokens together.
+class Generation {
+ public:
+  // Throws Error for a bad request (max_new_tokens < 0, invalid sampling). `req` must outlive
+  // this object. The clock of the stats starts here.
+  Generation(Session& session, const GenerateRequest& req, TokenCallback on_token,
+             const std::atomic<bool>* cancel);
+  // The prompt is in (or was cancelled: the session's logits are not ready): `reused` of its
+  // tokens came from the state already there.
+  void prompt_done(int64_t reused);
+  // Samples the next token and streams its text. Returns the token to run through the model
+  // (after which the session's logits must follow it), or nothing once the answer is complete.
+  std::optional<int32_t> next();
+  bool finished() const { return finished_; }
+  // Flushes the text still held back and completes the stats. Call once, when finished().
+  GenerateResult finish();
+
+ private:
+  bool emit(const std::string& text, int32_t token);
+
+  Session& s_;
+  const GenerateRequest& req_;
+  TokenCallback on_token_;
+  const std::atomic<bool>* cancel_;
+  GenerateResult res_;
+  ExpertStats experts_before_;
+  GpuStats gpu_before_;
+  std::chrono::steady_clock::time_point t0_, t_first_;
+  Sampler sampler_;
+  std::optional<StreamDecoder> decoder_;
+  StopMatcher stops_;
+  std::vector<int32_t> history_;
+  int i_ = 0;
+  bool finished_ = false;
 };
 
 }  // namespace swiftlet

@@ -71,6 +71,11 @@ size_t EngineWorker::queued() const {
   return queue_.size();
 }
 
+BatchGauges EngineWorker::gauges() const {
+  std::lock_guard lock(mu_);
+  return gauges_;
+}
+
 void EngineWorker::shutdown() {
   std::deque<std::shared_ptr<Job>> dropped;
   {
@@ -78,7 +83,7 @@ void EngineWorker::shutdown() {
     if (stopping_ && !thread_.joinable()) return;
     stopping_ = true;
     dropped.swap(queue_);
-    if (running_) running_->cancel();
+    for (auto& job : running_) job->cancel();
   }
   cv_.notify_all();
   for (auto& job : dropped) {
@@ -88,11 +93,20 @@ void EngineWorker::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+size_t EngineWorker::free_slots() const {
+  return size_t(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.job; }));
+}
+
 void EngineWorker::run() {
   try {
     engine_ = std::make_unique<Engine>(opts_.engine);
     engine_->require_tokenizer();
     slots_.resize(size_t(opts_.sessions));
+    BatchOptions bo;
+    bo.backend = engine_->backend();
+    bo.prefill_chunk = opts_.prefill_chunk;
+    bo.predict_next = opts_.engine.predict_next;
+    batch_ = std::make_unique<Batch>(engine_->model(), bo);
   } catch (const std::exception& e) {
     std::lock_guard lock(mu_);
     load_error_ = e.what();
@@ -103,39 +117,43 @@ void EngineWorker::run() {
   {
     std::lock_guard lock(mu_);
     status_.store(Status::Ready);
+    gauges_.slots.resize(slots_.size());
   }
   cv_.notify_all();
 
   for (;;) {
-    std::shared_ptr<Job> job;
+    std::vector<std::shared_ptr<Job>> admitted;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = job;
-      busy_.store(true);
+      cv_.wait(lock, [&] { return stopping_ || !batch_->empty() || (!queue_.empty() && free_slots() > 0); });
+      if (stopping_ && batch_->empty()) return;
+      // Jobs take free slots in the order they came (shutdown() has cancelled the running ones:
+      // the steps below let them finish).
+      for (size_t n = free_slots(); !stopping_ && n > 0 && !queue_.empty(); --n) {
+        admitted.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        running_.push_back(admitted.back());
+      }
+      busy_.store(!running_.empty());
     }
-    run_job(*job);
-    {
-      std::lock_guard lock(mu_);
-      running_.reset();
-      busy_.store(false);
+    for (auto& job : admitted) start_job(job);
+    if (!batch_->empty()) {
+      for (Batch::Finished& f : batch_->step()) finish_job(f);
     }
+    publish_gauges();
   }
 }
 
-EngineWorker::Slot& EngineWorker::pick_slot(const JobSpec& spec) {
-  // A request continues a session's conversation when it shares everything up to the start of
-  // that session's last turn (the re-rendering of the last answer may differ after it). Of
-  // those, the longest common prefix wins. A request that continues none takes an unused
-  // session, else the least recently used one: sharing only a system prompt is no reason to
-  // overwrite another conversation.
+EngineWorker::Slot* EngineWorker::pick_slot(const JobSpec& spec) {
+  // Of the free slots: a request continues a session's conversation when it shares everything
+  // up to the start of that session's last turn (the re-rendering of the last answer may differ
+  // after it). Of those, the longest common prefix wins. A request that continues none takes an
+  // unused session, else the least recently used one: sharing only a system prompt is no reason
+  // to overwrite another conversation.
   Slot* best = nullptr;
   size_t best_lcp = 0;
   for (Slot& s : slots_) {
-    if (!s.session) continue;
+    if (!s.session || s.job) continue;
     const size_t lcp = common_prefix(s.session->state().tokens, spec.prompt);
     if (lcp > 0 && lcp >= s.turn_start && lcp > best_lcp) {
       best = &s;
@@ -143,9 +161,10 @@ EngineWorker::Slot& EngineWorker::pick_slot(const JobSpec& spec) {
     }
   }
   if (!best) {
-    best = &*std::min_element(slots_.begin(), slots_.end(),
-                              [](const Slot& a, const Slot& b) { return a.last_used < b.last_used; });
+    for (Slot& s : slots_)
+      if (!s.job && (!best || s.last_used < best->last_used)) best = &s;
   }
+  SWIFTLET_CHECK(best != nullptr, "a job was admitted without a free slot");
   if (!best->session) {
     SessionOptions so;
     so.max_context = opts_.max_context;
@@ -154,90 +173,96 @@ EngineWorker::Slot& EngineWorker::pick_slot(const JobSpec& spec) {
   }
   best->last_used = ++clock_;
   best->turn_start = spec.snapshot_at > 0 ? spec.snapshot_at : spec.prompt.size();
-  return *best;
+  return best;
 }
 
 namespace {
-void add_experts(ExpertStats& a, const ExpertStats& b) {
-  a.hits += b.hits;
-  a.misses += b.misses;
-  a.evictions += b.evictions;
-  a.bytes_read += b.bytes_read;
-  a.read_seconds += b.read_seconds;
-  a.wait_seconds += b.wait_seconds;
-  a.verify_seconds += b.verify_seconds;
+// The job's event for an error: the request's fault (400) or the server's (500).
+JobEvent failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const DataError& e) {  // the model's files, not the request
+    return {JobEvent::Kind::Failed, e.what(), FinishReason::Stop, {}, false};
+  } catch (const Error& e) {
+    return {JobEvent::Kind::Failed, e.what(), FinishReason::Stop, {}, true};
+  } catch (const std::exception& e) {
+    return {JobEvent::Kind::Failed, fmt::format("internal error: {}", e.what()), FinishReason::Stop, {}, false};
+  }
 }
 }  // namespace
 
-void EngineWorker::run_job(Job& job) {
-  const JobSpec& spec = job.spec();
-  auto done = [&](FinishReason finish, const GenerateStats& stats, std::string stop_string = {}) {
-    metrics_.on_job(finish, stats);
-    job.push({JobEvent::Kind::Done, "", finish, stats, false, std::move(stop_string)});
+void EngineWorker::start_job(const std::shared_ptr<Job>& job) {
+  const JobSpec& spec = job->spec();
+  auto leave = [&] {
+    std::lock_guard lock(mu_);
+    std::erase(running_, job);
   };
-  if (job.cancelled()) {  // the client left while it was queued
-    done(FinishReason::Cancelled, {});
+  if (job->cancelled()) {  // the client left while it was queued
+    metrics_.on_job(FinishReason::Cancelled, {});
+    job->push({JobEvent::Kind::Done, "", FinishReason::Cancelled, {}, false});
+    leave();
     return;
   }
-  Session* used = nullptr;
+  Slot* slot = pick_slot(spec);
+  GenerateRequest req;
+  req.prompt = spec.prompt;
+  req.sampling = spec.sampling;
+  req.max_new_tokens = spec.max_new_tokens;
+  req.stop = spec.stop;
+  req.stop_tokens = engine_->stop_tokens();
+  req.constraint = spec.constraint;
+  Job* j = job.get();
   try {
-    Session& session = *pick_slot(spec).session;
-    used = &session;
-    GenerateRequest req;
-    req.prompt = spec.prompt;
-    req.sampling = spec.sampling;
-    req.max_new_tokens = spec.max_new_tokens;
-    req.stop = spec.stop;
-    req.stop_tokens = engine_->stop_tokens();
-    req.constraint = spec.constraint;
-
-    // First bring the state to the turn boundary (Session::generate snapshots the DeltaNet
-    // state at the end of each prompt it prepares), unless the state is already past it.
-    GenerateStats head;
-    bool have_head = false;
-    const size_t lcp = common_prefix(session.state().tokens, spec.prompt);
-    if (spec.snapshot_at > 0 && spec.snapshot_at < spec.prompt.size() && lcp < spec.snapshot_at) {
-      GenerateRequest h = req;
-      h.prompt.resize(spec.snapshot_at);
-      h.max_new_tokens = 0;
-      GenerateResult r = session.generate(h, {}, job.cancel_flag());
-      head = r.stats;
-      have_head = true;
-      if (r.finish == FinishReason::Cancelled || job.cancelled()) {
-        done(FinishReason::Cancelled, head);
-        return;
-      }
-    }
-
-    GenerateResult res = session.generate(
-        req,
-        [&](std::string_view text, int32_t) {
-          job.push({JobEvent::Kind::Text, std::string(text), FinishReason::Stop, {}, false});
-          return !job.cancelled();
+    const Batch::Id id = batch_->add(
+        *slot->session, std::move(req),
+        [j](std::string_view text, int32_t) {
+          j->push({JobEvent::Kind::Text, std::string(text), FinishReason::Stop, {}, false});
+          return !j->cancelled();
         },
-        job.cancel_flag());
-    GenerateStats st = res.stats;
-    if (have_head) {
-      st.reused_tokens = head.reused_tokens;
-      st.prefilled_tokens = st.prompt_tokens - st.reused_tokens;
-      st.prefill_seconds += head.prefill_seconds;
-      st.ttft_seconds += head.prefill_seconds;
-      add_experts(st.experts, head.experts);
-    }
-    done(res.finish, st, res.stop_string);
-  } catch (const DataError& e) {  // the model's files, not the request: a 500
-    if (used) used->reset();
+        job->cancel_flag(), spec.snapshot_at);
+    slot->job = job;
+    members_[id] = size_t(slot - slots_.data());
+  } catch (...) {
+    slot->session->reset();  // a refused prompt changed nothing, but a half-made rewind is not worth a guess
     metrics_.on_job_failed();
-    job.push({JobEvent::Kind::Failed, e.what(), FinishReason::Stop, {}, false});
-  } catch (const Error& e) {
-    if (used) used->reset();  // its state may be half-fed
-    metrics_.on_job_failed();
-    job.push({JobEvent::Kind::Failed, e.what(), FinishReason::Stop, {}, true});
-  } catch (const std::exception& e) {
-    if (used) used->reset();
-    metrics_.on_job_failed();
-    job.push({JobEvent::Kind::Failed, fmt::format("internal error: {}", e.what()), FinishReason::Stop, {}, false});
+    job->push(failure(std::current_exception()));
+    leave();
   }
+}
+
+void EngineWorker::finish_job(Batch::Finished& f) {
+  auto it = members_.find(f.id);
+  SWIFTLET_CHECK(it != members_.end(), "batch member {} has no slot", f.id);
+  Slot& slot = slots_[it->second];
+  members_.erase(it);
+  std::shared_ptr<Job> job = std::move(slot.job);
+  {
+    std::lock_guard lock(mu_);
+    std::erase(running_, job);
+    gauges_.running = running_.size();
+    BatchGauges::Slot& g = gauges_.slots[size_t(&slot - slots_.data())];
+    g.generated_tokens += uint64_t(f.result.stats.generated_tokens);
+    if (!f.error) g.decode_tok_s = f.result.stats.decode_tok_s();
+  }
+  if (f.error) {
+    metrics_.on_job_failed();
+    job->push(failure(f.error));
+  } else {
+    metrics_.on_job(f.result.finish, f.result.stats);
+    job->push({JobEvent::Kind::Done, "", f.result.finish, f.result.stats, false, f.result.stop_string});
+  }
+  cv_.notify_all();
+}
+
+void EngineWorker::publish_gauges() {
+  std::lock_guard lock(mu_);
+  gauges_.running = running_.size();
+  gauges_.decoding = batch_->decoding();
+  gauges_.prefilling = batch_->prefilling();
+  gauges_.steps = batch_->steps();
+  gauges_.rows = batch_->decoded_rows();
+  for (size_t i = 0; i < slots_.size(); ++i) gauges_.slots[i].busy = slots_[i].job != nullptr;
+  busy_.store(!running_.empty());
 }
 
 }  // namespace swiftlet::server

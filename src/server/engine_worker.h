@@ -1,18 +1,23 @@
 // The request queue and the one engine thread that owns the model.
 //
 // HTTP threads submit Jobs (token ids and sampling, no JSON) to a bounded FIFO; the engine
-// thread loads the model, then takes one job at a time and runs it on the best-matching of N
-// kept Sessions (the conversation cache), pushing text pieces into the job as they are
-// generated. A job's consumer polls those events at its own pace, so a slow client never holds
-// up the engine; cancelling a job (client gone) stops its generation at the next token.
+// thread loads the model, then runs up to N jobs at once (--parallel N: continuous batching).
+// Each of the N slots is a Session, both a decode slot and a kept conversation: a job takes the
+// free slot that best continues its conversation (prefix reuse), joins the running Batch at the
+// next step, has its prompt fed in chunks between the others' decode steps, and leaves when it
+// finishes; the oldest waiting job takes the next free slot. Text pieces are pushed into the
+// job as they are generated; a job's consumer polls them at its own pace, so a slow client never
+// holds up the engine; cancelling a job (client gone) stops it at its next step.
 #pragma once
 
+#include "runtime/batch.h"
 #include "runtime/engine.h"
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,11 +78,27 @@ class Job {
 
 struct WorkerOptions {
   EngineOptions engine;
-  int sessions = 4;         // conversations kept for prefix reuse (--parallel)
-  size_t max_queue = 32;    // jobs waiting (not counting the running one); more -> rejected
+  int sessions = 4;         // slots: jobs generated together, each slot's conversation kept (--parallel)
+  size_t max_queue = 32;    // jobs waiting for a slot (not counting the running ones); more -> rejected
+  int prefill_chunk = 256;  // prompt tokens a newcomer feeds between two decode steps
   int64_t max_context = 8192;
   int max_new_tokens = 0;   // per request, whatever it asks (--max-tokens); 0: what the context leaves
   int max_snapshots = 3;    // DeltaNet snapshots per session
+};
+
+// What the engine thread is doing, for /metrics.
+struct BatchGauges {
+  size_t running = 0;     // jobs in slots
+  size_t decoding = 0;    // of those, past their prompt (the batch size of a decode step)
+  size_t prefilling = 0;  // of those, feeding their prompt
+  uint64_t steps = 0;     // batch steps so far
+  uint64_t rows = 0;      // sequences decoded over those steps (rows / steps: the mean batch size)
+  struct Slot {
+    bool busy = false;
+    uint64_t generated_tokens = 0;  // by every job this slot ran
+    double decode_tok_s = 0;        // of the last job it finished
+  };
+  std::vector<Slot> slots;
 };
 
 class EngineWorker {
@@ -100,7 +121,8 @@ class EngineWorker {
   // Queues a job; nullptr when the queue is full (or shutting down).
   std::shared_ptr<Job> submit(JobSpec spec);
   size_t queued() const;
-  bool busy() const { return busy_.load(); }
+  bool busy() const { return busy_.load(); }  // some job is running
+  BatchGauges gauges() const;
   const WorkerOptions& options() const { return opts_; }
 
   void shutdown();
@@ -110,11 +132,15 @@ class EngineWorker {
     std::unique_ptr<Session> session;
     uint64_t last_used = 0;  // 0: never used
     size_t turn_start = 0;   // where the last request's last turn began (see pick_slot)
+    std::shared_ptr<Job> job;  // running here; null: free
   };
 
   void run();
-  void run_job(Job& job);
-  Slot& pick_slot(const JobSpec& spec);
+  void start_job(const std::shared_ptr<Job>& job);
+  void finish_job(Batch::Finished& f);
+  void publish_gauges();
+  Slot* pick_slot(const JobSpec& spec);
+  size_t free_slots() const;
 
   WorkerOptions opts_;
   Metrics& metrics_;
@@ -122,12 +148,15 @@ class EngineWorker {
   std::atomic<Status> status_{Status::Loading};
   std::string load_error_;
   std::vector<Slot> slots_;  // engine thread only
+  std::unique_ptr<Batch> batch_;
+  std::map<Batch::Id, size_t> members_;  // batch member -> slot
   uint64_t clock_ = 0;
+  BatchGauges gauges_;  // guarded by mu_
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;  // queue changes, load finished
   std::deque<std::shared_ptr<Job>> queue_;
-  std::shared_ptr<Job> running_;
+  std::vector<std::shared_ptr<Job>> running_;  // cancelled by shutdown()
   bool stopping_ = false;
   std::atomic<bool> busy_{false};
   std::thread thread_;

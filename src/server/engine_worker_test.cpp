@@ -122,7 +122,7 @@ TEST_F(EngineWorkerTest, ANewConversationDoesNotOverwriteAnother) {
 }
 
 TEST_F(EngineWorkerTest, BoundedQueueAndCancel) {
-  start(/*max_queue=*/1);
+  start(/*max_queue=*/1, /*sessions=*/1);  // one slot: a second job waits in the queue
   const auto prompt = encode("Once upon a time");
   auto running = worker_->submit(spec(prompt, 100000));
   ASSERT_TRUE(running);
@@ -161,6 +161,38 @@ TEST_F(EngineWorkerTest, EngineErrorsReachTheClient) {
   EXPECT_TRUE(o.done.client_error);
   auto ok = worker_->submit(spec(encode("Hello"), 2));
   EXPECT_EQ(wait_done(*ok).done.kind, JobEvent::Kind::Done);
+}
+
+// --parallel 4: jobs submitted together run in one batch (more than one sequence per step on
+// average), the two beyond the slots wait their turn, and every answer equals the one it gets
+// alone.
+TEST_F(EngineWorkerTest, JobsRunTogetherAndAnswerAsAlone) {
+  start(/*max_queue=*/8, /*sessions=*/4);
+  std::vector<JobSpec> specs;
+  for (int i = 0; i < 6; ++i) {
+    std::string p = "Request " + std::to_string(i) + ":";
+    for (int w = 0; w < 3 + 9 * i; ++w) p += (w % 3 == 0) ? " trains" : (w % 3 == 1) ? " and" : " rain";
+    specs.push_back(spec(encode(p), 8 + 2 * i));
+  }
+  std::vector<std::string> alone;
+  for (const auto& s : specs) alone.push_back(wait_done(*worker_->submit(s)).text);
+  const BatchGauges before = worker_->gauges();
+  EXPECT_EQ(before.slots.size(), 4u);
+
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const auto& s : specs) jobs.push_back(worker_->submit(s));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(jobs[i]);
+    Outcome o = wait_done(*jobs[i]);
+    EXPECT_EQ(o.done.kind, JobEvent::Kind::Done);
+    EXPECT_EQ(o.text, alone[i]) << "request " << i;
+  }
+  const BatchGauges after = worker_->gauges();
+  EXPECT_GT(double(after.rows - before.rows), 1.5 * double(after.steps - before.steps)) << "the jobs did not run together";
+  EXPECT_EQ(after.running, 0u);
+  uint64_t generated = 0;
+  for (const auto& sl : after.slots) generated += sl.generated_tokens;
+  EXPECT_GT(generated, 0u);
 }
 
 TEST(EngineWorker, ReportsALoadFailure) {

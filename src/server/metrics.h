@@ -4,6 +4,7 @@
 #pragma once
 
 #include "runtime/session.h"
+#include "server/engine_worker.h"
 
 #include <chrono>
 #include <cstdint>
@@ -18,6 +19,7 @@ struct LiveGauges {
   size_t queue_length = 0;
   size_t queue_capacity = 0;
   bool busy = false;  // the engine thread is running a job
+  BatchGauges batch;  // jobs running, batch size, per slot
   bool ready = false;  // the model is loaded
   int sessions = 0;
   int64_t max_context = 0;

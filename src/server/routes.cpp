@@ -699,6 +699,7 @@ Reply Routes::metrics() const {
   g.queue_length = worker_.queued();
   g.queue_capacity = worker_.options().max_queue;
   g.busy = worker_.busy();
+  g.batch = worker_.gauges();
   g.ready = worker_.status() == EngineWorker::Status::Ready;
   g.sessions = worker_.options().sessions;
   g.max_context = worker_.options().max_context;

@@ -165,7 +165,9 @@ test('metrics are Prometheus text', async () => {
   const m = await metrics(server);
   for (const name of ['swiftlet_generated_tokens_total', 'swiftlet_requests_total', 'swiftlet_queue_length',
                       'swiftlet_decode_tokens_per_second', 'swiftlet_prefix_cache_hit_ratio', 'swiftlet_expert_cache_hit_ratio',
-                      'swiftlet_disk_read_bytes_total', 'swiftlet_peak_resident_memory_bytes'])
+                      'swiftlet_disk_read_bytes_total', 'swiftlet_peak_resident_memory_bytes', 'swiftlet_requests_running',
+                      'swiftlet_batch_size', 'swiftlet_batch_steps_total', 'swiftlet_slot_generated_tokens_total{slot="1"}',
+                      'swiftlet_slot_decode_tokens_per_second{slot="0"}'])
     assert.ok(name in m, name);
   assert.ok(m.swiftlet_generated_tokens_total > 0);
   assert.ok(m['swiftlet_http_requests_total{path="/v1/chat/completions",status="200"}'] > 0);
@@ -253,8 +255,8 @@ test('a full queue answers 429', async () => {
   const long = { model: MODEL, messages: poem, max_tokens: CTX - 40, temperature: 0 };
   const controllers = [];
   const pending = [];
-  // One running and two waiting (--max-queue 2) ...
-  for (let i = 0; i < 3; ++i) {
+  // Two running (--parallel 2) and two waiting (--max-queue 2) ...
+  for (let i = 0; i < 4; ++i) {
     const ac = new AbortController();
     controllers.push(ac);
     pending.push(client.chat.completions.create({ ...long, stream: true }, { signal: ac.signal })
@@ -273,11 +275,11 @@ test('a full queue answers 429', async () => {
   // The dropped clients' generations (running and queued) are cancelled.
   const deadline = Date.now() + 5000;
   let m = await metrics(server);
-  while (m.swiftlet_requests_cancelled_total - before.swiftlet_requests_cancelled_total < 3 && Date.now() < deadline) {
+  while (m.swiftlet_requests_cancelled_total - before.swiftlet_requests_cancelled_total < 4 && Date.now() < deadline) {
     await sleep(50);
     m = await metrics(server);
   }
-  assert.equal(m.swiftlet_requests_cancelled_total - before.swiftlet_requests_cancelled_total, 3);
+  assert.equal(m.swiftlet_requests_cancelled_total - before.swiftlet_requests_cancelled_total, 4);
   assert.equal(m.swiftlet_queue_length, 0);
   await assertHealthy();
 });
