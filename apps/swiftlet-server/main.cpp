@@ -3,6 +3,7 @@
 // health, Prometheus metrics, and a chat page at /).
 //
 //   swiftlet-server --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--ctx N] [--parallel N]
+//                   [--sessions M]
 //
 // --parallel N: N slots decoded together (continuous batching, src/server/engine_worker.h).
 //
@@ -53,10 +54,13 @@ int serve(int argc, char** argv) {
       ->envname("SWIFTLET_API_KEY");
   app.add_option("--ctx", wo.max_context, "context length per conversation, in tokens (prompt + answer)")
       ->capture_default_str();
-  app.add_option("--parallel", wo.sessions,
-                 "slots: requests generated together (continuous batching), each slot keeping its "
-                 "conversation's state for prefix reuse")
+  wo.parallel = 4;
+  wo.sessions = 0;
+  app.add_option("--parallel", wo.parallel, "requests generated together (continuous batching)")
       ->capture_default_str();
+  app.add_option("--sessions", wo.sessions,
+                 "conversations whose state is kept for prefix reuse, each in a slot; a request takes the "
+                 "slot that continues its conversation (default: --parallel; at least --parallel)");
   app.add_option("--prefill-chunk", wo.prefill_chunk,
                  "prompt tokens a new request feeds between two decode steps of the running ones")
       ->capture_default_str();
@@ -81,8 +85,12 @@ int serve(int argc, char** argv) {
   so.max_header_bytes = max_header_kb << 10;
   so.http_threads = std::max<int>(so.http_threads, int(wo.max_queue) + 8);
   // Every slot holds a session state with a KV cache of up to --ctx tokens: the RAM budget
-  // leaves room for all of them (or says to lower --parallel).
-  if (wo.sessions < 1) swiftlet::fail("--parallel must be at least 1, got {}", wo.sessions);
+  // leaves room for all of them (or says to lower --sessions / --parallel).
+  if (wo.parallel < 1) swiftlet::fail("--parallel must be at least 1, got {}", wo.parallel);
+  if (wo.sessions == 0) wo.sessions = wo.parallel;
+  if (wo.sessions < wo.parallel)
+    swiftlet::fail("--sessions ({}) must be at least --parallel ({}): each running request holds a session",
+                   wo.sessions, wo.parallel);
   if (wo.prefill_chunk < 1) swiftlet::fail("--prefill-chunk must be at least 1, got {}", wo.prefill_chunk);
   mf.context = wo.max_context;
   mf.sessions = wo.sessions;

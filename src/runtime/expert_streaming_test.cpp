@@ -154,8 +154,8 @@ TEST(ExpertStreaming, RamBudgetSizesTheCacheOrIsRefusedWithTheNumbers) {
   EXPECT_LT(gpu.cache, cpu.cache);
   EXPECT_LE(gpu.resident + gpu.state + gpu.buffers + gpu.runtime + gpu.cache, budget);
 
-  // swiftlet-server --parallel N: the plan counts N session states, and a budget that fits one
-  // but not N says to lower --parallel.
+  // swiftlet-server --sessions N (default --parallel): the plan counts N session states, and a
+  // budget that fits one but not N says to lower them.
   o.gpu = false;
   o.ram_budget = budget;
   o.budget_sessions = 4;
@@ -165,7 +165,7 @@ TEST(ExpertStreaming, RamBudgetSizesTheCacheOrIsRefusedWithTheNumbers) {
   o.budget_sessions = 1 + int((5 * stride) / std::max<uint64_t>(1, base.state)) + 1;
   const std::string many = testing::error_of([&] { plan_memory(path, o); });
   EXPECT_NE(many.find(fmt::format("the state of {} sessions", o.budget_sessions)), std::string::npos) << many;
-  EXPECT_NE(many.find("or --parallel"), std::string::npos) << many;
+  EXPECT_NE(many.find("or --sessions / --parallel"), std::string::npos) << many;
 }
 
 TEST(ExpertStreaming, ParseBytes) {

@@ -103,7 +103,7 @@ MemoryPlan plan_memory(const ModelSummary& s, const LoadOptions& opts) {
            opts.budget_sessions > 1 ? fmt::format(" of {} sessions", opts.budget_sessions) : std::string(),
            opts.budget_context, gb(p.state), gb(p.buffers), gb(p.runtime),
            gb(opts.ram_budget > fixed ? opts.ram_budget - fixed : 0), gb(least), c.num_experts_per_tok,
-           gb(fixed + least), opts.budget_sessions > 1 ? " or --parallel" : "");
+           gb(fixed + least), opts.budget_sessions > 1 ? " or --sessions / --parallel" : "");
     p.cache = std::min(all, opts.ram_budget - fixed);
   } else {
     p.cache = std::min(all, one_token);

@@ -45,7 +45,7 @@ struct LoadOptions {
   std::optional<uint64_t> cache_bytes;
   uint64_t ram_budget = 0;       // whole-process budget; refused with the numbers if unmeetable
   int64_t budget_context = 4096;  // context length the budget leaves room for
-  int budget_sessions = 1;        // session states the budget leaves room for (swiftlet-server --parallel)
+  int budget_sessions = 1;        // session states the budget leaves room for (swiftlet-server --sessions)
   int64_t budget_prompt = kPrefillChunk;  // prompt tokens processed at once (Session's prefill chunk)
   IoMode io = IoMode::Uring;
   // How the dense weights of a .qpack come into memory. Populate: measured on the 35B-shaped

@@ -38,7 +38,11 @@ void Job::push(JobEvent ev) {
 // --------------------------------------------------------------------------- EngineWorker
 
 EngineWorker::EngineWorker(WorkerOptions opts, Metrics& metrics) : opts_(std::move(opts)), metrics_(metrics) {
-  if (opts_.sessions < 1) fail("--parallel must be at least 1, got {}", opts_.sessions);
+  if (opts_.sessions < 1) fail("--sessions must be at least 1, got {}", opts_.sessions);
+  if (opts_.parallel < 0) fail("--parallel must be at least 1, got {}", opts_.parallel);
+  if (opts_.parallel > opts_.sessions)
+    fail("--sessions ({}) must be at least --parallel ({}): each running request holds a session", opts_.sessions,
+         opts_.parallel);
   if (opts_.max_context < 2) fail("--ctx must be at least 2 tokens, got {}", opts_.max_context);
   thread_ = std::thread([this] { run(); });
 }
@@ -97,6 +101,11 @@ size_t EngineWorker::free_slots() const {
   return size_t(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.job; }));
 }
 
+size_t EngineWorker::admissible() const {
+  const size_t limit = size_t(opts_.parallel > 0 ? opts_.parallel : opts_.sessions);
+  return running_.size() >= limit ? 0 : std::min(free_slots(), limit - running_.size());
+}
+
 void EngineWorker::run() {
   try {
     engine_ = std::make_unique<Engine>(opts_.engine);
@@ -125,11 +134,11 @@ void EngineWorker::run() {
     std::vector<std::shared_ptr<Job>> admitted;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !batch_->empty() || (!queue_.empty() && free_slots() > 0); });
+      cv_.wait(lock, [&] { return stopping_ || !batch_->empty() || (!queue_.empty() && admissible() > 0); });
       if (stopping_ && batch_->empty()) return;
       // Jobs take free slots in the order they came (shutdown() has cancelled the running ones:
       // the steps below let them finish).
-      for (size_t n = free_slots(); !stopping_ && n > 0 && !queue_.empty(); --n) {
+      for (size_t n = admissible(); !stopping_ && n > 0 && !queue_.empty(); --n) {
         admitted.push_back(std::move(queue_.front()));
         queue_.pop_front();
         running_.push_back(admitted.back());

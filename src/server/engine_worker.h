@@ -78,7 +78,8 @@ class Job {
 
 struct WorkerOptions {
   EngineOptions engine;
-  int sessions = 4;         // slots: jobs generated together, each slot's conversation kept (--parallel)
+  int sessions = 4;         // slots, each keeping one conversation's state for prefix reuse (--sessions)
+  int parallel = 0;         // jobs generated together at most (--parallel); 0: one per slot
   size_t max_queue = 32;    // jobs waiting for a slot (not counting the running ones); more -> rejected
   int prefill_chunk = 256;  // prompt tokens a newcomer feeds between two decode steps
   int64_t max_context = 8192;
@@ -141,6 +142,8 @@ class EngineWorker {
   void publish_gauges();
   Slot* pick_slot(const JobSpec& spec);
   size_t free_slots() const;
+  // How many more jobs may start now: a free slot each, and at most `parallel` running.
+  size_t admissible() const;
 
   WorkerOptions opts_;
   Metrics& metrics_;

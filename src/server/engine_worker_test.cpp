@@ -1,6 +1,7 @@
 #include "server/engine_worker.h"
 
 #include "server/metrics.h"
+#include "support/test_util.h"
 #include "support/tiny_model.h"
 
 #include <gtest/gtest.h>
@@ -34,10 +35,11 @@ Outcome wait_done(Job& job) {
 
 class EngineWorkerTest : public ::testing::Test {
  protected:
-  void start(size_t max_queue = 8, int sessions = 2) {
+  void start(size_t max_queue = 8, int sessions = 2, int parallel = 0) {
     WorkerOptions o;
     o.engine.model = testing::tiny_qpack_with_tokenizer();
     o.sessions = sessions;
+    o.parallel = parallel;
     o.max_queue = max_queue;
     o.max_context = 4096;
     worker_ = std::make_unique<EngineWorker>(o, metrics_);
@@ -193,6 +195,50 @@ TEST_F(EngineWorkerTest, JobsRunTogetherAndAnswerAsAlone) {
   uint64_t generated = 0;
   for (const auto& sl : after.slots) generated += sl.generated_tokens;
   EXPECT_GT(generated, 0u);
+}
+
+// --parallel 1 --sessions 3: one request generates at a time, and three conversations keep their
+// state: after two others ran, the first one's follow-up still continues from its own.
+TEST_F(EngineWorkerTest, MoreConversationsThanParallelRequestsKeepTheirState) {
+  start(/*max_queue=*/8, /*sessions=*/3, /*parallel=*/1);
+  const int32_t im_start = worker_->engine()->tokenizer()->token_id("<|im_start|>");
+  auto chat_spec = [&](const std::string& text) {
+    JobSpec s = spec(encode(text), 6);
+    for (size_t i = s.prompt.size(); i-- > 0;)
+      if (s.prompt[i] == im_start) {
+        s.snapshot_at = i;
+        break;
+      }
+    return s;
+  };
+  const std::string gen = "<|im_start|>assistant\n";
+  const std::string a_turn = "<|im_start|>user\nTell me about trains<|im_end|>\n" + gen;
+  const JobSpec a1 = chat_spec(a_turn);
+  // Three conversations submitted at once: they run one after another, never two in a step.
+  const BatchGauges before = worker_->gauges();
+  std::vector<std::shared_ptr<Job>> jobs = {worker_->submit(a1),
+                                            worker_->submit(chat_spec("<|im_start|>user\nAnd rain?<|im_end|>\n" + gen)),
+                                            worker_->submit(chat_spec("<|im_start|>user\nCoffee<|im_end|>\n" + gen))};
+  for (auto& j : jobs) {
+    ASSERT_TRUE(j);
+    EXPECT_EQ(wait_done(*j).done.kind, JobEvent::Kind::Done);
+  }
+  const BatchGauges after = worker_->gauges();
+  EXPECT_GT(after.steps, before.steps);
+  EXPECT_LE(after.rows - before.rows, after.steps - before.steps) << "two requests ran in one step";
+  EXPECT_EQ(after.slots.size(), 3u);
+  // A's follow-up finds A's state although two other conversations ran since.
+  const JobSpec a2 = chat_spec(a_turn + "Trains run on rails.<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n" + gen);
+  EXPECT_GE(wait_done(*worker_->submit(a2)).done.stats.reused_tokens, int64_t(a1.snapshot_at));
+}
+
+TEST(EngineWorker, RefusesMoreParallelRequestsThanSessions) {
+  Metrics m;
+  WorkerOptions o;
+  o.sessions = 2;
+  o.parallel = 3;
+  const std::string e = swiftlet::testing::error_of([&] { EngineWorker w(o, m); });
+  EXPECT_NE(e.find("--sessions (2) must be at least --parallel (3)"), std::string::npos) << e;
 }
 
 TEST(EngineWorker, ReportsALoadFailure) {

@@ -116,7 +116,9 @@ std::string Metrics::prometheus(const LiveGauges& live) const {
   for (size_t i = 0; i < live.batch.slots.size(); ++i)
     out += fmt::format("swiftlet_slot_decode_tokens_per_second{{slot=\"{}\"}} {}\n", i, live.batch.slots[i].decode_tok_s);
   metric(out, "swiftlet_model_ready", "gauge", "1 once the model is loaded.", live.ready ? 1 : 0);
-  metric(out, "swiftlet_sessions", "gauge", "Slots: requests generated together, each keeping its conversation (--parallel).", live.sessions);
+  metric(out, "swiftlet_sessions", "gauge", "Slots, each keeping a conversation for prefix reuse (--sessions).",
+         live.sessions);
+  metric(out, "swiftlet_parallel", "gauge", "Requests generated together at most (--parallel).", live.parallel);
   metric(out, "swiftlet_context_tokens", "gauge", "Context length per conversation (--ctx).",
          double(live.max_context));
   metric(out, "swiftlet_prompt_tokens_total", "counter", "Prompt tokens of all requests.", double(t.prompt_tokens));

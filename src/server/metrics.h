@@ -21,7 +21,8 @@ struct LiveGauges {
   bool busy = false;  // the engine thread is running a job
   BatchGauges batch;  // jobs running, batch size, per slot
   bool ready = false;  // the model is loaded
-  int sessions = 0;
+  int sessions = 0;  // conversations kept (--sessions)
+  int parallel = 0;  // requests generated together at most (--parallel)
   int64_t max_context = 0;
 };
 

@@ -702,6 +702,7 @@ Reply Routes::metrics() const {
   g.batch = worker_.gauges();
   g.ready = worker_.status() == EngineWorker::Status::Ready;
   g.sessions = worker_.options().sessions;
+  g.parallel = worker_.options().parallel > 0 ? worker_.options().parallel : worker_.options().sessions;
   g.max_context = worker_.options().max_context;
   Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";

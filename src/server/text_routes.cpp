@@ -77,7 +77,7 @@ Reply Routes::props() const {
             {"family", e.config().family_name()},
             {"vocab_size", e.config().vocab_size},
             {"context_length", worker_.options().max_context},
-            {"total_slots", worker_.options().sessions},
+            {"total_slots", worker_.options().parallel > 0 ? worker_.options().parallel : worker_.options().sessions},
             {"chat_template", std::string(template_kind_name(kind))},
             {"capabilities",
              {{"chat", true},
