@@ -61,6 +61,17 @@ TokenCallback wrap(const TextCallback& cb) {
   return [cb](std::string_view text, int32_t) { return text.empty() || cb(text); };
 }
 
+// A request for raw text (no chat template): special tokens in the text are parsed.
+GenerateRequest raw_request(const swiftlet::Engine& e, const std::string& prompt, const GenerationOptions& opts) {
+  GenerateRequest req;
+  req.prompt = e.require_tokenizer().encode(prompt, /*parse_special=*/true);
+  req.sampling = sampling_for(e, opts);
+  req.max_new_tokens = opts.max_new_tokens;
+  req.stop = opts.stop;
+  req.stop_tokens = e.stop_tokens();
+  return req;
+}
+
 }  // namespace
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -94,12 +105,7 @@ std::string Engine::describe() const {
 std::string Engine::generate(const std::string& prompt, const GenerationOptions& opts,
                              const TextCallback& on_text, Stats* stats) {
   swiftlet::Engine& e = *impl_->engine;
-  GenerateRequest req;
-  req.prompt = e.require_tokenizer().encode(prompt, /*parse_special=*/true);
-  req.sampling = sampling_for(e, opts);
-  req.max_new_tokens = opts.max_new_tokens;
-  req.stop = opts.stop;
-  req.stop_tokens = e.stop_tokens();
+  GenerateRequest req = raw_request(e, prompt, opts);
   GenerateResult r = e.new_session()->generate(req, wrap(on_text));
   if (stats) *stats = to_stats(r);
   return r.text;
@@ -194,12 +200,7 @@ Batch::~Batch() {
 Batch::Id Batch::add(const std::string& prompt, const GenerationOptions& opts, TextCallback on_text) {
   impl_->check_room();
   swiftlet::Engine& e = impl_->engine;
-  GenerateRequest req;
-  req.prompt = e.require_tokenizer().encode(prompt, /*parse_special=*/true);
-  req.sampling = sampling_for(e, opts);
-  req.max_new_tokens = opts.max_new_tokens;
-  req.stop = opts.stop;
-  req.stop_tokens = e.stop_tokens();
+  GenerateRequest req = raw_request(e, prompt, opts);
   Impl::Member m;
   m.own = e.new_session();
   m.cancel = std::make_shared<std::atomic<bool>>(false);
