@@ -53,6 +53,18 @@ class EngineWorkerTest : public ::testing::Test {
     s.max_new_tokens = max_new;
     return s;
   }
+  // A chat prompt of 6 new tokens whose snapshot is at the start of its last turn (the last
+  // <|im_start|>), as the routes make it.
+  JobSpec chat_spec(const std::string& text) {
+    const int32_t im_start = worker_->engine()->tokenizer()->token_id("<|im_start|>");
+    JobSpec s = spec(encode(text), 6);
+    for (size_t i = s.prompt.size(); i-- > 0;)
+      if (s.prompt[i] == im_start) {
+        s.snapshot_at = i;
+        break;
+      }
+    return s;
+  }
   Metrics metrics_;
   std::unique_ptr<EngineWorker> worker_;
 };
@@ -100,16 +112,6 @@ TEST_F(EngineWorkerTest, GreedyIsRepeatableAndFollowUpsReuseThePrefix) {
 
 TEST_F(EngineWorkerTest, ANewConversationDoesNotOverwriteAnother) {
   start(/*max_queue=*/8, /*sessions=*/2);
-  const int32_t im_start = worker_->engine()->tokenizer()->token_id("<|im_start|>");
-  auto chat_spec = [&](const std::string& text) {
-    JobSpec s = spec(encode(text), 6);
-    for (size_t i = s.prompt.size(); i-- > 0;)
-      if (s.prompt[i] == im_start) {
-        s.snapshot_at = i;
-        break;
-      }
-    return s;
-  };
   const std::string system = "<|im_start|>system\nYou are terse.<|im_end|>\n";
   const std::string gen = "<|im_start|>assistant\n";
   JobSpec a1 = chat_spec(system + "<|im_start|>user\nFirst question<|im_end|>\n" + gen);
@@ -201,16 +203,6 @@ TEST_F(EngineWorkerTest, JobsRunTogetherAndAnswerAsAlone) {
 // state: after two others ran, the first one's follow-up still continues from its own.
 TEST_F(EngineWorkerTest, MoreConversationsThanParallelRequestsKeepTheirState) {
   start(/*max_queue=*/8, /*sessions=*/3, /*parallel=*/1);
-  const int32_t im_start = worker_->engine()->tokenizer()->token_id("<|im_start|>");
-  auto chat_spec = [&](const std::string& text) {
-    JobSpec s = spec(encode(text), 6);
-    for (size_t i = s.prompt.size(); i-- > 0;)
-      if (s.prompt[i] == im_start) {
-        s.snapshot_at = i;
-        break;
-      }
-    return s;
-  };
   const std::string gen = "<|im_start|>assistant\n";
   const std::string a_turn = "<|im_start|>user\nTell me about trains<|im_end|>\n" + gen;
   const JobSpec a1 = chat_spec(a_turn);
