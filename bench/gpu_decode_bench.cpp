@@ -317,18 +317,23 @@ int main(int argc, char** argv) {
                     profiled_tok_s, gpu_decode_profile(*fp).c_str());
       }
       if (prompt_tokens > 1) {
-        auto f4 = make_gpu_forward(g);
-        for (int rep = 0; rep < 2; ++rep) {
-          SessionState st4 = SessionState::create(c);
-          const GpuStats b4 = gpu_stats(*g);
-          const auto tp = Clock::now();
-          f4->run(st4, long_prompt, LogitsMode::Last, logits);
-          const double prefill_tok_s = prompt_tokens / seconds_since(tp);
-          const GpuStats a4 = gpu_stats(*g);
-          std::printf("         prefill %d tokens (run %d): %.1f tok/s = %.1fx decode, %.2f GB uploaded\n",
-                      prompt_tokens, rep + 1, prefill_tok_s, prefill_tok_s / tok_s,
-                      double(a4.bytes_uploaded - b4.bytes_uploaded) / 1e9);
+        // The prompt's products on the tensor cores (the default) and in fp32, alternately.
+        for (const bool tc : {true, false, true, false}) {
+          cu::set_tensor_core_gemm(tc);
+          auto f4 = make_gpu_forward(g);
+          for (int rep = 0; rep < 2; ++rep) {
+            SessionState st4 = SessionState::create(c);
+            const GpuStats b4 = gpu_stats(*g);
+            const auto tp = Clock::now();
+            f4->run(st4, long_prompt, LogitsMode::Last, logits);
+            const double prefill_tok_s = prompt_tokens / seconds_since(tp);
+            const GpuStats a4 = gpu_stats(*g);
+            std::printf("         prefill %d tokens, %s (run %d): %.1f tok/s = %.1fx decode, %.2f GB uploaded\n",
+                        prompt_tokens, tc ? "tensor cores" : "fp32 products", rep + 1, prefill_tok_s,
+                        prefill_tok_s / tok_s, double(a4.bytes_uploaded - b4.bytes_uploaded) / 1e9);
+          }
         }
+        cu::set_tensor_core_gemm(true);
         std::printf("         peak RSS %.2f GB\n", double(peak_rss_bytes()) / 1e9);
       }
       std::fflush(stdout);

@@ -51,6 +51,8 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g, bool profile) : g_(std::move
   d_tok_ = reinterpret_cast<int32_t*>(buf(1));
   d_pos_ = reinterpret_cast<int64_t*>(buf(2));
   if (c.num_experts > 0 && g_->grouped()) {
+    // Prompt rows are quantised for the experts' group size (most of a prompt's products).
+    if (g_->layout().gate.format == WeightFormat::Affine) q_group_ = g_->layout().gate.group_size;
     experts_fused_ = cu::experts_fusable(g_->layout(), k, nullptr);
     shared_fused_ = experts_fused_;
     for (const GpuModel::Layer& lw : g_->layers) {

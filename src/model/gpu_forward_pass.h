@@ -50,9 +50,9 @@ class GpuForward final : public ForwardPass {
   void logits_of(const float* d_h_row, float* host_row);
 
   // A prompt of T >= 2 tokens (gpu_prefill.cpp), in chunks of up to GpuOptions::prefill_chunk
-  // tokens, each chunk layer by layer with every product batched over its tokens: dense projections
-  // as 8-token tiles of one launch, the routed experts grouped per expert (a layer's experts are
-  // streamed once per 8 of the tokens routed to them), the DeltaNet conv / delta rule and attention
+  // tokens, each chunk layer by layer with every product batched over its tokens: the affine
+  // projections and the routed experts (grouped per expert) on the tensor cores from quantised
+  // rows (cu::matmul_rows; other weights as 8-token tiles), the DeltaNet conv / delta rule and attention
   // over the chunk's tokens in order. With a VRAM cache smaller than the model, each layer uploads
   // the union of the chunk's experts once. False (nothing done) where it does not apply: the
   // unfused expert kernels (float experts), no shared expert, or a cache that cannot hold one
@@ -62,6 +62,10 @@ class GpuForward final : public ForwardPass {
   void prefill_delta_net(int l, int64_t T);
   void prefill_attention(int l, int64_t T, int64_t pos0);
   void prefill_moe(int l, int64_t T);
+  // The rows x[T][cols] as products over tokens take them (quantised into q where they can).
+  cu::RowsIn rows_in(const float* x, int64_t T, int64_t cols, void* q) {
+    return cu::prepare_rows(x, T, cols, q_group_, q, s_);
+  }
   // Buffers for a chunk of up to T tokens, or fewer when VRAM is short (halving down to
   // kMinPrefillChunk); false when not even that fits.
   bool grow_batch(int64_t T);
@@ -130,10 +134,12 @@ class GpuForward final : public ForwardPass {
     float *h, *x, *p1, *p2, *p3, *mixed, *u, *z, *b, *a, *q, *gate, *core, *router, *w, *sg;
     float *eg, *eu, *ey, *shg, *shu, *shy;
     int32_t *tok, *ids, *d_groups;
+    void *qx, *qa;  // quantised rows (cu::quantize_rows): of x; of a product's other inputs
     int32_t *h_ids = nullptr, *h_groups = nullptr, *h_tok = nullptr;
     int64_t cap = 0;
     size_t bytes = 0;  // device bytes of the arena
   } batch_;
+  int q_group_ = 0;  // the group size prompt rows are quantised for (the experts'; 0: none)
   int32_t* d_tok_ = nullptr;     // [1] this step's token
   int64_t* d_pos_ = nullptr;     // [1] this step's position
   // With every expert resident a token needs no host round trip: its whole forward is one CUDA

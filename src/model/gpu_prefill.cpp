@@ -35,9 +35,18 @@ bool GpuForward::grow_batch(int64_t T) {
       {&batch_.core, std::max(ao, vd)},      {&batch_.router, E}, {&batch_.w, k},
       {&batch_.sg, 1},  {&batch_.eg, k * I}, {&batch_.eu, k * I}, {&batch_.ey, k * H},
       {&batch_.shg, SI}, {&batch_.shu, SI},  {&batch_.shy, H}};
-  float *tok = nullptr, *ids = nullptr, *groups = nullptr;
+  float *tok = nullptr, *ids = nullptr, *groups = nullptr, *qx = nullptr, *qa = nullptr;
   parts.push_back({&tok, 1});
   parts.push_back({&ids, k});
+  // Quantised rows: x's (H wide), and the widest other product input a token has (out_proj's,
+  // o_proj's, the shared expert's down, its k experts' down).
+  const auto q_floats = [&](int64_t cols, int64_t rows_per_token) -> size_t {
+    if (q_group_ <= 0 || cols % q_group_ != 0) return 0;
+    return (cu::quantized_rows_bytes(rows_per_token, cols, q_group_) + 3) / 4;
+  };
+  parts.push_back({&qx, q_floats(int64_t(H), 1)});
+  parts.push_back({&qa, std::max({q_floats(int64_t(vd), 1), q_floats(int64_t(ao), 1), q_floats(int64_t(SI), 1),
+                                  q_floats(int64_t(I), int64_t(k))})});
   const size_t group_ints = E + (E + 1) + n * k;
   size_t bytes = 0;
   for (auto& [ptr, per] : parts) bytes += align256(std::max<size_t>(per * n, 1) * 4);
@@ -58,6 +67,8 @@ bool GpuForward::grow_batch(int64_t T) {
   batch_.tok = reinterpret_cast<int32_t*>(tok);
   batch_.ids = reinterpret_cast<int32_t*>(ids);
   batch_.d_groups = reinterpret_cast<int32_t*>(groups);
+  batch_.qx = qx;
+  batch_.qa = qa;
   // Pinned: the ids, the work list, the chunk's tokens (gpu_alloc_pinned aborts when it cannot).
   batch_.h_ids = static_cast<int32_t*>(cu::gpu_alloc_pinned((n * k + group_ints + n) * sizeof(int32_t)));
   batch_.h_groups = batch_.h_ids + n * k;
@@ -111,10 +122,11 @@ void GpuForward::prefill_delta_net(int l, int64_t T) {
   const float q_scale = 1.0f / std::sqrt(float(dk));
   Batch& B = batch_;
   cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
-  cu::matmul(w.qkv, B.x, T, B.mixed, s_);
-  cu::matmul(w.z, B.x, T, B.z, s_);
-  cu::matmul(w.b, B.x, T, B.b, s_);
-  cu::matmul(w.a, B.x, T, B.a, s_);
+  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
+  cu::matmul_rows(w.qkv, x, T, B.mixed, false, s_);
+  cu::matmul_rows(w.z, x, T, B.z, false, s_);
+  cu::matmul_rows(w.b, x, T, B.b, false, s_);
+  cu::matmul_rows(w.a, x, T, B.a, false, s_);
   mark("prompt gdn: norm + qkv, z, b, a");
   cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
   cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
@@ -123,7 +135,7 @@ void GpuForward::prefill_delta_net(int l, int64_t T) {
   cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
                            c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, s_);
   mark("prompt gdn: delta rule scan + norm");
-  cu::matmul_add_rows(w.out, B.core, T, B.h, s_);  // h += out_proj(core)
+  cu::matmul_rows(w.out, rows_in(B.core, T, w.out.cols, B.qa), T, B.h, true, s_);  // h += out_proj(core)
   mark("prompt gdn: h += out_proj");
 }
 
@@ -135,9 +147,10 @@ void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
   LayerDev& d = dev_[size_t(l)];
   Batch& B = batch_;
   cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
-  cu::matmul(w.q, B.x, T, B.p1, s_);
-  cu::matmul(w.k, B.x, T, B.p2, s_);
-  cu::matmul(w.v, B.x, T, B.p3, s_);
+  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
+  cu::matmul_rows(w.q, x, T, B.p1, false, s_);
+  cu::matmul_rows(w.k, x, T, B.p2, false, s_);
+  cu::matmul_rows(w.v, x, T, B.p3, false, s_);
   mark("prompt attn: norm + q, k, v");
   cu::attn_prep_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
                      c_.attn_output_gate, c_.rotary_dim(), pos0, T, c_.rope_theta, c_.rms_norm_eps, B.q, B.gate, d.k,
@@ -145,7 +158,7 @@ void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
   cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
                         c_.attn_output_gate ? B.gate : nullptr, B.core, s_);
   mark("prompt attn: prep + causal attention");
-  cu::matmul_add_rows(w.o, B.core, T, B.h, s_);  // h += o_proj(attention)
+  cu::matmul_rows(w.o, rows_in(B.core, T, w.o.cols, B.qa), T, B.h, true, s_);  // h += o_proj(attention)
   mark("prompt attn: h += o_proj");
 }
 
@@ -161,11 +174,13 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   mark("prompt moe: norm + router, gate, top-k");
   cu::gpu_download_async(B.h_ids, B.ids, size_t(T * k) * sizeof(int32_t), s_);
   cu::event_record(ids_ready_, s_);
-  // The shared expert while the ids travel.
-  cu::matmul(lw.sh_gate, B.x, T, B.shg, s_);
-  cu::matmul(lw.sh_up, B.x, T, B.shu, s_);
+  // The shared expert while the ids travel. (The router stays in fp32: the choice of experts
+  // follows the CPU's to the last bits where logits nearly tie.)
+  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
+  cu::matmul_rows(lw.sh_gate, x, T, B.shg, false, s_);
+  cu::matmul_rows(lw.sh_up, x, T, B.shu, false, s_);
   cu::silu_mul(B.shg, B.shu, T * SI, B.shg, s_);
-  cu::matmul(lw.sh_down, B.shg, T, B.shy, s_);
+  cu::matmul_rows(lw.sh_down, rows_in(B.shg, T, SI, B.qa), T, B.shy, false, s_);
   mark("prompt moe: shared expert");
   cu::event_sync(ids_ready_);
 
@@ -203,10 +218,10 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   const cu::ExpertLayout& lay = g_->layout();
   const void* const* table = g_->table(l);
   mark("prompt moe: work list (host) + uploads");
-  cu::expert_gate_up_pairs(lay, table, eb, B.x, B.eg, B.eu, s_);
+  cu::expert_gate_up_pairs(lay, table, eb, x, B.eg, B.eu, s_);
   cu::silu_mul(B.eg, B.eu, T * k * I, B.eg, s_);
   mark("prompt moe: experts gate, up, SiLU");
-  cu::expert_down_pairs(lay, table, eb, B.eg, B.ey, s_);
+  cu::expert_down_pairs(lay, table, eb, rows_in(B.eg, T * k, I, B.qa), B.ey, s_);
   cu::moe_finish_rows(B.h, B.shy, B.sg, B.ey, B.w, T, k, H, s_);
   mark("prompt moe: experts down + finish");
 }

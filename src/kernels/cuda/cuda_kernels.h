@@ -116,6 +116,36 @@ void matmul_add(const GpuMatrix& w, const float* d_x, float* d_y, GpuStream s = 
 // Y[t] += W X[t] for t < n (a prompt's output projections added into its residual rows).
 void matmul_add_rows(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y, GpuStream s = nullptr);
 
+// --- products over T tokens on the tensor cores (gemm.cu) -------------------------------------
+// Activation rows go in quantised: each group of `group_size` values of a row scaled by a power
+// of two (the largest to [2^21, 2^22)), rounded and split into three signed bytes, with the group's
+// power and fp32 sum; the products are integer MMAs of the weights' codes, exact per group, so x's
+// rounding (below 2^-22 of its group's largest value) is the only error beyond fp32's.
+// Device bytes of `rows` quantised rows of `cols` values (cols a multiple of group_size).
+size_t quantized_rows_bytes(int64_t rows, int64_t cols, int group_size);
+// d_q = the quantised form of x[rows][cols] (group_size a multiple of 32).
+void quantize_rows(const float* d_x, int64_t rows, int64_t cols, int group_size, void* d_q, GpuStream s = nullptr);
+// Whether the tensor-core products take w for rows quantised with group_size: affine 4/8-bit with
+// that group size (a multiple of 32, at most 256), cols a multiple of 128, a GPU of sm_80 or later,
+// and not turned off (set_tensor_core_gemm).
+bool gemm_takes(const GpuMatrix& w, int group_size);
+// For benchmarks and tests: the tensor-core products off (the fp32 kernels of matmul.cu instead).
+void set_tensor_core_gemm(bool on);
+bool tensor_core_gemm();  // on, and the device can
+
+// Activation rows of a product over tokens: fp32 rows (the matrix's cols wide) and, when q is
+// set, the same rows quantised for group size q_group.
+struct RowsIn {
+  const float* x = nullptr;
+  const void* q = nullptr;
+  int q_group = 0;
+};
+// in.q = quantize_rows(x) when the tensor-core products are on and cols fits group_size (the rows
+// at d_q, which holds quantized_rows_bytes); otherwise the fp32 rows alone.
+RowsIn prepare_rows(const float* d_x, int64_t rows, int64_t cols, int group_size, void* d_q, GpuStream s = nullptr);
+// Y[t] (+)= W X[t] for t < n: on the tensor cores where gemm_takes(w, in.q_group), else matmul.
+void matmul_rows(const GpuMatrix& w, const RowsIn& in, int64_t n, float* d_y, bool add, GpuStream s = nullptr);
+
 // --- decode products (matvec.cu; the routed experts: moe_experts.cu) --------------------------
 // One launch for several matrices that read the same input: q/k/v, qkv/z/b/a, router + the
 // shared expert's gate logit, an output projection added into the residual stream. Segment i
@@ -168,6 +198,12 @@ void expert_gate_up_pairs(const ExpertLayout& l, const void* const* d_table, con
                           float* d_g, float* d_u, GpuStream s = nullptr);
 // y[p] = down_e act[p] for every pair. act: [T k][moe_intermediate]; y: [T k][hidden].
 void expert_down_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& b, const float* d_act,
+                       float* d_y, GpuStream s = nullptr);
+// The same from prepared rows (RowsIn, gemm.cu): on the tensor cores where the expert matrices
+// take them (gemm_takes), else as above. x: T rows; act: T k rows.
+void expert_gate_up_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& b, const RowsIn& x,
+                          float* d_g, float* d_u, GpuStream s = nullptr);
+void expert_down_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& b, const RowsIn& act,
                        float* d_y, GpuStream s = nullptr);
 // For each of T tokens: h[t] += sigmoid(gate[t]) shared[t] + sum_j w[t][j] y[t k + j] (a prompt's
 // MoE output: the gated shared expert and the routed experts' weighted sum, summed in j order).

@@ -2,11 +2,14 @@
 // random inputs and the element-wise comparison. Test code only.
 #pragma once
 
+#include "core/dtype.h"
+#include "core/qmatrix.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,6 +48,50 @@ inline std::vector<float> randn(std::mt19937& rng, size_t n, float sd = 1.0f) {
   std::vector<float> v(n);
   for (auto& x : v) x = nd(rng);
   return v;
+}
+
+struct HostMatrix {
+  QMatrix m;
+  std::vector<uint8_t> data, scales, biases;
+};
+
+// A random matrix in host memory: affine (random codes, scales ~ N(0, 0.1), biases ~ N(0, 0.5))
+// or dense F32/BF16/F16 ~ N(0, 1).
+inline HostMatrix random_matrix(std::mt19937& rng, WeightFormat f, int64_t rows, int64_t cols, int bits, int gs,
+                         DType sdt) {
+  HostMatrix o;
+  o.m.format = f;
+  o.m.rows = rows;
+  o.m.cols = cols;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto put16 = [](std::vector<uint8_t>& v, size_t i, uint16_t h) { std::memcpy(v.data() + 2 * i, &h, 2); };
+  auto put = [&](std::vector<uint8_t>& v, size_t i, float x, DType t) {
+    if (t == DType::F32) std::memcpy(v.data() + 4 * i, &x, 4);
+    else put16(v, i, t == DType::BF16 ? f32_to_bf16(x) : f32_to_f16(x));
+  };
+  if (f == WeightFormat::Affine) {
+    o.m.bits = bits;
+    o.m.group_size = gs;
+    o.m.scale_dtype = sdt;
+    o.data.resize(size_t(rows * cols * bits / 8));
+    for (auto& b : o.data) b = uint8_t(byte(rng));
+    const size_t groups = size_t(rows * (cols / gs)), es = dtype_size(sdt);
+    o.scales.resize(groups * es);
+    o.biases.resize(groups * es);
+    for (size_t i = 0; i < groups; ++i) {
+      put(o.scales, i, nd(rng) * 0.1f, sdt);
+      put(o.biases, i, nd(rng) * 0.5f, sdt);
+    }
+    o.m.scales = o.scales.data();
+    o.m.biases = o.biases.data();
+  } else {
+    const DType t = f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::BF16 ? DType::BF16 : DType::F16;
+    o.data.resize(size_t(rows * cols) * dtype_size(t));
+    for (size_t i = 0; i < size_t(rows * cols); ++i) put(o.data, i, nd(rng), t);
+  }
+  o.m.data = o.data.data();
+  return o;
 }
 
 // got ~ want within atol + rtol |want| everywhere; reports the first miss.

@@ -5,8 +5,9 @@
 // (coalesced: the warp reads 512 contiguous bytes per step), dequantises in registers and dots
 // it with up to 8 activation rows at once (staged in shared memory for the quantised formats),
 // so the weights are read once per 8 tokens. Larger
-// batches run as tiles of 8 tokens in one launch (a tensor-core GEMM for prefill is future work);
-// a prompt's routed experts run per expert over the tokens routed to it (pairs_affine_kernel).
+// batches run as tiles of 8 tokens in one launch, and a prompt's routed experts per expert over
+// the tokens routed to it (pairs_affine_kernel): the fp32 forms of gemm.cu's tensor-core products,
+// for the matrices those do not take.
 // Also here: rows of a weight matrix as fp32 (dequant_row(s): the embedding lookup).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
