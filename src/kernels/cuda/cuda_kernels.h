@@ -424,12 +424,14 @@ void routed_experts_down_add(const ExpertLayout& l, const void* const* d_table, 
 
 // --- prompts: T tokens per launch (attention.cu, deltanet.cu, norms.cu) ------------------------
 // A GPU prefill runs all T tokens of a prompt chunk through a layer at once. Each op below equals T
-// calls of its one-token form in token order (state included), in one launch each. Buffers are
-// row-major [T][...]; an input that is columns of a wider row takes that row's stride in floats
+// calls of its one-token form in token order (state included), in one launch each (the conv:
+// two). Buffers are row-major [T][...]; an input that is columns of a wider row takes that row's
+// stride in floats
 // (at least its own width). Ops with a block per token (gridDim.y = T) take T <= 65535.
 
 // T tokens of conv1d_silu_step: x row t at d_x + t * x_stride, u row t at d_u + t * u_stride; the
-// state [K-1][C] advances exactly as T calls would. A thread per channel steps through the tokens.
+// state [K-1][C] advances exactly as T calls would. The tokens run in parallel (each output reads
+// its K-1 predecessors, from x or the state); a second launch moves the state on.
 void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w, float* d_state, int64_t C, int K,
                       int64_t T, float* d_u, int64_t u_stride, GpuStream s = nullptr);
 // l2_norm_qk on each of T rows: 2 hk heads of n at d_x + t * row_stride (q heads then k heads; q

@@ -267,21 +267,34 @@ __global__ void conv1d_silu_step_kernel(const float* __restrict__ x, const float
   u[c] = conv_silu_channel(x[c], w, state, C, K, c);
 }
 
-// A thread per channel c steps through the T tokens in order, as T launches of
-// conv1d_silu_step_kernel would (the state column of c is the thread's alone).
-__global__ void conv1d_silu_scan_kernel(const float* __restrict__ x, int64_t x_stride, const float* __restrict__ w,
-                                        float* state, int64_t C, int K, int64_t T, float* __restrict__ u,
-                                        int64_t u_stride) {
+// The T outputs at once, a thread per (channel, token): u[t][c] = SiLU(w[K-1] x[t] + sum_{j<K-1}
+// w[j] in(t - (K-1) + j)), in(s) being x row s for s >= 0 and state row K-1+s before the chunk,
+// summed in conv1d_silu_step's order. The state is read only; conv1d_state_advance moves it on.
+__global__ void conv1d_silu_rows_kernel(const float* __restrict__ x, int64_t x_stride, const float* __restrict__ w,
+                                        const float* __restrict__ state, int64_t C, int K, int64_t T,
+                                        float* __restrict__ u, int64_t u_stride) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const float* wc = w + c * K;
-  for (int64_t t = 0; t < T; ++t) {
-    const float xc = x[t * x_stride + c];
-    float acc = wc[K - 1] * xc;
-    for (int j = 0; j < K - 1; ++j) acc += wc[j] * state[j * C + c];
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+    float acc = wc[K - 1] * x[t * x_stride + c];
+    for (int j = 0; j < K - 1; ++j) {
+      const int64_t s = t - (K - 1) + j;
+      acc += wc[j] * (s >= 0 ? x[s * x_stride + c] : state[(K - 1 + s) * C + c]);
+    }
     u[t * u_stride + c] = siluf_(acc);
-    for (int j = 0; j + 1 < K - 1; ++j) state[j * C + c] = state[(j + 1) * C + c];
-    if (K > 1) state[int64_t(K - 2) * C + c] = xc;
+  }
+}
+
+// The state after the chunk: row j = in(T - (K-1) + j), rows in increasing order (a row still
+// to come from the old state lies T rows further on).
+__global__ void conv1d_state_advance_kernel(const float* __restrict__ x, int64_t x_stride, float* state, int64_t C,
+                                            int K, int64_t T) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int j = 0; j < K - 1; ++j) {
+    const int64_t s = T - (K - 1) + j;
+    state[j * C + c] = s >= 0 ? x[s * x_stride + c] : state[(K - 1 + s) * C + c];
   }
 }
 
@@ -384,8 +397,10 @@ void conv1d_silu_scan(const float* d_x, int64_t x_stride, const float* d_conv_w,
                       int64_t T, float* d_u, int64_t u_stride, GpuStream s) {
   SWIFTLET_CUDA_REQUIRE(K >= 1 && T >= 0 && x_stride >= C && u_stride >= C);
   if (C == 0 || T == 0) return;
-  conv1d_silu_scan_kernel<<<blocks_for(C, kScanThreads), kScanThreads, 0, s>>>(d_x, x_stride, d_conv_w, d_state, C,
-                                                                               K, T, d_u, u_stride);
+  const dim3 grid(blocks_for(C, kScanThreads), unsigned(T < 65535 ? T : 65535));
+  conv1d_silu_rows_kernel<<<grid, kScanThreads, 0, s>>>(d_x, x_stride, d_conv_w, d_state, C, K, T, d_u, u_stride);
+  SWIFTLET_CUDA_LAUNCHED();
+  conv1d_state_advance_kernel<<<blocks_for(C, kScanThreads), kScanThreads, 0, s>>>(d_x, x_stride, d_state, C, K, T);
   SWIFTLET_CUDA_LAUNCHED();
 }
 
