@@ -1,6 +1,7 @@
 // CUDA backend bandwidth: 4-bit (and 8-bit, bf16) matvec GB/s on matrices larger than the L2,
 // against a device-to-device copy measured in the same run (the practical HBM ceiling), and
-// host-to-device upload GB/s from pinned and pageable memory (the expert-streaming path).
+// host-to-device upload GB/s from pinned and pageable memory (the expert-streaming path), and a
+// prompt's products on the tensor cores in TFLOP/s.
 // Usage: swiftlet_bench_cuda [iterations]
 #include "bench/cuda/measure.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -246,6 +247,133 @@ void bench_fused(int iters, double copy_gbs) {
 
 }  // namespace
 
+// A prompt's products (matmul_rows) at the models' projection shapes (both families: hidden 2048)
+// over T tokens, on the tensor cores and in fp32: ms a call, the product's 2 rows cols T over the
+// time as TFLOP/s (against the H200's dense bf16 peak, 989), and the quantisation of the rows
+// (quantize_rows) on its own. 4-bit, groups of 64.
+void bench_gemm(int iters) {
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{"DeltaNet qkv+z", 12288, 2048}, {"attention q (gated)", 8192, 2048},
+                          {"out_proj / o_proj", 2048, 4096}, {"expert gate (one)", 512, 2048},
+                          {"expert down (one)", 2048, 512}};
+  for (int64_t T : {512, 2048, 8192}) {
+    for (const Shape& sh : shapes) {
+      Matrix h = make_matrix(WeightFormat::Affine, 4, sh.rows, sh.cols);
+      void* owner = nullptr;
+      const GpuMatrix g = upload_matrix(h.m, &owner);
+      std::vector<float> x(size_t(T * sh.cols));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 1000) - 500) * 1e-3f;
+      float* dx = static_cast<float*>(gpu_alloc(x.size() * 4));
+      float* dy = static_cast<float*>(gpu_alloc(size_t(T * sh.rows) * 4));
+      void* dq = gpu_alloc(quantized_rows_bytes(T, sh.cols, 64));
+      gpu_upload(dx, x.data(), x.size() * 4);
+      const double q_ms = gpu_time_ms([&] { quantize_rows(dx, T, sh.cols, 64, dq); }, iters);
+      const RowsIn in = prepare_rows(dx, T, sh.cols, 64, dq);
+      const double tc_ms = gpu_time_ms([&] { matmul_rows(g, in, T, dy, false); }, iters);
+      set_tensor_core_gemm(false);
+      const double f_ms = gpu_time_ms([&] { matmul_rows(g, RowsIn{dx}, T, dy, false); }, std::max(1, iters / 4));
+      set_tensor_core_gemm(true);
+      const double flop = 2.0 * double(sh.rows) * double(sh.cols) * double(T);
+      std::printf("gemm %-20s %6lld x %-5lld T=%-5lld tensor cores %8.3f ms %6.1f TFLOP/s (%4.1f%% of 989) | "
+                  "fp32 %8.3f ms %5.1f TFLOP/s | quantise rows %6.3f ms\n",
+                  sh.name, (long long)sh.rows, (long long)sh.cols, (long long)T, tc_ms, flop / (tc_ms * 1e-3) / 1e12,
+                  100.0 * flop / (tc_ms * 1e-3) / 989e12, f_ms, flop / (f_ms * 1e-3) / 1e12, q_ms);
+      gpu_free(dq);
+      gpu_free(dx);
+      gpu_free(dy);
+      gpu_free(owner);
+    }
+  }
+}
+
+// A prompt's routed experts of one layer (the 35B's: 256 experts of 512 x 2048 gate/up and 2048 x
+// 512 down, 4-bit, top 8) over T tokens with random choices: gate+up and down on the tensor cores
+// and in fp32; TFLOP/s as above and the experts' weights read once over the time (GB/s: every
+// expert is chosen at these T, so the HBM rate bounds it).
+void bench_expert_pairs(int iters) {
+  const int E = 256, k = 8;
+  const int64_t H = 2048, I = 512;
+  Matrix gate = make_matrix(WeightFormat::Affine, 4, I, H), down = make_matrix(WeightFormat::Affine, 4, H, I);
+  const size_t gb = matrix_device_bytes(gate.m), db = matrix_device_bytes(down.m), slot = 2 * gb + db;
+  auto* arena = static_cast<uint8_t*>(gpu_alloc(slot * E));
+  std::vector<const void*> table(static_cast<size_t>(E));
+  ExpertLayout lay;
+  for (int e = 0; e < E; ++e) {
+    uint8_t* base = arena + size_t(e) * slot;
+    table[size_t(e)] = base;
+    lay = upload_expert_to(gate.m, gate.m, down.m, base);
+  }
+  auto* d_table = static_cast<const void**>(gpu_alloc(E * sizeof(void*)));
+  gpu_upload(d_table, table.data(), E * sizeof(void*));
+  for (int64_t T : {512, 2048, 8192}) {
+    // Token t chooses experts (t * 37 + j * 97 + t / 3) mod E, j < k: distinct, spread evenly.
+    std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j) by_expert[size_t((t * 37 + j * 97 + t / 3) % E)].push_back(int32_t(t * k + j));
+    std::vector<int32_t> gexp, gstart, pairs;
+    for (int e = 0; e < E; ++e) {
+      if (by_expert[size_t(e)].empty()) continue;
+      gexp.push_back(e);
+      gstart.push_back(int32_t(pairs.size()));
+      pairs.insert(pairs.end(), by_expert[size_t(e)].begin(), by_expert[size_t(e)].end());
+    }
+    gstart.push_back(int32_t(pairs.size()));
+    auto up = [](const std::vector<int32_t>& v) {
+      auto* d = static_cast<int32_t*>(gpu_alloc(v.size() * 4));
+      gpu_upload(d, v.data(), v.size() * 4);
+      return d;
+    };
+    int32_t *d_gexp = up(gexp), *d_gstart = up(gstart), *d_pairs = up(pairs);
+    ExpertBatch eb;
+    eb.d_expert = d_gexp;
+    eb.d_start = d_gstart;
+    eb.d_pairs = d_pairs;
+    eb.groups = int(gexp.size());
+    eb.pairs = int64_t(pairs.size());
+    eb.k = k;
+    std::vector<float> x(size_t(T * H));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 1000) - 500) * 1e-3f;
+    float* dx = static_cast<float*>(gpu_alloc(x.size() * 4));
+    gpu_upload(dx, x.data(), x.size() * 4);
+    float* dg = static_cast<float*>(gpu_alloc(size_t(T * k * I) * 4));
+    float* du = static_cast<float*>(gpu_alloc(size_t(T * k * I) * 4));
+    float* dy = static_cast<float*>(gpu_alloc(size_t(T * k * H) * 4));
+    gpu_memset(dg, 0, size_t(T * k * I) * 4);
+    void* dqx = gpu_alloc(quantized_rows_bytes(T, H, 64));
+    void* dqa = gpu_alloc(quantized_rows_bytes(T * k, I, 64));
+    const RowsIn xin = prepare_rows(dx, T, H, 64, dqx), ain = prepare_rows(dg, T * k, I, 64, dqa);
+    const double tc_ms = gpu_time_ms(
+        [&] {
+          expert_gate_up_pairs(lay, d_table, eb, xin, dg, du);
+          expert_down_pairs(lay, d_table, eb, ain, dy);
+        },
+        iters);
+    set_tensor_core_gemm(false);
+    const double f_ms = gpu_time_ms(
+        [&] {
+          expert_gate_up_pairs(lay, d_table, eb, RowsIn{dx}, dg, du);
+          expert_down_pairs(lay, d_table, eb, RowsIn{dg}, dy);
+        },
+        std::max(1, iters / 4));
+    set_tensor_core_gemm(true);
+    const double flop = 2.0 * 3.0 * double(I) * double(H) * double(T * k);
+    const double wbytes = double(E) * double(2 * gb + db);
+    std::printf("experts of a layer, T=%-5lld (%lld pairs): tensor cores %8.3f ms %6.1f TFLOP/s %6.0f GB/s of weights | "
+                "fp32 %8.3f ms %5.1f TFLOP/s\n",
+                (long long)T, (long long)(T * k), tc_ms, flop / (tc_ms * 1e-3) / 1e12, wbytes / (tc_ms * 1e-3) / 1e9,
+                f_ms, flop / (f_ms * 1e-3) / 1e12);
+    for (void* p : {static_cast<void*>(d_gexp), static_cast<void*>(d_gstart), static_cast<void*>(d_pairs),
+                    static_cast<void*>(dx), static_cast<void*>(dg), static_cast<void*>(du), static_cast<void*>(dy), dqx,
+                    dqa})
+      gpu_free(p);
+  }
+  gpu_free(d_table);
+  gpu_free(arena);
+}
+
 int main(int argc, char** argv) {
   std::string why;
   if (!cuda_available(&why)) {
@@ -284,6 +412,9 @@ int main(int argc, char** argv) {
               double(expert_bytes) / (pe_ms * 1e-3) / 1e9);
   gpu_free_pinned(pe);
   gpu_free(a);
+
+  bench_gemm(iters);
+  bench_expert_pairs(iters);
 
   // Matvec on matrices several times the L2 (60 MB on an H200).
   bench_matvec("q4", WeightFormat::Affine, 4, 65536, 8192, iters, copy_gbs);
