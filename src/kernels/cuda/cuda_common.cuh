@@ -88,6 +88,18 @@ __device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
   return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
 }
 
+// C += A B on the tensor cores (sm_80+): A 16 x 32 unsigned bytes (a0..a3), B 32 x 8 signed bytes
+// (b0, b1), C 16 x 8 int32, in PTX's fragment layouts for mma.m16n8k32.
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 // Programmatic Dependent Launch (sm_90): a kernel launched with the PDL attribute may start while
 // its predecessor finishes; it prefetches what does not depend on the predecessor (its weights)
 // and then waits (griddepcontrol.wait: the predecessor has completed and its writes are visible).

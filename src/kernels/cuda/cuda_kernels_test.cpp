@@ -403,16 +403,7 @@ TEST(CudaKernels, ExpertPairsMatchReference) {
         up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
         down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, 64, DType::BF16));
       }
-      const size_t slot = cuda::matrix_device_bytes(gate[0].m) + cuda::matrix_device_bytes(up[0].m) +
-                          cuda::matrix_device_bytes(down[0].m);
-      auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * E));
-      std::vector<const void*> table(E);
-      cuda::ExpertLayout lay;
-      for (int e = 0; e < E; ++e) {
-        uint8_t* base = arena + size_t((e * 5) % E) * slot;
-        table[size_t(e)] = base;
-        lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, base);
-      }
+      const cuda_test::DevExperts ex(gate, up, down, 5);
       // Choices: 0, then two distinct of {1, 2, 4, 5}.
       const int others[] = {1, 2, 4, 5};
       std::vector<int32_t> ids;
@@ -421,17 +412,7 @@ TEST(CudaKernels, ExpertPairsMatchReference) {
         ids.push_back(others[t % 4]);
         ids.push_back(others[(t + 1 + t / 4) % 4]);
       }
-      // The work list, grouped by expert, pairs in order.
-      std::vector<int32_t> gexp, gstart, pairs;
-      for (int e = 0; e < E; ++e) {
-        const size_t before = pairs.size();
-        for (int64_t p = 0; p < T * k; ++p)
-          if (ids[size_t(p)] == e) pairs.push_back(int32_t(p));
-        if (pairs.size() == before) continue;
-        gexp.push_back(e);
-        gstart.push_back(int32_t(before));
-      }
-      gstart.push_back(int32_t(pairs.size()));
+      const cuda_test::DevWorkList wl(ids, E, k);
       const std::vector<float> x = randn(rng, size_t(T * H)), w = randn(rng, size_t(T * k), 0.3f);
       const std::vector<float> shared = randn(rng, size_t(T * H)), sg = randn(rng, size_t(T));
       const std::vector<float> h0 = randn(rng, size_t(T * H));
@@ -452,26 +433,14 @@ TEST(CudaKernels, ExpertPairsMatchReference) {
           }
         }
       }
-      auto* d_table = static_cast<const void**>(cuda::gpu_alloc(E * sizeof(void*)));
-      cuda::gpu_upload(d_table, table.data(), E * sizeof(void*));
-      DevBuf<int32_t> d_gexp(gexp), d_gstart(gstart), d_pairs(pairs);
-      cuda::ExpertBatch eb;
-      eb.d_expert = d_gexp.p;
-      eb.d_start = d_gstart.p;
-      eb.d_pairs = d_pairs.p;
-      eb.groups = int(gexp.size());
-      eb.pairs = int64_t(pairs.size());
-      eb.k = k;
       DevBuf<float> dx(x), dw(w), dsh(shared), dsg(sg), dh(h0);
       DevBuf<float> dg(size_t(T * k * I)), du(size_t(T * k * I)), dy(size_t(T * k * H));
-      cuda::expert_gate_up_pairs(lay, d_table, eb, dx.p, dg.p, du.p);
+      cuda::expert_gate_up_pairs(ex.lay, ex.d_table, wl.batch, dx.p, dg.p, du.p);
       cuda::silu_mul(dg.p, du.p, T * k * I, dg.p);
-      cuda::expert_down_pairs(lay, d_table, eb, dg.p, dy.p);
+      cuda::expert_down_pairs(ex.lay, ex.d_table, wl.batch, dg.p, dy.p);
       cuda::moe_finish_rows(dh.p, dsh.p, dsg.p, dy.p, dw.p, T, k, H);
       expect_close(dh.get(), want, 1e-4f, 1e-4f + 1e-5f * big,
                    "expert pairs, bits " + std::to_string(bits) + " T=" + std::to_string(T));
-      cuda::gpu_free(d_table);
-      cuda::gpu_free(arena);
     }
   }
 }

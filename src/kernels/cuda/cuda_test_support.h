@@ -94,6 +94,68 @@ inline HostMatrix random_matrix(std::mt19937& rng, WeightFormat f, int64_t rows,
   return o;
 }
 
+// Experts in VRAM slots for the expert products: expert e's gate, up and down uploaded into slot
+// (e * shuffle) % E of one arena (slots out of expert order), the slot table on the device, the
+// slot layout. Frees itself.
+struct DevExperts {
+  uint8_t* arena = nullptr;
+  const void** d_table = nullptr;
+  cuda::ExpertLayout lay;
+  DevExperts(const std::vector<HostMatrix>& gate, const std::vector<HostMatrix>& up,
+             const std::vector<HostMatrix>& down, int shuffle) {
+    const size_t E = gate.size();
+    const size_t slot = cuda::matrix_device_bytes(gate[0].m) + cuda::matrix_device_bytes(up[0].m) +
+                        cuda::matrix_device_bytes(down[0].m);
+    arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * E));
+    std::vector<const void*> table(E);
+    for (size_t e = 0; e < E; ++e) {
+      uint8_t* base = arena + (e * size_t(shuffle)) % E * slot;
+      table[e] = base;
+      lay = cuda::upload_expert_to(gate[e].m, up[e].m, down[e].m, base);
+    }
+    d_table = static_cast<const void**>(cuda::gpu_alloc(E * sizeof(void*)));
+    cuda::gpu_upload(d_table, table.data(), E * sizeof(void*));
+  }
+  DevExperts(const DevExperts&) = delete;
+  DevExperts& operator=(const DevExperts&) = delete;
+  ~DevExperts() {
+    cuda::gpu_free(d_table);
+    cuda::gpu_free(arena);
+  }
+};
+
+// A prompt's work list (cuda::ExpertBatch) for the choices ids, pair p = t k + j having chosen
+// ids[p]: the chosen experts in order, each with its pairs in order; on the device.
+struct DevWorkList {
+  struct Host {
+    std::vector<int32_t> expert, start, pairs;
+  };
+  static Host group(const std::vector<int32_t>& ids, int E) {
+    Host h;
+    for (int e = 0; e < E; ++e) {
+      const size_t before = h.pairs.size();
+      for (size_t p = 0; p < ids.size(); ++p)
+        if (ids[p] == e) h.pairs.push_back(int32_t(p));
+      if (h.pairs.size() == before) continue;
+      h.expert.push_back(e);
+      h.start.push_back(int32_t(before));
+    }
+    h.start.push_back(int32_t(h.pairs.size()));
+    return h;
+  }
+  DevWorkList(const std::vector<int32_t>& ids, int E, int k) : DevWorkList(group(ids, E), k) {}
+  DevWorkList(const Host& h, int k) : expert(h.expert), start(h.start), pairs(h.pairs) {
+    batch.d_expert = expert.p;
+    batch.d_start = start.p;
+    batch.d_pairs = pairs.p;
+    batch.groups = int(h.expert.size());
+    batch.pairs = int64_t(h.pairs.size());
+    batch.k = k;
+  }
+  DevBuf<int32_t> expert, start, pairs;
+  cuda::ExpertBatch batch;
+};
+
 // got ~ want within atol + rtol |want| everywhere; reports the first miss.
 inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rtol, float atol,
                          const std::string& what) {

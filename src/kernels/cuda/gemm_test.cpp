@@ -192,16 +192,7 @@ TEST(CudaGemm, ExpertPairsMatchReference) {
       up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, gs, DType::BF16));
       down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, gs, DType::BF16));
     }
-    const size_t slot = cuda::matrix_device_bytes(gate[0].m) + cuda::matrix_device_bytes(up[0].m) +
-                        cuda::matrix_device_bytes(down[0].m);
-    auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * E));
-    std::vector<const void*> table(E);
-    cuda::ExpertLayout lay;
-    for (int e = 0; e < E; ++e) {
-      uint8_t* base = arena + size_t((e * 3) % E) * slot;
-      table[size_t(e)] = base;
-      lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, base);
-    }
+    const cuda_test::DevExperts ex(gate, up, down, 3);
     // Expert 0 takes every token's first choice (50 pairs: two tiles), expert 4 one pair, expert
     // 3 none; the second choice spreads over 1 and 2.
     std::vector<int32_t> ids;
@@ -209,32 +200,13 @@ TEST(CudaGemm, ExpertPairsMatchReference) {
       ids.push_back(0);
       ids.push_back(t == 17 ? 4 : int32_t(1 + t % 2));
     }
-    std::vector<int32_t> gexp, gstart, pairs;
-    for (int e = 0; e < E; ++e) {
-      const size_t before = pairs.size();
-      for (int64_t p = 0; p < T * k; ++p)
-        if (ids[size_t(p)] == e) pairs.push_back(int32_t(p));
-      if (pairs.size() == before) continue;
-      gexp.push_back(e);
-      gstart.push_back(int32_t(before));
-    }
-    gstart.push_back(int32_t(pairs.size()));
-    auto* d_table = static_cast<const void**>(cuda::gpu_alloc(E * sizeof(void*)));
-    cuda::gpu_upload(d_table, table.data(), E * sizeof(void*));
-    DevBuf<int32_t> d_gexp(gexp), d_gstart(gstart), d_pairs(pairs);
-    cuda::ExpertBatch eb;
-    eb.d_expert = d_gexp.p;
-    eb.d_start = d_gstart.p;
-    eb.d_pairs = d_pairs.p;
-    eb.groups = int(gexp.size());
-    eb.pairs = int64_t(pairs.size());
-    eb.k = k;
+    const cuda_test::DevWorkList wl(ids, E, k);
 
     const std::vector<float> x = spiky_rows(rng, T, H, gs), act = randn(rng, size_t(T * k * I));
     DevBuf<float> dx(x), dact(act), dg(size_t(T * k * I)), du(size_t(T * k * I)), dy(size_t(T * k * H));
     DevBuf<uint8_t> dqx(cuda::quantized_rows_bytes(T, H, gs)), dqa(cuda::quantized_rows_bytes(T * k, I, gs));
-    cuda::expert_gate_up_pairs(lay, d_table, eb, cuda::prepare_rows(dx.p, T, H, gs, dqx.p), dg.p, du.p);
-    cuda::expert_down_pairs(lay, d_table, eb, cuda::prepare_rows(dact.p, T * k, I, gs, dqa.p), dy.p);
+    cuda::expert_gate_up_pairs(ex.lay, ex.d_table, wl.batch, cuda::prepare_rows(dx.p, T, H, gs, dqx.p), dg.p, du.p);
+    cuda::expert_down_pairs(ex.lay, ex.d_table, wl.batch, cuda::prepare_rows(dact.p, T * k, I, gs, dqa.p), dy.p);
     const std::vector<float> g = dg.get(), u = du.get(), y = dy.get();
     for (int64_t p = 0; p < T * k; ++p) {
       const size_t e = size_t(ids[size_t(p)]);
@@ -249,8 +221,6 @@ TEST(CudaGemm, ExpertPairsMatchReference) {
         expect_within(got, want, error_bound(*m, *in, 1, gs), what);
       }
     }
-    cuda::gpu_free(d_table);
-    cuda::gpu_free(arena);
   }
 }
 

@@ -405,16 +405,6 @@ __device__ __forceinline__ void tc_load(const unsigned char* xt, int groups, int
   fr.xsum = info.y;
 }
 
-__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
 template <int N>
 __device__ __forceinline__ uint32_t word_of(const uint4 (&w)[N], int k) {  // k: a constant once unrolled
   const uint4& q = w[k >> 2];
