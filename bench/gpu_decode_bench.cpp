@@ -5,11 +5,13 @@
 // rate and upload rate, GPU memory used and the peak host RSS.
 //
 // Then a prompt of --prompt-tokens tokens (default 512) through a fresh session: the batched
-// prefill's tok/s (second run; the first allocates), against decode's.
+// prefill's tok/s (second run; the first allocates), against decode's, with the prompt's products
+// on the tensor cores and in fp32 alternately; with --trace, the prompt's kernel timeline.
 //
 // Usage: swiftlet_bench_gpu_decode MODEL.qpack [--tokens N] [--gpu-cache-gb 4,8,all]
-// [--host-cache-gb G|all] [--prompt-tokens N] [--trace STEPS (default 8; 0: off; CUPTI builds)] With random weights (the synthetic containers) routing is near uniform:
-// the hit rate of a partial cache is a worst case; real models route with much more locality.
+// [--host-cache-gb G|all] [--prompt-tokens N] [--trace STEPS (default 8; 0: off; CUPTI builds)]
+// With random weights (the synthetic containers) routing is near uniform: the hit rate of a
+// partial cache is a worst case; real models route with much more locality.
 #include "core/sys_stats.h"
 #include "experts/expert_slots.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -334,6 +336,18 @@ int main(int argc, char** argv) {
           }
         }
         cu::set_tensor_core_gemm(true);
+#ifdef SWIFTLET_HAVE_CUPTI
+        if (trace_steps > 0) {  // the kernel timeline of one prompt (tensor cores), per kernel
+          auto ft = make_gpu_forward(g);
+          SessionState stt = SessionState::create(c);
+          ft->run(stt, long_prompt, LogitsMode::Last, logits);  // buffers allocated
+          SessionState st2 = SessionState::create(c);
+          bench::trace_start();
+          ft->run(st2, long_prompt, LogitsMode::Last, logits);
+          std::printf("\nprompt of %d tokens, kernel timeline (CUPTI), per prompt:\n%s\n", prompt_tokens,
+                      bench::trace_summary(bench::trace_stop(), 1).c_str());
+        }
+#endif
         std::printf("         peak RSS %.2f GB\n", double(peak_rss_bytes()) / 1e9);
       }
       std::fflush(stdout);
