@@ -67,6 +67,32 @@ Matrix make_matrix(WeightFormat f, int bits, int64_t rows, int64_t cols) {
   return o;
 }
 
+// n experts in VRAM slots (gate, the gate again as up, down), the slot table on the device.
+struct ExpertPool {
+  uint8_t* arena = nullptr;
+  const void** d_table = nullptr;
+  ExpertLayout lay;
+  size_t slot_bytes = 0;  // one expert's three matrices
+  ExpertPool(const Matrix& gate, const Matrix& down, int n) {
+    slot_bytes = 2 * matrix_device_bytes(gate.m) + matrix_device_bytes(down.m);
+    arena = static_cast<uint8_t*>(gpu_alloc(slot_bytes * size_t(n)));
+    std::vector<const void*> table(static_cast<size_t>(n));
+    for (int e = 0; e < n; ++e) {
+      uint8_t* base = arena + size_t(e) * slot_bytes;
+      table[size_t(e)] = base;
+      lay = upload_expert_to(gate.m, gate.m, down.m, base);
+    }
+    d_table = static_cast<const void**>(gpu_alloc(size_t(n) * sizeof(void*)));
+    gpu_upload(d_table, table.data(), size_t(n) * sizeof(void*));
+  }
+  ExpertPool(const ExpertPool&) = delete;
+  ExpertPool& operator=(const ExpertPool&) = delete;
+  ~ExpertPool() {
+    gpu_free(d_table);
+    gpu_free(arena);
+  }
+};
+
 void bench_matvec(const char* name, WeightFormat f, int bits, int64_t rows, int64_t cols, int iters, double copy_gbs) {
   Matrix h = make_matrix(f, bits, rows, cols);
   void* owner = nullptr;
@@ -180,17 +206,9 @@ void bench_fused(int iters, double copy_gbs) {
   // Routed experts: 10 of a pool of 320 (560 MB) per call, plus the shared expert.
   const int pool = 320, k = 10;
   Matrix gate = make_matrix(WeightFormat::Affine, 4, 512, 2048), down = make_matrix(WeightFormat::Affine, 4, 2048, 512);
-  const size_t gb = matrix_device_bytes(gate.m), db = matrix_device_bytes(down.m), slot = 2 * gb + db;
-  auto* arena = static_cast<uint8_t*>(gpu_alloc(slot * pool));
-  std::vector<const void*> table(static_cast<size_t>(pool));
-  ExpertLayout lay;
-  for (int e = 0; e < pool; ++e) {
-    uint8_t* base = arena + size_t(e) * slot;
-    table[size_t(e)] = base;
-    lay = upload_expert_to(gate.m, gate.m, down.m, base);  // up: the gate matrix again
-  }
-  auto* d_table = static_cast<const void**>(gpu_alloc(pool * sizeof(void*)));
-  gpu_upload(d_table, table.data(), pool * sizeof(void*));
+  const ExpertPool experts(gate, down, pool);
+  const ExpertLayout& lay = experts.lay;
+  const void* const* d_table = experts.d_table;
   std::vector<int32_t> ids(static_cast<size_t>(pool));
   for (int i = 0; i < pool; ++i) ids[size_t(i)] = (i * 37) % pool;
   auto* d_ids = static_cast<int32_t*>(gpu_alloc(ids.size() * 4));
@@ -239,7 +257,7 @@ void bench_fused(int iters, double copy_gbs) {
       iters * 5);
   std::printf("conv1d_silu + l2_norm_qk  %7.1f us\ndelta_rule_norm_step      %7.1f us  (state %.1f MB read + written)\n",
               prep_ms * 1e3, dn_ms * 1e3, double(big) * 4 / 1e6);
-  for (void* p : {static_cast<void*>(arena), static_cast<void*>(d_table), static_cast<void*>(d_ids), og, ou, od,
+  for (void* p : {static_cast<void*>(d_ids), og, ou, od,
                   static_cast<void*>(dlogit), static_cast<void*>(dx), static_cast<void*>(dh), static_cast<void*>(dw),
                   static_cast<void*>(dact), static_cast<void*>(dl), static_cast<void*>(buf)})
     gpu_free(p);
@@ -297,17 +315,9 @@ void bench_expert_pairs(int iters) {
   const int E = 256, k = 8;
   const int64_t H = 2048, I = 512;
   Matrix gate = make_matrix(WeightFormat::Affine, 4, I, H), down = make_matrix(WeightFormat::Affine, 4, H, I);
-  const size_t gb = matrix_device_bytes(gate.m), db = matrix_device_bytes(down.m), slot = 2 * gb + db;
-  auto* arena = static_cast<uint8_t*>(gpu_alloc(slot * E));
-  std::vector<const void*> table(static_cast<size_t>(E));
-  ExpertLayout lay;
-  for (int e = 0; e < E; ++e) {
-    uint8_t* base = arena + size_t(e) * slot;
-    table[size_t(e)] = base;
-    lay = upload_expert_to(gate.m, gate.m, down.m, base);
-  }
-  auto* d_table = static_cast<const void**>(gpu_alloc(E * sizeof(void*)));
-  gpu_upload(d_table, table.data(), E * sizeof(void*));
+  const ExpertPool experts(gate, down, E);
+  const ExpertLayout& lay = experts.lay;
+  const void* const* d_table = experts.d_table;
   for (int64_t T : {512, 2048, 8192}) {
     // Token t chooses experts (t * 37 + j * 97 + t / 3) mod E, j < k: distinct, spread evenly.
     std::vector<std::vector<int32_t>> by_expert(static_cast<size_t>(E));
@@ -360,7 +370,7 @@ void bench_expert_pairs(int iters) {
         std::max(1, iters / 4));
     set_tensor_core_gemm(true);
     const double flop = 2.0 * 3.0 * double(I) * double(H) * double(T * k);
-    const double wbytes = double(E) * double(2 * gb + db);
+    const double wbytes = double(E) * double(experts.slot_bytes);
     std::printf("experts of a layer, T=%-5lld (%lld pairs): tensor cores %8.3f ms %6.1f TFLOP/s %6.0f GB/s of weights | "
                 "fp32 %8.3f ms %5.1f TFLOP/s\n",
                 (long long)T, (long long)(T * k), tc_ms, flop / (tc_ms * 1e-3) / 1e12, wbytes / (tc_ms * 1e-3) / 1e9,
@@ -370,8 +380,6 @@ void bench_expert_pairs(int iters) {
                     dqa})
       gpu_free(p);
   }
-  gpu_free(d_table);
-  gpu_free(arena);
 }
 
 int main(int argc, char** argv) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/dtype.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -86,6 +87,20 @@ __device__ __forceinline__ float load_scale(const void* p, int64_t i, int st) {
   if (st == kScaleBF16) return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(p) + i)) << 16);
   if (st == kScaleF32) return __ldg(static_cast<const float*>(p) + i);
   return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + i)));
+}
+
+// Where an affine matrix's parts lie from its expert slot's base (ExpertLayout's views hold offsets),
+// as the expert kernels take them.
+struct AffineOffsets {
+  size_t data, scales, biases;
+};
+inline AffineOffsets offsets_of(const GpuMatrix& m) {
+  return {reinterpret_cast<size_t>(m.data), reinterpret_cast<size_t>(m.scales), reinterpret_cast<size_t>(m.biases)};
+}
+// Gate and up run in one launch: two matrices of one kind and shape.
+inline bool same_kind(const GpuMatrix& a, const GpuMatrix& b) {
+  return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.bits == b.bits &&
+         a.group_size == b.group_size && a.scale_dtype == b.scale_dtype;
 }
 
 // C += A B on the tensor cores (sm_80+): A 16 x 32 unsigned bytes (a0..a3), B 32 x 8 signed bytes

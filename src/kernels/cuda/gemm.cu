@@ -22,8 +22,10 @@
 
 namespace swiftlet::cuda {
 
+using detail::AffineOffsets;
 using detail::blocks_for;
 using detail::mma_u8s8;
+using detail::offsets_of;
 using detail::scale_type;
 
 namespace {
@@ -302,20 +304,17 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_dense_kernel(GpuMatrix w, in
 // The routed experts: blockIdx.y a group (an expert and its pairs), blockIdx.z matrix a or b (gate
 // and up share the input); the block takes the group's pairs 32 at a time. Matrix offsets are
 // from the expert's slot base (ExpertLayout).
-struct Offsets {
-  size_t data, scales, biases;
-};
 template <int BITS>
 __global__ void __launch_bounds__(kThreads, 2) gemm_pairs_kernel(const void* const* __restrict__ table,
                                                               const int32_t* __restrict__ group_expert,
                                                               const int32_t* __restrict__ group_start,
-                                                              const int32_t* __restrict__ pairs, Offsets a, Offsets b,
+                                                              const int32_t* __restrict__ pairs, AffineOffsets a, AffineOffsets b,
                                                               int st, int64_t rows, int64_t cols, int gs,
                                                               const unsigned char* __restrict__ q, int x_div,
                                                               float* __restrict__ ya, float* __restrict__ yb) {
   const int g = blockIdx.y;
   const char* base = static_cast<const char*>(table[group_expert[g]]);
-  const Offsets& o = blockIdx.z == 0 ? a : b;
+  const AffineOffsets& o = blockIdx.z == 0 ? a : b;
   float* y = blockIdx.z == 0 ? ya : yb;
   const int end = group_start[g + 1];
   for (int p0 = group_start[g]; p0 < end; p0 += kBN) {  // block-uniform
@@ -342,12 +341,20 @@ bool device_capable() {
 
 bool g_gemm_on = true;
 
-Offsets offsets_of(const GpuMatrix& m) {
-  return {reinterpret_cast<size_t>(m.data), reinterpret_cast<size_t>(m.scales), reinterpret_cast<size_t>(m.biases)};
+// Group sizes the products take: a multiple of 32 (a step of the MMA's k), at most kMaxGroup.
+bool group_takes(int gs) { return gs > 0 && gs % 32 == 0 && gs <= kMaxGroup; }
+
+template <int BITS>
+void launch_dense(const GpuMatrix& w, const unsigned char* q, int64_t n, float* d_y, bool add, cudaStream_t s) {
+  static const bool init = (allow_smem(gemm_dense_kernel<BITS>, smem_bytes<BITS>()), true);
+  (void)init;
+  const dim3 grid(blocks_for(w.rows, kBM), blocks_for(n, kBN));
+  gemm_dense_kernel<BITS><<<grid, kThreads, smem_bytes<BITS>(), s>>>(w, scale_type(w.scale_dtype), q, n, d_y, add);
+  SWIFTLET_CUDA_LAUNCHED();
 }
 
 template <int BITS>
-void launch_pairs(const GpuMatrix& m, Offsets a, Offsets b, bool two, const void* const* d_table,
+void launch_pairs(const GpuMatrix& m, AffineOffsets a, AffineOffsets b, bool two, const void* const* d_table,
                   const ExpertBatch& eb, const void* d_q, int x_div, float* d_ya, float* d_yb, cudaStream_t s) {
   static const bool init = (allow_smem(gemm_pairs_kernel<BITS>, smem_bytes<BITS>()), true);
   (void)init;
@@ -358,7 +365,7 @@ void launch_pairs(const GpuMatrix& m, Offsets a, Offsets b, bool two, const void
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void run_pairs(const GpuMatrix& m, Offsets a, Offsets b, bool two, const void* const* d_table, const ExpertBatch& eb,
+void run_pairs(const GpuMatrix& m, AffineOffsets a, AffineOffsets b, bool two, const void* const* d_table, const ExpertBatch& eb,
                const void* d_q, int x_div, float* d_ya, float* d_yb, cudaStream_t s) {
   SWIFTLET_CUDA_REQUIRE(eb.groups <= 65535);
   if (eb.groups == 0) return;
@@ -385,9 +392,8 @@ void quantize_rows(const float* d_x, int64_t rows, int64_t cols, int group_size,
 }
 
 bool gemm_takes(const GpuMatrix& w, int group_size) {
-  return tensor_core_gemm() && w.format == WeightFormat::Affine && (w.bits == 4 || w.bits == 8) &&
-         w.group_size == group_size && group_size % 32 == 0 && group_size <= kMaxGroup && w.cols % kBK == 0 &&
-         w.cols % group_size == 0;
+  return tensor_core_gemm() && group_takes(group_size) && w.format == WeightFormat::Affine &&
+         (w.bits == 4 || w.bits == 8) && w.group_size == group_size && w.cols % kBK == 0 && w.cols % group_size == 0;
 }
 
 void set_tensor_core_gemm(bool on) { g_gemm_on = on; }
@@ -396,9 +402,7 @@ bool tensor_core_gemm() { return g_gemm_on && device_capable(); }
 RowsIn prepare_rows(const float* d_x, int64_t rows, int64_t cols, int group_size, void* d_q, GpuStream s) {
   RowsIn in;
   in.x = d_x;
-  if (!tensor_core_gemm() || !d_q || group_size <= 0 || group_size % 32 != 0 || group_size > kMaxGroup ||
-      cols % group_size != 0)
-    return in;
+  if (!tensor_core_gemm() || !d_q || !group_takes(group_size) || cols % group_size != 0) return in;
   quantize_rows(d_x, rows, cols, group_size, d_q, s);
   in.q = d_q;
   in.q_group = group_size;
@@ -415,31 +419,20 @@ void matmul_rows(const GpuMatrix& w, const RowsIn& in, int64_t n, float* d_y, bo
   }
   if (w.rows == 0 || n == 0) return;
   SWIFTLET_CUDA_REQUIRE((n + kBN - 1) / kBN <= 65535);
-  const dim3 grid(blocks_for(w.rows, kBM), blocks_for(n, kBN));
   const auto* q = static_cast<const unsigned char*>(in.q);
-  const int st = scale_type(w.scale_dtype);
-  if (w.bits == 4) {
-    static const bool init = (allow_smem(gemm_dense_kernel<4>, smem_bytes<4>()), true);
-    (void)init;
-    gemm_dense_kernel<4><<<grid, kThreads, smem_bytes<4>(), s>>>(w, st, q, n, d_y, add);
-  } else {
-    static const bool init = (allow_smem(gemm_dense_kernel<8>, smem_bytes<8>()), true);
-    (void)init;
-    gemm_dense_kernel<8><<<grid, kThreads, smem_bytes<8>(), s>>>(w, st, q, n, d_y, add);
-  }
-  SWIFTLET_CUDA_LAUNCHED();
+  if (w.bits == 4)
+    launch_dense<4>(w, q, n, d_y, add, s);
+  else
+    launch_dense<8>(w, q, n, d_y, add, s);
 }
 
 void expert_gate_up_pairs(const ExpertLayout& l, const void* const* d_table, const ExpertBatch& eb, const RowsIn& x,
                           float* d_g, float* d_u, GpuStream s) {
-  const bool same = l.up.format == l.gate.format && l.up.rows == l.gate.rows && l.up.cols == l.gate.cols &&
-                    l.up.bits == l.gate.bits && l.up.group_size == l.gate.group_size &&
-                    l.up.scale_dtype == l.gate.scale_dtype;
-  if (!x.q || !same || !gemm_takes(l.gate, x.q_group)) {
+  if (!x.q || !gemm_takes(l.gate, x.q_group)) {
     expert_gate_up_pairs(l, d_table, eb, x.x, d_g, d_u, s);
     return;
   }
-  SWIFTLET_CUDA_REQUIRE(eb.k > 0);
+  SWIFTLET_CUDA_REQUIRE(detail::same_kind(l.gate, l.up) && eb.k > 0);
   run_pairs(l.gate, offsets_of(l.gate), offsets_of(l.up), true, d_table, eb, x.q, eb.k, d_g, d_u, s);
 }
 
@@ -449,7 +442,7 @@ void expert_down_pairs(const ExpertLayout& l, const void* const* d_table, const 
     expert_down_pairs(l, d_table, eb, act.x, d_y, s);
     return;
   }
-  const Offsets o = offsets_of(l.down);
+  const AffineOffsets o = offsets_of(l.down);
   run_pairs(l.down, o, o, false, d_table, eb, act.q, 1, d_y, nullptr, s);
 }
 

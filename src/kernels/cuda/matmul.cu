@@ -16,7 +16,9 @@
 
 namespace swiftlet::cuda {
 
+using detail::AffineOffsets;
 using detail::blocks_for;
+using detail::offsets_of;
 using detail::warp_sum;
 
 namespace {
@@ -183,9 +185,6 @@ __global__ void __launch_bounds__(kThreads) affine_matvec_kernel(const uint32_t*
 // slot base comes from the layer's table (table[ids[i]]); blockIdx.z picks matrix a or b (gate
 // and up share the input, so both run in one launch). x advances by x_stride per expert (0: one
 // input for all), y by rows per expert.
-struct AffineOffsets {
-  size_t data, scales, biases;
-};
 template <int BITS>
 __global__ void __launch_bounds__(kThreads) grouped_affine_kernel(const void* const* __restrict__ table,
                                                                   const int32_t* __restrict__ ids, AffineOffsets a,
@@ -360,9 +359,6 @@ void matmul_add_rows(const GpuMatrix& w, const float* d_x, int64_t n, float* d_y
 }
 
 namespace {
-AffineOffsets offsets_of(const GpuMatrix& m) {
-  return {reinterpret_cast<size_t>(m.data), reinterpret_cast<size_t>(m.scales), reinterpret_cast<size_t>(m.biases)};
-}
 void check_expert_matrix(const GpuMatrix& m) {
   SWIFTLET_CUDA_REQUIRE(m.format == WeightFormat::Affine);
   check_matrix(m);
@@ -371,8 +367,7 @@ void check_expert_matrix(const GpuMatrix& m) {
 void check_gate_up(const ExpertLayout& l) {
   check_expert_matrix(l.gate);
   check_expert_matrix(l.up);
-  SWIFTLET_CUDA_REQUIRE(l.gate.rows == l.up.rows && l.gate.cols == l.up.cols && l.gate.bits == l.up.bits &&
-                        l.gate.group_size == l.up.group_size && l.gate.scale_dtype == l.up.scale_dtype);
+  SWIFTLET_CUDA_REQUIRE(detail::same_kind(l.gate, l.up));
 }
 }  // namespace
 
