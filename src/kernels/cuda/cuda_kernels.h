@@ -444,7 +444,15 @@ void l2_norm_qk_rows(float* d_x, int64_t T, int64_t row_stride, int hk, int64_t 
 void delta_rule_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                      const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
                      int hk, int hv, int dk, int dv, int64_t T, float* d_o, GpuStream s = nullptr);
-// delta_rule_scan then gated_rms_norm over the T hv heads (z: [T][hv * dv], norm weight w [dv]).
+// The same in chunks of 64 tokens (the WY / UT form, model-math.md 5.5): equal to the scan up to
+// float rounding, the chunk's work in small matrix products. Needs delta_rule_chunked_takes
+// (dk <= 128, dv a multiple of 32).
+bool delta_rule_chunked_takes(int dk, int dv);
+void delta_rule_chunked(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
+                        const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
+                        int hk, int hv, int dk, int dv, int64_t T, float* d_o, GpuStream s = nullptr);
+// delta_rule_scan (or, from 16 tokens where it applies, delta_rule_chunked) then gated_rms_norm
+// over the T hv heads (z: [T][hv * dv], norm weight w [dv]).
 void delta_rule_norm_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                           const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
                           const float* d_z, const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, int64_t T,

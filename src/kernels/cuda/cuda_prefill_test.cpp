@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -111,7 +112,9 @@ TEST(CudaPrefill, DeltaRuleScanMatchesSteps) {
         expect_match(o_b, o_s, what + " o");
         expect_match(S_b, S_s, what + " state");
       }
-      {  // with the gated RMSNorm, against the fused one-token step
+      if (T < 16 || !cuda::delta_rule_chunked_takes(d.dk, d.dv)) {
+        // with the gated RMSNorm, against the fused one-token step, where delta_rule_norm_scan
+        // runs the scan (the chunked form: DeltaRuleChunkedMatchesSteps)
         Dev S_b(S0), S_s(S0), o_b(size_t(T * vd)), o_s(size_t(T * vd));
         cuda::delta_rule_norm_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_b.p, dz.p, dnw.p, eps, d.hk, d.hv, d.dk, d.dv,
                                    T, o_b.p);
@@ -123,6 +126,74 @@ TEST(CudaPrefill, DeltaRuleScanMatchesSteps) {
       }
     }
   }
+}
+
+// ||got - want|| / ||want|| over the whole buffer.
+double rel_err(const Dev& got, const Dev& want) {
+  const std::vector<float> g = got.get(), w = want.get();
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    num += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+    den += double(w[i]) * w[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// The chunked (WY) form against T one-token steps: equal up to float rounding (the CPU's
+// delta_rule_chunked test uses the same measure and bound), chunks whole and partial, several
+// chunks carrying the state, and through delta_rule_norm_scan, which takes it from 16 tokens.
+TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
+  REQUIRE_GPU();
+  std::mt19937 rng(105);
+  for (const Delta& d : {Delta{2, 4, 128, 128}, Delta{1, 2, 64, 64}, Delta{3, 6, 32, 96}}) {
+    ASSERT_TRUE(cuda::delta_rule_chunked_takes(d.dk, d.dv));
+    for (int64_t T : {1, 16, 64, 65, 150}) {
+      const int64_t kd = int64_t(d.hk) * d.dk, vd = int64_t(d.hv) * d.dv, C = 2 * kd + vd;
+      const int64_t qs = C + 3, bs = 2 * d.hv;
+      const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(d.dk));
+      std::vector<float> u = randn(rng, size_t(T * qs));
+      for (int64_t t = 0; t < T; ++t)
+        for (int i = 0; i < 2 * d.hk; ++i) {
+          float* x = u.data() + t * qs + int64_t(i) * d.dk;
+          float ss = 0.0f;
+          for (int c = 0; c < d.dk; ++c) ss += x[c] * x[c];
+          const float inv = 1.0f / std::sqrt(ss + eps) * (i < d.hk ? q_scale : 1.0f);
+          for (int c = 0; c < d.dk; ++c) x[c] *= inv;
+        }
+      const std::vector<float> ba = randn(rng, size_t(T * bs)), z = randn(rng, size_t(T * vd)),
+                               A_log = randn(rng, size_t(d.hv), 0.5f), dt_bias = randn(rng, size_t(d.hv), 0.5f),
+                               norm_w = randn(rng, size_t(d.dv), 0.3f),
+                               S0 = randn(rng, size_t(d.hv) * d.dk * d.dv, 0.1f);
+      Dev du(u), dba(ba), dz(z), dA(A_log), ddt(dt_bias), dnw(norm_w);
+      const float *q = du.p, *k = du.p + kd, *v = du.p + 2 * kd, *b = dba.p, *a = dba.p + d.hv;
+      const std::string what = tag("chunked delta rule hk hv dk dv T", {d.hk, d.hv, d.dk, d.dv, T});
+      Dev S_c(S0), S_s(S0), o_c(size_t(T * vd)), o_s(size_t(T * vd));
+      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, o_c.p);
+      for (int64_t t = 0; t < T; ++t)
+        cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
+                              d.hv, d.dk, d.dv, o_s.p + t * vd);
+      EXPECT_LT(rel_err(o_c, o_s), 1e-4) << what << " o";
+      EXPECT_LT(rel_err(S_c, S_s), 1e-4) << what << " state";
+      // A second call continues from the state the first left.
+      Dev o_c2(size_t(T * vd)), o_s2(size_t(T * vd));
+      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, o_c2.p);
+      for (int64_t t = 0; t < T; ++t)
+        cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
+                              d.hv, d.dk, d.dv, o_s2.p + t * vd);
+      EXPECT_LT(rel_err(o_c2, o_s2), 1e-4) << what << " o, second call";
+      // The normed form picks the chunks from 16 tokens on.
+      Dev S_n(S0), S_m(S0), o_n(size_t(T * vd)), o_m(size_t(T * vd));
+      cuda::delta_rule_norm_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_n.p, dz.p, dnw.p, eps, d.hk, d.hv, d.dk, d.dv,
+                                 T, o_n.p);
+      for (int64_t t = 0; t < T; ++t)
+        cuda::delta_rule_norm_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_m.p,
+                                   dz.p + t * vd, dnw.p, eps, d.hk, d.hv, d.dk, d.dv, o_m.p + t * vd);
+      EXPECT_LT(rel_err(o_n, o_m), 1e-4) << what << " normed o";
+      EXPECT_LT(rel_err(S_n, S_m), 1e-4) << what << " normed state";
+    }
+  }
+  EXPECT_FALSE(cuda::delta_rule_chunked_takes(256, 128));
+  EXPECT_FALSE(cuda::delta_rule_chunked_takes(128, 40));
 }
 
 TEST(CudaPrefill, AttnPrepRowsAndAttentionPrefillMatchDecode) {

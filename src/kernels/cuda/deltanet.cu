@@ -376,6 +376,147 @@ __global__ void __launch_bounds__(kDeltaCols * kDeltaSlices) delta_rule_scan_ker
   }
 }
 
+// ---- the delta rule over a prompt's tokens in chunks of 64 (the WY / UT form) ----
+//
+// The same recurrence as delta_rule_scan_kernel, reorganised per chunk of n <= 64 tokens (with
+// gamma_i the cumulative log decay from the chunk's start, D_ij = exp(gamma_i - gamma_j) for j <= i):
+//   [U | -W] = (I + L)^{-1} [diag(beta) V | -diag(beta e^gamma) K],   L_ij = beta_i D_ij k_i.k_j (j < i)
+//   V' = U - W S,   O = diag(e^gamma) Q S + (D o Q K^T) V',
+//   S <- e^{gamma_n} S + K^T diag(e^{gamma_n - gamma}) V'
+// (the CPU's delta_rule_chunked, kernels/cpu/delta_net_avx2.cpp). A block owns one value head's
+// 32 state columns for the whole prompt, the state slice in shared memory; each chunk is a few
+// small matrix products and a forward substitution over its rows instead of n dependent steps.
+
+constexpr int kChunkT = 64;     // tokens a chunk
+constexpr int kChunkCols = 32;  // state columns a block
+constexpr int kChunkMaxDk = 128;
+constexpr int kChunkThreads = 256;
+constexpr int64_t kChunkMinTokens = 16;  // below this the scan (its per-token steps are few)
+
+struct ChunkSmem {  // float offsets into the dynamic shared memory, for key width dk
+  int kq_ld, x_ld, s, k, q, l, a, x, gamma, eg, beta, total;
+  __host__ __device__ explicit ChunkSmem(int dk) {
+    kq_ld = dk + 1;               // K and Q rows padded: threads reading rows i, j at one d differ in bank
+    x_ld = kChunkCols + dk + 1;   // X = [U | -W] rows
+    s = 0;                        // S slice [dk][32]
+    k = s + dk * kChunkCols;      // K [64][dk+1]
+    q = k + kChunkT * kq_ld;      // Q [64][dk+1]
+    l = q + kChunkT * kq_ld;      // L [64][65]
+    a = l + kChunkT * (kChunkT + 1);  // D o Q K^T [64][65]
+    x = a + kChunkT * (kChunkT + 1);  // X [64][x_ld]
+    gamma = x + kChunkT * x_ld;
+    eg = gamma + kChunkT;
+    beta = eg + kChunkT;
+    total = beta + kChunkT;
+  }
+};
+
+__global__ void __launch_bounds__(kChunkThreads) delta_rule_chunked_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, int64_t qkv_stride,
+    const float* __restrict__ b, const float* __restrict__ a, int64_t ba_stride, const float* __restrict__ A_log,
+    const float* __restrict__ dt_bias, float* S, int hk, int hv, int dk, int dv, int64_t T, float* __restrict__ o) {
+  extern __shared__ float sm[];
+  const ChunkSmem L(dk);
+  float *Ss = sm + L.s, *Kc = sm + L.k, *Qc = sm + L.q, *Lm = sm + L.l, *Am = sm + L.a, *X = sm + L.x;
+  float *gamma = sm + L.gamma, *eg = sm + L.eg, *beta = sm + L.beta;
+  const int h = blockIdx.y, g = h / (hv / hk), j0 = blockIdx.x * kChunkCols, tid = threadIdx.x;
+  const int xw = kChunkCols + dk, ld = L.kq_ld, xl = L.x_ld, ml = kChunkT + 1;
+  float* Sh = S + int64_t(h) * dk * dv;
+  for (int e = tid; e < dk * kChunkCols; e += kChunkThreads)
+    Ss[e] = Sh[int64_t(e / kChunkCols) * dv + j0 + e % kChunkCols];
+  const float A = expf(A_log[h]), dtb = dt_bias[h];
+
+  for (int64_t t0 = 0; t0 < T; t0 += kChunkT) {
+    const int n = int(T - t0 < kChunkT ? T - t0 : kChunkT);
+    __syncthreads();  // the previous chunk is done with everything
+    for (int e = tid; e < n * dk; e += kChunkThreads) {
+      const int i = e / dk, d = e % dk;
+      const int64_t row = (t0 + i) * qkv_stride + int64_t(g) * dk + d;
+      Kc[i * ld + d] = k[row];
+      Qc[i * ld + d] = q[row];
+    }
+    if (tid < n) {
+      const int64_t t = t0 + tid;
+      beta[tid] = sigmoidf_(b[t * ba_stride + h]);
+      gamma[tid] = -A * softplusf_(a[t * ba_stride + h] + dtb);  // this token's log decay, summed below
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float acc = 0.0f;
+      for (int i = 0; i < n; ++i) {
+        acc += gamma[i];
+        gamma[i] = acc;
+        eg[i] = expf(acc);
+      }
+    }
+    __syncthreads();
+    // L, D o Q K^T, and the right-hand sides [beta V | -beta e^gamma K].
+    for (int e = tid; e < n * n; e += kChunkThreads) {
+      const int i = e / n, j = e % n;
+      float lij = 0.0f, aij = 0.0f;
+      if (j <= i) {
+        const float D = expf(gamma[i] - gamma[j]);
+        float kk = 0.0f, qk = 0.0f;
+        for (int d = 0; d < dk; ++d) {
+          const float kj = Kc[j * ld + d];
+          kk = fmaf(Kc[i * ld + d], kj, kk);
+          qk = fmaf(Qc[i * ld + d], kj, qk);
+        }
+        if (j < i) lij = beta[i] * D * kk;
+        aij = D * qk;
+      }
+      Lm[i * ml + j] = lij;
+      Am[i * ml + j] = aij;
+    }
+    for (int e = tid; e < n * xw; e += kChunkThreads) {
+      const int i = e / xw, c = e % xw;
+      X[i * xl + c] = c < kChunkCols ? beta[i] * v[(t0 + i) * qkv_stride + int64_t(h) * dv + j0 + c]
+                                     : -beta[i] * eg[i] * Kc[i * ld + (c - kChunkCols)];
+    }
+    __syncthreads();
+    // X <- (I + L)^{-1} X: row by row, each row's columns in parallel.
+    for (int i = 1; i < n; ++i) {
+      for (int c = tid; c < xw; c += kChunkThreads) {
+        float x = X[i * xl + c];
+        for (int j = 0; j < i; ++j) x = fmaf(-Lm[i * ml + j], X[j * xl + c], x);
+        X[i * xl + c] = x;
+      }
+      __syncthreads();
+    }
+    // beta is used up: it holds e^{gamma_n - gamma_i} for the state's update from here on.
+    const float gl = gamma[n - 1];
+    if (tid < n) beta[tid] = expf(gl - gamma[tid]);
+    // V' = U - W S, over the U columns (the W columns hold -W).
+    for (int e = tid; e < n * kChunkCols; e += kChunkThreads) {
+      const int i = e / kChunkCols, c = e % kChunkCols;
+      float x = X[i * xl + c];
+      for (int d = 0; d < dk; ++d) x = fmaf(X[i * xl + kChunkCols + d], Ss[d * kChunkCols + c], x);
+      X[i * xl + c] = x;
+    }
+    __syncthreads();
+    // O = diag(e^gamma) Q S + (D o Q K^T) V'.
+    for (int e = tid; e < n * kChunkCols; e += kChunkThreads) {
+      const int i = e / kChunkCols, c = e % kChunkCols;
+      float qs = 0.0f, av = 0.0f;
+      for (int d = 0; d < dk; ++d) qs = fmaf(Qc[i * ld + d], Ss[d * kChunkCols + c], qs);
+      for (int j = 0; j <= i; ++j) av = fmaf(Am[i * ml + j], X[j * xl + c], av);
+      o[(t0 + i) * int64_t(hv) * dv + int64_t(h) * dv + j0 + c] = fmaf(eg[i], qs, av);
+    }
+    __syncthreads();  // S is read above and written below
+    // S <- e^{gamma_n} S + K^T diag(e^{gamma_n - gamma}) V'.
+    const float egl = expf(gl);
+    for (int e = tid; e < dk * kChunkCols; e += kChunkThreads) {
+      const int d = e / kChunkCols, c = e % kChunkCols;
+      float x = egl * Ss[e];
+      for (int i = 0; i < n; ++i) x = fmaf(Kc[i * ld + d] * beta[i], X[i * xl + c], x);
+      Ss[e] = x;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < dk * kChunkCols; e += kChunkThreads)
+    Sh[int64_t(e / kChunkCols) * dv + j0 + e % kChunkCols] = Ss[e];
+}
+
 }  // namespace
 
 void conv1d_silu_step(const float* d_x, const float* d_conv_w, float* d_state, int64_t C, int K, float* d_u,
@@ -417,11 +558,38 @@ void delta_rule_scan(const float* d_q, const float* d_k, const float* d_v, int64
   SWIFTLET_CUDA_LAUNCHED();
 }
 
+bool delta_rule_chunked_takes(int dk, int dv) {
+  return dk >= 1 && dk <= kChunkMaxDk && dv % kChunkCols == 0;
+}
+
+void delta_rule_chunked(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
+                        const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
+                        int hk, int hv, int dk, int dv, int64_t T, float* d_o, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0 && delta_rule_chunked_takes(dk, dv) && T >= 0);
+  if (T == 0 || hv == 0) return;
+  const int bytes = ChunkSmem(dk).total * int(sizeof(float));
+  static const bool init = [] {
+    SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(delta_rule_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             ChunkSmem(kChunkMaxDk).total * int(sizeof(float))));
+    return true;
+  }();
+  (void)init;
+  const dim3 grid(unsigned(dv / kChunkCols), unsigned(hv));
+  delta_rule_chunked_kernel<<<grid, kChunkThreads, bytes, s>>>(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log,
+                                                             d_dt_bias, d_S, hk, hv, dk, dv, T, d_o);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
 void delta_rule_norm_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                           const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
                           const float* d_z, const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, int64_t T,
                           float* d_o, GpuStream s) {
-  delta_rule_scan(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T, d_o, s);
+  // A prompt's chunks in the WY form where the shapes fit; short runs and other shapes as the scan.
+  if (T >= kChunkMinTokens && delta_rule_chunked_takes(dk, dv))
+    delta_rule_chunked(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T, d_o,
+                       s);
+  else
+    delta_rule_scan(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T, d_o, s);
   gated_rms_norm(d_o, d_z, d_norm_w, T * hv, dv, eps, s);
 }
 
