@@ -1,7 +1,7 @@
 // Gated attention (model-math.md 4): RoPE, the per-token prologue (q/k RMSNorm, RoPE, the KV
 // cache write), attention over the cache, for one decode token (attention_step: all of it in one
 // launch) and for T prompt tokens (attn_prep_rows, attention_prefill: causal, a block per (head,
-// token)). The per-head device code is shared in mixer_device.cuh; fp32 throughout.
+// 32 query tokens) streaming the cache in tiles; under 16 tokens a block per (head, token)). The per-head device code is shared in mixer_device.cuh; fp32 throughout.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
@@ -133,6 +133,111 @@ __global__ void __launch_bounds__(detail::kAttnWarps * 32) attention_prefill_ker
                               gate ? gate + at : nullptr, out + at);
 }
 
+// Causal attention for a tile of kTileQ query tokens of one head, flash-attention style: the
+// tile's queries stay in shared memory while the cache's keys and values stream through in tiles
+// of kTileK positions, each key/value row read once for the whole query tile (the per-token
+// kernel above reads them once per query). Scores and the online softmax in fp32, as there.
+// Thread layouts: scores, thread (warp w, lane j) takes key j for queries w, w + 8, w + 16, w + 24
+// (key rows padded by one float so the lanes' rows fall in distinct banks); the weighted V, thread
+// t takes query t / 8 and dims t % 8 + 8 m.
+constexpr int kTileQ = 32, kTileK = 32, kTileThreads = 256;
+constexpr int64_t kTiledMinTokens = 16;  // shorter prompts: the per-token kernel
+
+__host__ __device__ constexpr int tile_smem_floats(int hd) {
+  return kTileQ * hd + kTileK * (hd + 1) + kTileK * hd + kTileQ * (kTileK + 1) + 3 * kTileQ;
+}
+
+template <int DPL>
+__global__ void __launch_bounds__(kTileThreads) attention_prefill_tiled_kernel(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc, int64_t pos0, int64_t T,
+    int hd, int n_heads, int n_kv, float scale, const float* __restrict__ gate, float* __restrict__ out) {
+  constexpr int kPer = 4 * DPL;  // dims a thread accumulates (hd <= 32 DPL, 8 threads a query)
+  extern __shared__ float sm[];
+  float* Qs = sm;                          // [kTileQ][hd]
+  float* Ks = Qs + kTileQ * hd;            // [kTileK][hd + 1]
+  float* Vs = Ks + kTileK * (hd + 1);      // [kTileK][hd]
+  float* Ps = Vs + kTileK * hd;            // [kTileQ][kTileK + 1]
+  float* Ms = Ps + kTileQ * (kTileK + 1);  // running max a query
+  float* Ls = Ms + kTileQ;                 // running sum
+  float* Cs = Ls + kTileQ;                 // this tile's rescale of the earlier sum and output
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int head = blockIdx.x, kh = head / (n_heads / n_kv);
+  const int64_t t0 = int64_t(blockIdx.y) * kTileQ;
+  const int nq = int(T - t0 < kTileQ ? T - t0 : kTileQ);
+  const int64_t qd = int64_t(n_heads) * hd, kvd = int64_t(n_kv) * hd;
+
+  for (int e = tid; e < kTileQ * hd; e += kTileThreads) {
+    const int i = e / hd, d = e % hd;
+    Qs[e] = i < nq ? q[(t0 + i) * qd + int64_t(head) * hd + d] : 0.0f;
+  }
+  if (tid < kTileQ) {
+    Ms[tid] = -INFINITY;
+    Ls[tid] = 0.0f;
+  }
+  const int oi = tid / 8, od = tid % 8;  // the weighted V: query oi, dims od + 8 m
+  float acc[kPer];
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) acc[m] = 0.0f;
+
+  const int64_t last = pos0 + t0 + nq;  // positions [0, last) are seen by some query of the tile
+  for (int64_t p0 = 0; p0 < last; p0 += kTileK) {
+    const int nk = int(last - p0 < kTileK ? last - p0 : kTileK);
+    __syncthreads();  // the previous tile's K, V and P are used up (and Qs, Ms, Ls written)
+    for (int e = tid; e < kTileK * hd; e += kTileThreads) {
+      const int j = e / hd, d = e % hd;
+      const bool in = j < nk;
+      const int64_t at = (p0 + j) * kvd + int64_t(kh) * hd + d;
+      Ks[j * (hd + 1) + d] = in ? kc[at] : 0.0f;
+      Vs[j * hd + d] = in ? vc[at] : 0.0f;
+    }
+    __syncthreads();
+    // Scores, the causal mask applied: query i (position pos0 + t0 + i) sees positions <= its own.
+    for (int i = warp; i < kTileQ; i += kTileThreads / 32) {
+      const int j = lane;
+      float sc = -INFINITY;
+      if (i < nq && j < nk && p0 + j <= pos0 + t0 + i) {
+        float dot = 0.0f;
+        for (int d = 0; d < hd; ++d) dot = fmaf(Qs[i * hd + d], Ks[j * (hd + 1) + d], dot);
+        sc = dot * scale;
+      }
+      // Online softmax over this tile (a warp a query: lanes are the tile's keys).
+      const float mt = detail::warp_max(sc);
+      const float m_old = Ms[i], m_new = fmaxf(m_old, mt);
+      const float e = sc == -INFINITY ? 0.0f : expf(sc - m_new);
+      const float sum = detail::warp_sum(e);
+      Ps[i * (kTileK + 1) + j] = e;
+      __syncwarp();
+      if (lane == 0) {
+        const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);  // 0 while m_old = -inf
+        Cs[i] = corr;
+        Ls[i] = Ls[i] * corr + sum;
+        Ms[i] = m_new;
+      }
+    }
+    __syncthreads();
+    const float corr = Cs[oi];
+#pragma unroll
+    for (int m = 0; m < kPer; ++m) {
+      const int d = od + 8 * m;
+      float a = acc[m] * corr;
+      if (d < hd)
+        for (int j = 0; j < nk; ++j) a = fmaf(Ps[oi * (kTileK + 1) + j], Vs[j * hd + d], a);
+      acc[m] = a;
+    }
+  }
+  if (oi >= nq) return;
+  const float inv = 1.0f / Ls[oi];  // every query sees at least its own position
+  const int64_t at = (t0 + oi) * qd + int64_t(head) * hd;
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const int d = od + 8 * m;
+    if (d >= hd) continue;
+    float o = acc[m] * inv;
+    if (gate) o *= sigmoidf_(gate[at + d]);
+    out[at + d] = o;
+  }
+}
+
 }  // namespace
 
 void rope_neox(float* d_x, int n_heads, int64_t head_stride, int rot_dim, int64_t pos, float theta, GpuStream s) {
@@ -211,11 +316,28 @@ void attention_prefill(const float* d_q, const float* d_k_cache, const float* d_
   SWIFTLET_CUDA_REQUIRE(n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
   SWIFTLET_CUDA_REQUIRE(head_dim >= 1 && head_dim <= 256);
   if (T == 0 || n_heads == 0) return;
-  const dim3 grid{unsigned(n_heads), unsigned(T)}, block{detail::kAttnWarps * 32};
-  detail::with_dims_per_lane(head_dim, [&](auto dpl) {
-    attention_prefill_kernel<decltype(dpl)::value><<<grid, block, 0, s>>>(
-        d_q, d_k_cache, d_v_cache, pos0, head_dim, n_heads, n_kv_heads, scale, d_gate, d_out);
-  });
+  if (T >= kTiledMinTokens) {
+    const int bytes = tile_smem_floats(head_dim) * int(sizeof(float));
+    const dim3 grid{unsigned(n_heads), unsigned((T + kTileQ - 1) / kTileQ)};
+    detail::with_dims_per_lane(head_dim, [&](auto dpl) {
+      constexpr int D = decltype(dpl)::value;
+      static const bool init = [] {
+        SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_tiled_kernel<D>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 tile_smem_floats(32 * D) * int(sizeof(float))));
+        return true;
+      }();
+      (void)init;
+      attention_prefill_tiled_kernel<D><<<grid, kTileThreads, bytes, s>>>(
+          d_q, d_k_cache, d_v_cache, pos0, T, head_dim, n_heads, n_kv_heads, scale, d_gate, d_out);
+    });
+  } else {
+    const dim3 grid{unsigned(n_heads), unsigned(T)}, block{detail::kAttnWarps * 32};
+    detail::with_dims_per_lane(head_dim, [&](auto dpl) {
+      attention_prefill_kernel<decltype(dpl)::value><<<grid, block, 0, s>>>(
+          d_q, d_k_cache, d_v_cache, pos0, head_dim, n_heads, n_kv_heads, scale, d_gate, d_out);
+    });
+  }
   SWIFTLET_CUDA_LAUNCHED();
 }
 
