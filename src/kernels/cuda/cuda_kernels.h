@@ -126,7 +126,7 @@ size_t quantized_rows_bytes(int64_t rows, int64_t cols, int group_size);
 // d_q = the quantised form of x[rows][cols] (group_size a multiple of 32).
 void quantize_rows(const float* d_x, int64_t rows, int64_t cols, int group_size, void* d_q, GpuStream s = nullptr);
 // Whether the tensor-core products take w for rows quantised with group_size: affine 4/8-bit with
-// that group size (a multiple of 32, at most 128), cols a multiple of 128, a GPU of sm_80 or later,
+// that group size (32, 64 or 128), cols a multiple of 128, a GPU of sm_80 or later,
 // and not turned off (set_tensor_core_gemm).
 bool gemm_takes(const GpuMatrix& w, int group_size);
 // For benchmarks and tests: the tensor-core products off (the fp32 kernels of matmul.cu instead).

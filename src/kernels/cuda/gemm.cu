@@ -38,7 +38,6 @@ constexpr int kBN = 8 * kTilesN;  // token rows a block tile
 constexpr int kBK = 128;          // k a stage
 constexpr int kStages = 3;
 constexpr int kDigits = 3;
-constexpr int kMaxGroup = 128;  // a digit's sum over a group stays below 2^22 (255 x 128 x 128)
 
 constexpr int kMaxStageGroups = kBK / 32;  // groups a stage at the smallest group size
 
@@ -157,7 +156,12 @@ __device__ __forceinline__ void gemm_tile(const unsigned char* __restrict__ w, c
   constexpr int WS = w_stride<BITS>(), XS = x_stride();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n8 = lane >> 2, t4 = lane & 3;
   const int64_t rb = cols * BITS / 8, qb = q_row_bytes(cols, gs), groups = cols / gs;
-  const int stage_groups = kBK / gs;  // gs <= kBK: whole groups a stage
+  // gs is 32, 64 or 128 (gemm_takes; at most 128 keeps a digit's sum over a group below 2^22,
+  // 255 x 128 x 128, for small_int_to_float): group arithmetic in shifts, not 64-bit divisions
+  // (dozens of instructions each, and the group test runs every step).
+  const int log_gsteps = gs == 32 ? 0 : gs == 64 ? 1 : 2;  // log2 of the 32-k steps a group
+  const int log_sg = 2 - log_gsteps;                      // log2 of the groups a stage
+  const int stage_groups = 1 << log_sg;
   __syncthreads();  // the previous tile's readers of in_row and the stages are done
   if (threadIdx.x < kBN) in_row[threadIdx.x] = tile.in_row(int(threadIdx.x));
   __syncthreads();
@@ -181,9 +185,10 @@ __device__ __forceinline__ void gemm_tile(const unsigned char* __restrict__ w, c
       cp_async16(sx + (d * kBN + i) * XS + part * 16, q + (row >= 0 ? row : 0) * qb + d * cols + k0 + part * 16,
                  row >= 0 ? 16 : 0);
     }
-    if (threadIdx.x < kBN * stage_groups) {
-      const int i = threadIdx.x / stage_groups, g = threadIdx.x % stage_groups, row = in_row[i];
-      const unsigned char* src = q + (row >= 0 ? row : 0) * qb + kDigits * cols + (k0 / gs + g) * 8;
+    if (int(threadIdx.x) < (kBN << log_sg)) {
+      const int i = int(threadIdx.x) >> log_sg, g = int(threadIdx.x) & (stage_groups - 1), row = in_row[i];
+      const int64_t G = (k0 >> (5 + log_gsteps)) + g;
+      const unsigned char* src = q + (row >= 0 ? row : 0) * qb + kDigits * cols + G * 8;
       cp_async8(si + i * kMaxStageGroups + g, src, row >= 0 ? 8 : 0);
     }
   };
@@ -250,9 +255,9 @@ __device__ __forceinline__ void gemm_tile(const unsigned char* __restrict__ w, c
           mma_u8s8(cd[d][tn], a0, a1, a2, a3, b.x, b.y);
         }
       }
-      const int64_t k_end = int64_t(kt) * kBK + 32 * (j + 1);
-      if (k_end % gs == 0) {  // a group is complete: apply its affine map (block-uniform)
-        const int64_t G = k_end / gs - 1;
+      const int steps = kt * (kBK / 32) + j + 1;  // 32-k steps done
+      if ((steps & ((1 << log_gsteps) - 1)) == 0) {  // a group is complete: apply its affine map
+        const int64_t G = (steps >> log_gsteps) - 1;
         const float sa = bits_scale(sab[0], st), sc = bits_scale(sab[1], st);
         const float ba = bits_scale(sab[2], st), bc = bits_scale(sab[3], st);
         if (G + 1 < groups) {
@@ -261,7 +266,7 @@ __device__ __forceinline__ void gemm_tile(const unsigned char* __restrict__ w, c
           sab[2] = scale_bits(biases, ga + G + 1, st);
           sab[3] = scale_bits(biases, gc + G + 1, st);
         }
-        const int gi = int(G - int64_t(kt) * stage_groups);  // the group's place in the stage
+        const int gi = int(G) - (kt << log_sg);  // the group's place in the stage
 #pragma unroll
         for (int tn = 0; tn < kTilesN; ++tn) {
           const float2 i0 = si[(8 * tn + 2 * t4) * kMaxStageGroups + gi];
@@ -341,8 +346,9 @@ bool device_capable() {
 
 bool g_gemm_on = true;
 
-// Group sizes the products take: a multiple of 32 (a step of the MMA's k), at most kMaxGroup.
-bool group_takes(int gs) { return gs > 0 && gs % 32 == 0 && gs <= kMaxGroup; }
+// Group sizes the products take: 32, 64 or 128 (all MLX offers; powers of two keep the group
+// arithmetic in shifts, and at most 128 keeps a digit's sum below 2^22).
+bool group_takes(int gs) { return gs == 32 || gs == 64 || gs == 128; }
 
 template <int BITS>
 void launch_dense(const GpuMatrix& w, const unsigned char* q, int64_t n, float* d_y, bool add, cudaStream_t s) {
