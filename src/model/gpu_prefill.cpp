@@ -168,15 +168,14 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   const int E = c_.num_experts, k = c_.num_experts_per_tok;
   Batch& B = batch_;
   cu::rms_norm(B.h, lw.post_norm, T, H, c_.rms_norm_eps, B.x, s_);
-  cu::matmul(lw.router, B.x, T, B.router, s_);
-  cu::matmul(lw.sh_expert_gate, B.x, T, B.sg, s_);
+  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
+  cu::matmul_rows(lw.router, x, T, B.router, false, s_);
+  cu::matmul_rows(lw.sh_expert_gate, x, T, B.sg, false, s_);
   cu::router_topk(B.router, T, E, k, c_.norm_topk_prob, B.ids, B.w, s_);
   mark("prompt moe: norm + router, gate, top-k");
   cu::gpu_download_async(B.h_ids, B.ids, size_t(T * k) * sizeof(int32_t), s_);
   cu::event_record(ids_ready_, s_);
-  // The shared expert while the ids travel. (The router and the shared expert's gate stay in the
-  // fp32 tiles: 256 rows and one are too few rows for the tensor-core blocks, measured slower.)
-  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
+  // The shared expert while the ids travel.
   cu::matmul_rows(lw.sh_gate, x, T, B.shg, false, s_);
   cu::matmul_rows(lw.sh_up, x, T, B.shu, false, s_);
   cu::silu_mul(B.shg, B.shu, T * SI, B.shg, s_);

@@ -143,7 +143,8 @@ struct RowsIn {
 // in.q = quantize_rows(x) when the tensor-core products are on and cols fits group_size (the rows
 // at d_q, which holds quantized_rows_bytes); otherwise the fp32 rows alone.
 RowsIn prepare_rows(const float* d_x, int64_t rows, int64_t cols, int group_size, void* d_q, GpuStream s = nullptr);
-// Y[t] (+)= W X[t] for t < n: on the tensor cores where gemm_takes(w, in.q_group), else matmul.
+// Y[t] (+)= W X[t] for t < n: on the tensor cores where gemm_takes(w, in.q_group) and w has more
+// than 256 rows (fewer leave the GPU mostly idle there), else matmul.
 void matmul_rows(const GpuMatrix& w, const RowsIn& in, int64_t n, float* d_y, bool add, GpuStream s = nullptr);
 
 // --- decode products (matvec.cu; the routed experts: moe_experts.cu) --------------------------

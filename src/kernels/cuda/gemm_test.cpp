@@ -117,7 +117,7 @@ TEST(CudaGemm, ProductsMatchReference) {
   const Case cases[] = {{4, 64, DType::BF16}, {8, 64, DType::BF16}, {4, 32, DType::F16}, {8, 128, DType::F32},
                         {4, 128, DType::F32}, {8, 32, DType::F16}};
   for (const Case& c : cases) {
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 128}, {16, 384}, {130, 256}, {515, 2048}}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{257, 128}, {300, 384}, {515, 2048}, {1030, 256}}) {
       HostMatrix w = random_matrix(rng, WeightFormat::Affine, rows, cols, c.bits, c.gs, c.sdt);
       void* owner = nullptr;
       const cuda::GpuMatrix g = cuda::upload_matrix(w.m, &owner);
@@ -149,6 +149,26 @@ TEST(CudaGemm, ProductsMatchReference) {
       }
       cuda::gpu_free(owner);
     }
+  }
+}
+
+// Matrices of at most 256 rows go through the fp32 tiles even from quantised rows: the results are
+// those of matmul bit for bit.
+TEST(CudaGemm, FewRowsStayOnTheFp32Tiles) {
+  REQUIRE_GPU();
+  std::mt19937 rng(205);
+  for (int64_t rows : {1, 32, 256}) {
+    const int64_t cols = 512, n = 40;
+    HostMatrix w = random_matrix(rng, WeightFormat::Affine, rows, cols, 4, 64, DType::BF16);
+    void* owner = nullptr;
+    const cuda::GpuMatrix g = cuda::upload_matrix(w.m, &owner);
+    const std::vector<float> x = randn(rng, size_t(n * cols));
+    DevBuf<float> dx(x), dy(size_t(n * rows)), dref(size_t(n * rows));
+    DevBuf<uint8_t> dq(cuda::quantized_rows_bytes(n, cols, 64));
+    cuda::matmul_rows(g, cuda::prepare_rows(dx.p, n, cols, 64, dq.p), n, dy.p, false);
+    cuda::matmul(g, dx.p, n, dref.p);
+    EXPECT_EQ(dy.get(), dref.get()) << rows << " rows";
+    cuda::gpu_free(owner);
   }
 }
 
