@@ -135,6 +135,7 @@ class GpuForward final : public ForwardPass {
     float *eg, *eu, *ey, *shg, *shu, *shy;
     int32_t *tok, *ids, *d_groups;
     void *qx, *qa;  // quantised rows (cu::quantize_rows): of x; of a product's other inputs
+    float* delta_work;  // the chunked delta rule's (cu::delta_rule_chunked_work_floats)
     int32_t *h_ids = nullptr, *h_groups = nullptr, *h_tok = nullptr;
     int64_t cap = 0;
     size_t bytes = 0;  // device bytes of the arena

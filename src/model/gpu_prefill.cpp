@@ -48,9 +48,12 @@ bool GpuForward::grow_batch(int64_t T) {
   parts.push_back({&qa, std::max({q_floats(int64_t(vd), 1), q_floats(int64_t(ao), 1), q_floats(int64_t(SI), 1),
                                   q_floats(int64_t(I), int64_t(k))})});
   const size_t group_ints = E + (E + 1) + n * k;
+  const size_t delta_floats =
+      hv > 0 ? size_t(cu::delta_rule_chunked_work_floats(T, int(hv), c.linear_key_head_dim, c.linear_value_head_dim))
+             : 0;
   size_t bytes = 0;
   for (auto& [ptr, per] : parts) bytes += align256(std::max<size_t>(per * n, 1) * 4);
-  bytes += align256(group_ints * 4);
+  bytes += align256(group_ints * 4) + align256(delta_floats * 4);
   auto* base = static_cast<uint8_t*>(cu::gpu_try_alloc(bytes));
   if (!base) {
     if (T / 2 < kMinPrefillChunk) return false;
@@ -64,6 +67,8 @@ bool GpuForward::grow_batch(int64_t T) {
     at += align256(std::max<size_t>(per * n, 1) * 4);
   }
   groups = reinterpret_cast<float*>(base + at);
+  at += align256(group_ints * 4);
+  batch_.delta_work = delta_floats ? reinterpret_cast<float*>(base + at) : nullptr;
   batch_.tok = reinterpret_cast<int32_t*>(tok);
   batch_.ids = reinterpret_cast<int32_t*>(ids);
   batch_.d_groups = reinterpret_cast<int32_t*>(groups);
@@ -131,9 +136,9 @@ void GpuForward::prefill_delta_net(int l, int64_t T) {
   cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
   cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
   mark("prompt gdn: conv, l2");
-  // The delta rule over the tokens in order, the state held on chip; then the gated norm.
+  // The delta rule (in chunks of 64 where the shapes allow, else scanned in order); the gated norm.
   cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
-                           c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, s_);
+                           c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, B.delta_work, s_);
   mark("prompt gdn: delta rule scan + norm");
   cu::matmul_rows(w.out, rows_in(B.core, T, w.out.cols, B.qa), T, B.h, true, s_);  // h += out_proj(core)
   mark("prompt gdn: h += out_proj");

@@ -446,18 +446,21 @@ void delta_rule_scan(const float* d_q, const float* d_k, const float* d_v, int64
                      const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
                      int hk, int hv, int dk, int dv, int64_t T, float* d_o, GpuStream s = nullptr);
 // The same in chunks of 64 tokens (the WY / UT form, model-math.md 5.5): equal to the scan up to
-// float rounding, the chunk's work in small matrix products. Needs delta_rule_chunked_takes
-// (dk <= 128, dv a multiple of 32).
+// float rounding, the chunks' state-free work in one launch over all of them, then the state
+// carried through them in a second. Needs delta_rule_chunked_takes (dk <= 128 and a multiple of
+// 4, dv a multiple of 32) and a device work buffer of delta_rule_chunked_work_floats floats.
 bool delta_rule_chunked_takes(int dk, int dv);
+int64_t delta_rule_chunked_work_floats(int64_t T, int hv, int dk, int dv);
 void delta_rule_chunked(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                         const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
-                        int hk, int hv, int dk, int dv, int64_t T, float* d_o, GpuStream s = nullptr);
-// delta_rule_scan (or, from 16 tokens where it applies, delta_rule_chunked) then gated_rms_norm
-// over the T hv heads (z: [T][hv * dv], norm weight w [dv]).
+                        int hk, int hv, int dk, int dv, int64_t T, float* d_work, float* d_o, GpuStream s = nullptr);
+// delta_rule_scan (or, from 16 tokens where it applies and d_work holds
+// delta_rule_chunked_work_floats(T, ...) floats, delta_rule_chunked) then gated_rms_norm over the
+// T hv heads (z: [T][hv * dv], norm weight w [dv]).
 void delta_rule_norm_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                           const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
                           const float* d_z, const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, int64_t T,
-                          float* d_o, GpuStream s = nullptr);
+                          float* d_o, float* d_work = nullptr, GpuStream s = nullptr);
 // attn_prep for T tokens at positions pos0 .. pos0 + T - 1, one launch (blocks: heads x tokens):
 // P, Kp, Vp rows at their strides; q and gate (gated: required) [T][nh * hd]; writes KV cache rows
 // pos0 + t.

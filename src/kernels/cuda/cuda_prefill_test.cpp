@@ -112,9 +112,9 @@ TEST(CudaPrefill, DeltaRuleScanMatchesSteps) {
         expect_match(o_b, o_s, what + " o");
         expect_match(S_b, S_s, what + " state");
       }
-      if (T < 16 || !cuda::delta_rule_chunked_takes(d.dk, d.dv)) {
-        // with the gated RMSNorm, against the fused one-token step, where delta_rule_norm_scan
-        // runs the scan (the chunked form: DeltaRuleChunkedMatchesSteps)
+      {
+        // with the gated RMSNorm, against the fused one-token step; without a work buffer
+        // delta_rule_norm_scan scans (the chunked form: DeltaRuleChunkedMatchesSteps)
         Dev S_b(S0), S_s(S0), o_b(size_t(T * vd)), o_s(size_t(T * vd));
         cuda::delta_rule_norm_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_b.p, dz.p, dnw.p, eps, d.hk, d.hv, d.dk, d.dv,
                                    T, o_b.p);
@@ -168,7 +168,8 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
       const float *q = du.p, *k = du.p + kd, *v = du.p + 2 * kd, *b = dba.p, *a = dba.p + d.hv;
       const std::string what = tag("chunked delta rule hk hv dk dv T", {d.hk, d.hv, d.dk, d.dv, T});
       Dev S_c(S0), S_s(S0), o_c(size_t(T * vd)), o_s(size_t(T * vd));
-      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, o_c.p);
+      Dev work(size_t(cuda::delta_rule_chunked_work_floats(T, d.hv, d.dk, d.dv)));
+      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, work.p, o_c.p);
       for (int64_t t = 0; t < T; ++t)
         cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
                               d.hv, d.dk, d.dv, o_s.p + t * vd);
@@ -176,7 +177,7 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
       EXPECT_LT(rel_err(S_c, S_s), 1e-4) << what << " state";
       // A second call continues from the state the first left.
       Dev o_c2(size_t(T * vd)), o_s2(size_t(T * vd));
-      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, o_c2.p);
+      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, work.p, o_c2.p);
       for (int64_t t = 0; t < T; ++t)
         cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
                               d.hv, d.dk, d.dv, o_s2.p + t * vd);
@@ -184,7 +185,7 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
       // The normed form picks the chunks from 16 tokens on.
       Dev S_n(S0), S_m(S0), o_n(size_t(T * vd)), o_m(size_t(T * vd));
       cuda::delta_rule_norm_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_n.p, dz.p, dnw.p, eps, d.hk, d.hv, d.dk, d.dv,
-                                 T, o_n.p);
+                                 T, o_n.p, work.p);
       for (int64_t t = 0; t < T; ++t)
         cuda::delta_rule_norm_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_m.p,
                                    dz.p + t * vd, dnw.p, eps, d.hk, d.hv, d.dk, d.dv, o_m.p + t * vd);
@@ -194,6 +195,7 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
   }
   EXPECT_FALSE(cuda::delta_rule_chunked_takes(256, 128));
   EXPECT_FALSE(cuda::delta_rule_chunked_takes(128, 40));
+  EXPECT_FALSE(cuda::delta_rule_chunked_takes(66, 128));
 }
 
 TEST(CudaPrefill, AttnPrepRowsAndAttentionPrefillMatchDecode) {

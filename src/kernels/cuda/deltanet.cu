@@ -376,140 +376,286 @@ __global__ void __launch_bounds__(kDeltaCols * kDeltaSlices) delta_rule_scan_ker
   }
 }
 
-// ---- the delta rule over a prompt's tokens in chunks of 64 (the WY / UT form) ----
-//
 // The same recurrence as delta_rule_scan_kernel, reorganised per chunk of n <= 64 tokens (with
 // gamma_i the cumulative log decay from the chunk's start, D_ij = exp(gamma_i - gamma_j) for j <= i):
 //   [U | -W] = (I + L)^{-1} [diag(beta) V | -diag(beta e^gamma) K],   L_ij = beta_i D_ij k_i.k_j (j < i)
 //   V' = U - W S,   O = diag(e^gamma) Q S + (D o Q K^T) V',
 //   S <- e^{gamma_n} S + K^T diag(e^{gamma_n - gamma}) V'
-// (the CPU's delta_rule_chunked, kernels/cpu/delta_net_avx2.cpp). A block owns one value head's
-// 32 state columns for the whole prompt, the state slice in shared memory; each chunk is a few
-// small matrix products and a forward substitution over its rows instead of n dependent steps.
+// (the CPU's delta_rule_chunked, kernels/cpu/delta_net_avx2.cpp). Two launches: the first builds
+// every chunk's U, -W and D o Q K^T at once (a block per (chunk, value head): nothing in it depends
+// on the state); the second carries the state through the chunks in order (a block per (value
+// head, 32 state columns), the state slice in shared memory), a few small products a chunk.
+// A chunk shorter than 64 is padded with zero rows (beta 0, no decay), which change nothing.
 
 constexpr int kChunkT = 64;     // tokens a chunk
-constexpr int kChunkCols = 32;  // state columns a block
+constexpr int kChunkCols = 32;  // state columns a block of the state pass
 constexpr int kChunkMaxDk = 128;
 constexpr int kChunkThreads = 256;
 constexpr int64_t kChunkMinTokens = 16;  // below this the scan (its per-token steps are few)
 
-struct ChunkSmem {  // float offsets into the dynamic shared memory, for key width dk
-  int kq_ld, x_ld, s, k, q, l, a, x, gamma, eg, beta, total;
-  __host__ __device__ explicit ChunkSmem(int dk) {
-    kq_ld = dk + 1;               // K and Q rows padded: threads reading rows i, j at one d differ in bank
-    x_ld = kChunkCols + dk + 1;   // X = [U | -W] rows
-    s = 0;                        // S slice [dk][32]
-    k = s + dk * kChunkCols;      // K [64][dk+1]
-    q = k + kChunkT * kq_ld;      // Q [64][dk+1]
-    l = q + kChunkT * kq_ld;      // L [64][65]
-    a = l + kChunkT * (kChunkT + 1);  // D o Q K^T [64][65]
-    x = a + kChunkT * (kChunkT + 1);  // X [64][x_ld]
-    gamma = x + kChunkT * x_ld;
+// The work buffer, for T tokens padded to whole chunks (Tp): X = [U | -W] rows [Tp][hv][dv + dk],
+// D o Q K^T [Tp / 64][hv][64][64], the cumulative log decays [Tp][hv].
+struct ChunkWork {
+  int64_t x, am, gamma, total;  // float offsets
+  __host__ __device__ ChunkWork(int64_t T, int hv, int dk, int dv) {
+    const int64_t tp = (T + kChunkT - 1) / kChunkT * kChunkT;
+    x = 0;
+    am = tp * hv * (dv + dk);
+    gamma = am + tp * hv * kChunkT;
+    total = gamma + tp * hv;
+  }
+};
+
+constexpr int round4(int n) { return (n + 3) / 4 * 4; }
+
+struct PrepSmem {  // float offsets, for key width dk
+  int ld, k, q, l, gamma, eg, beta, total;
+  __host__ __device__ explicit PrepSmem(int dk) {
+    ld = dk + 1;  // K and Q rows padded: rows i and i + 1 at one d fall in different banks
+    k = 0;
+    q = k + kChunkT * ld;
+    l = q + kChunkT * ld;  // L [64][65]
+    gamma = l + kChunkT * (kChunkT + 1);
     eg = gamma + kChunkT;
     beta = eg + kChunkT;
     total = beta + kChunkT;
   }
 };
 
-__global__ void __launch_bounds__(kChunkThreads) delta_rule_chunked_kernel(
+// Phase one, a block per (chunk, value head). Scores as 4 x 4 register tiles (thread (ti, tj):
+// rows ti + 16 a, columns tj + 16 b); then the forward substitution, a thread per column of
+// [beta V | -beta e^gamma K] with the column's 64 rows in registers (no barrier: columns are
+// independent, L is read by all).
+__global__ void __launch_bounds__(kChunkThreads) delta_chunk_prep_kernel(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, int64_t qkv_stride,
     const float* __restrict__ b, const float* __restrict__ a, int64_t ba_stride, const float* __restrict__ A_log,
-    const float* __restrict__ dt_bias, float* S, int hk, int hv, int dk, int dv, int64_t T, float* __restrict__ o) {
+    const float* __restrict__ dt_bias, int hk, int hv, int dk, int dv, int64_t T, float* __restrict__ work) {
   extern __shared__ float sm[];
-  const ChunkSmem L(dk);
-  float *Ss = sm + L.s, *Kc = sm + L.k, *Qc = sm + L.q, *Lm = sm + L.l, *Am = sm + L.a, *X = sm + L.x;
-  float *gamma = sm + L.gamma, *eg = sm + L.eg, *beta = sm + L.beta;
+  const PrepSmem P(dk);
+  const ChunkWork W(T, hv, dk, dv);
+  float *Kc = sm + P.k, *Qc = sm + P.q, *Lm = sm + P.l, *gam = sm + P.gamma, *eg = sm + P.eg, *bet = sm + P.beta;
+  const int chunk = blockIdx.x, h = blockIdx.y, g = h / (hv / hk), tid = threadIdx.x, ld = P.ld;
+  const int64_t t0 = int64_t(chunk) * kChunkT;
+  const int n = int(T - t0 < kChunkT ? T - t0 : kChunkT);
+  for (int e = tid; e < kChunkT * dk; e += kChunkThreads) {
+    const int i = e / dk, d = e % dk;
+    const int64_t row = (t0 + i) * qkv_stride + int64_t(g) * dk + d;
+    Kc[i * ld + d] = i < n ? k[row] : 0.0f;
+    Qc[i * ld + d] = i < n ? q[row] : 0.0f;
+  }
+  if (tid < kChunkT) {
+    const int64_t t = t0 + tid;
+    bet[tid] = tid < n ? sigmoidf_(b[t * ba_stride + h]) : 0.0f;
+    gam[tid] = tid < n ? -expf(A_log[h]) * softplusf_(a[t * ba_stride + h] + dt_bias[h]) : 0.0f;
+  }
+  __syncthreads();
+  if (tid < 32) {  // inclusive sum of the log decays: a warp, two per lane
+    float x0 = gam[2 * tid], x1 = x0 + gam[2 * tid + 1];
+    float run = x1;
+    for (int off = 1; off < 32; off <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, run, off);
+      if (tid >= off) run += y;
+    }
+    const float before = run - x1;
+    gam[2 * tid] = before + x0;
+    gam[2 * tid + 1] = run;
+    eg[2 * tid] = expf(before + x0);
+    eg[2 * tid + 1] = expf(run);
+  }
+  __syncthreads();
+  if (tid < n) work[W.gamma + (t0 + tid) * hv + h] = gam[tid];
+
+  // k_i.k_j and q_i.k_j for the 64 x 64 pairs.
+  const int ti = tid / 16, tj = tid % 16;
+  float kk[4][4] = {}, qk[4][4] = {};
+  for (int d = 0; d < dk; ++d) {
+    float ki[4], qi[4], kj[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      ki[r] = Kc[(ti + 16 * r) * ld + d];
+      qi[r] = Qc[(ti + 16 * r) * ld + d];
+      kj[r] = Kc[(tj + 16 * r) * ld + d];
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        kk[r][c] = fmaf(ki[r], kj[c], kk[r][c]);
+        qk[r][c] = fmaf(qi[r], kj[c], qk[r][c]);
+      }
+  }
+  float* am = work + W.am + (int64_t(chunk) * hv + h) * kChunkT * kChunkT;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int i = ti + 16 * r, j = tj + 16 * c;
+      const float D = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
+      Lm[i * (kChunkT + 1) + j] = j < i ? bet[i] * D * kk[r][c] : 0.0f;
+      am[i * kChunkT + j] = i < n ? D * qk[r][c] : 0.0f;
+    }
+  __syncthreads();
+
+  // X <- (I + L)^{-1} X, X's columns: beta V (dv of them), then -beta e^gamma K (dk).
+  const int xw = dv + dk;
+  for (int c = tid; c < xw; c += kChunkThreads) {
+    float x[kChunkT];
+#pragma unroll
+    for (int i = 0; i < kChunkT; ++i) {
+      float r = 0.0f;
+      if (i < n)
+        r = c < dv ? bet[i] * v[(t0 + i) * qkv_stride + int64_t(h) * dv + c] : -bet[i] * eg[i] * Kc[i * ld + c - dv];
+#pragma unroll
+      for (int j = 0; j < i; ++j) r = fmaf(-Lm[i * (kChunkT + 1) + j], x[j], r);
+      x[i] = r;
+    }
+    float* out = work + W.x + (t0 * hv + h) * xw + c;
+#pragma unroll
+    for (int i = 0; i < kChunkT; ++i)
+      if (i < n) out[int64_t(i) * hv * xw] = x[i];
+  }
+}
+
+struct StateSmem {  // float offsets, for key width dk
+  int ld, ld4, s, w, q, k, vp, am, eg, f, total;
+  __host__ __device__ explicit StateSmem(int dk) {
+    ld = dk + 1;        // -W and Q rows (read a row per half-warp)
+    ld4 = round4(dk);   // K rows, read as float4
+    s = 0;              // S slice [dk][32]
+    w = s + dk * kChunkCols;
+    q = round4(w + kChunkT * ld);
+    k = round4(q + kChunkT * ld);
+    vp = k + kChunkT * ld4;            // U, then V' [64][32]
+    am = vp + kChunkT * kChunkCols;    // D o Q K^T [64][65]
+    eg = am + kChunkT * (kChunkT + 1);
+    f = eg + kChunkT;
+    total = f + kChunkT;
+  }
+};
+
+// Phase two, a block per (value head, 32 state columns), the chunks in order. Products over the
+// chunk's 64 rows x 32 columns: thread (r, c2) takes rows r + 16 a and columns 2 c2, 2 c2 + 1; the
+// state's update: thread (dg, c4) takes key dims 4 dg .. 4 dg + 3 and columns 4 c4 .. 4 c4 + 3.
+__global__ void __launch_bounds__(kChunkThreads) delta_chunk_state_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, int64_t qkv_stride, float* S, int hk, int hv, int dk,
+    int dv, int64_t T, const float* __restrict__ work, float* __restrict__ o) {
+  extern __shared__ __align__(16) float sm[];
+  const StateSmem L(dk);
+  const ChunkWork W(T, hv, dk, dv);
+  float *Ss = sm + L.s, *Wn = sm + L.w, *Qc = sm + L.q, *Kc = sm + L.k, *Vp = sm + L.vp, *Am = sm + L.am;
+  float *eg = sm + L.eg, *fk = sm + L.f;
   const int h = blockIdx.y, g = h / (hv / hk), j0 = blockIdx.x * kChunkCols, tid = threadIdx.x;
-  const int xw = kChunkCols + dk, ld = L.kq_ld, xl = L.x_ld, ml = kChunkT + 1;
+  const int ld = L.ld, ld4 = L.ld4, xw = dv + dk;
   float* Sh = S + int64_t(h) * dk * dv;
   for (int e = tid; e < dk * kChunkCols; e += kChunkThreads)
     Ss[e] = Sh[int64_t(e / kChunkCols) * dv + j0 + e % kChunkCols];
-  const float A = expf(A_log[h]), dtb = dt_bias[h];
+  const int r0 = tid / 16, c2 = 2 * (tid % 16);  // products over the chunk's rows
+  const int dg = 4 * (tid / 8), c4 = 4 * (tid % 8);  // the state's update
 
-  for (int64_t t0 = 0; t0 < T; t0 += kChunkT) {
+  for (int64_t t0 = 0, chunk = 0; t0 < T; t0 += kChunkT, ++chunk) {
     const int n = int(T - t0 < kChunkT ? T - t0 : kChunkT);
-    __syncthreads();  // the previous chunk is done with everything
-    for (int e = tid; e < n * dk; e += kChunkThreads) {
-      const int i = e / dk, d = e % dk;
-      const int64_t row = (t0 + i) * qkv_stride + int64_t(g) * dk + d;
-      Kc[i * ld + d] = k[row];
-      Qc[i * ld + d] = q[row];
+    __syncthreads();  // the previous chunk is done with every buffer
+    if (tid < kChunkT) {
+      const float gl = work[W.gamma + (t0 + n - 1) * hv + h];
+      const float gi = tid < n ? work[W.gamma + (t0 + tid) * hv + h] : gl;
+      eg[tid] = expf(gi);
+      fk[tid] = expf(gl - gi);
     }
-    if (tid < n) {
-      const int64_t t = t0 + tid;
-      beta[tid] = sigmoidf_(b[t * ba_stride + h]);
-      gamma[tid] = -A * softplusf_(a[t * ba_stride + h] + dtb);  // this token's log decay, summed below
-    }
-    __syncthreads();
-    if (tid == 0) {
-      float acc = 0.0f;
-      for (int i = 0; i < n; ++i) {
-        acc += gamma[i];
-        gamma[i] = acc;
-        eg[i] = expf(acc);
-      }
-    }
-    __syncthreads();
-    // L, D o Q K^T, and the right-hand sides [beta V | -beta e^gamma K].
-    for (int e = tid; e < n * n; e += kChunkThreads) {
-      const int i = e / n, j = e % n;
-      float lij = 0.0f, aij = 0.0f;
-      if (j <= i) {
-        const float D = expf(gamma[i] - gamma[j]);
-        float kk = 0.0f, qk = 0.0f;
-        for (int d = 0; d < dk; ++d) {
-          const float kj = Kc[j * ld + d];
-          kk = fmaf(Kc[i * ld + d], kj, kk);
-          qk = fmaf(Qc[i * ld + d], kj, qk);
-        }
-        if (j < i) lij = beta[i] * D * kk;
-        aij = D * qk;
-      }
-      Lm[i * ml + j] = lij;
-      Am[i * ml + j] = aij;
-    }
-    for (int e = tid; e < n * xw; e += kChunkThreads) {
-      const int i = e / xw, c = e % xw;
-      X[i * xl + c] = c < kChunkCols ? beta[i] * v[(t0 + i) * qkv_stride + int64_t(h) * dv + j0 + c]
-                                     : -beta[i] * eg[i] * Kc[i * ld + (c - kChunkCols)];
-    }
-    __syncthreads();
-    // X <- (I + L)^{-1} X: row by row, each row's columns in parallel.
-    for (int i = 1; i < n; ++i) {
-      for (int c = tid; c < xw; c += kChunkThreads) {
-        float x = X[i * xl + c];
-        for (int j = 0; j < i; ++j) x = fmaf(-Lm[i * ml + j], X[j * xl + c], x);
-        X[i * xl + c] = x;
-      }
-      __syncthreads();
-    }
-    // beta is used up: it holds e^{gamma_n - gamma_i} for the state's update from here on.
-    const float gl = gamma[n - 1];
-    if (tid < n) beta[tid] = expf(gl - gamma[tid]);
-    // V' = U - W S, over the U columns (the W columns hold -W).
-    for (int e = tid; e < n * kChunkCols; e += kChunkThreads) {
+    const float* xr = work + W.x + (t0 * hv + h) * xw;
+    for (int e = tid; e < kChunkT * kChunkCols; e += kChunkThreads) {
       const int i = e / kChunkCols, c = e % kChunkCols;
-      float x = X[i * xl + c];
-      for (int d = 0; d < dk; ++d) x = fmaf(X[i * xl + kChunkCols + d], Ss[d * kChunkCols + c], x);
-      X[i * xl + c] = x;
+      Vp[e] = i < n ? xr[int64_t(i) * hv * xw + j0 + c] : 0.0f;
     }
+    const float* am = work + W.am + (chunk * hv + h) * kChunkT * kChunkT;
+    for (int e = tid; e < kChunkT * kChunkT; e += kChunkThreads) Am[(e / kChunkT) * (kChunkT + 1) + e % kChunkT] = am[e];
+    __syncthreads();  // fk is in
+    for (int e = tid; e < kChunkT * dk; e += kChunkThreads) {
+      const int i = e / dk, d = e % dk;
+      const bool in = i < n;
+      const int64_t row = (t0 + i) * qkv_stride + int64_t(g) * dk + d;
+      Wn[i * ld + d] = in ? xr[int64_t(i) * hv * xw + dv + d] : 0.0f;
+      Qc[i * ld + d] = in ? q[row] : 0.0f;
+      Kc[i * ld4 + d] = in ? k[row] * fk[i] : 0.0f;
+    }
+    __syncthreads();
+    // V' = U + (-W) S.
+    float acc[4][2];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      acc[r][0] = Vp[(r0 + 16 * r) * kChunkCols + c2];
+      acc[r][1] = Vp[(r0 + 16 * r) * kChunkCols + c2 + 1];
+    }
+    for (int d = 0; d < dk; ++d) {
+      const float2 s = *reinterpret_cast<const float2*>(Ss + d * kChunkCols + c2);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float w = Wn[(r0 + 16 * r) * ld + d];
+        acc[r][0] = fmaf(w, s.x, acc[r][0]);
+        acc[r][1] = fmaf(w, s.y, acc[r][1]);
+      }
+    }
+    __syncthreads();  // every U is read
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      *reinterpret_cast<float2*>(Vp + (r0 + 16 * r) * kChunkCols + c2) = make_float2(acc[r][0], acc[r][1]);
     __syncthreads();
     // O = diag(e^gamma) Q S + (D o Q K^T) V'.
-    for (int e = tid; e < n * kChunkCols; e += kChunkThreads) {
-      const int i = e / kChunkCols, c = e % kChunkCols;
-      float qs = 0.0f, av = 0.0f;
-      for (int d = 0; d < dk; ++d) qs = fmaf(Qc[i * ld + d], Ss[d * kChunkCols + c], qs);
-      for (int j = 0; j <= i; ++j) av = fmaf(Am[i * ml + j], X[j * xl + c], av);
-      o[(t0 + i) * int64_t(hv) * dv + int64_t(h) * dv + j0 + c] = fmaf(eg[i], qs, av);
+    float qs[4][2] = {}, av[4][2] = {};
+    for (int d = 0; d < dk; ++d) {
+      const float2 s = *reinterpret_cast<const float2*>(Ss + d * kChunkCols + c2);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float x = Qc[(r0 + 16 * r) * ld + d];
+        qs[r][0] = fmaf(x, s.x, qs[r][0]);
+        qs[r][1] = fmaf(x, s.y, qs[r][1]);
+      }
+    }
+    for (int j = 0; j < kChunkT; ++j) {
+      const float2 y = *reinterpret_cast<const float2*>(Vp + j * kChunkCols + c2);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float x = Am[(r0 + 16 * r) * (kChunkT + 1) + j];
+        av[r][0] = fmaf(x, y.x, av[r][0]);
+        av[r][1] = fmaf(x, y.y, av[r][1]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = r0 + 16 * r;
+      if (i < n) {
+        float* out = o + (t0 + i) * int64_t(hv) * dv + int64_t(h) * dv + j0 + c2;
+        out[0] = fmaf(eg[i], qs[r][0], av[r][0]);
+        out[1] = fmaf(eg[i], qs[r][1], av[r][1]);
+      }
     }
     __syncthreads();  // S is read above and written below
-    // S <- e^{gamma_n} S + K^T diag(e^{gamma_n - gamma}) V'.
-    const float egl = expf(gl);
-    for (int e = tid; e < dk * kChunkCols; e += kChunkThreads) {
-      const int d = e / kChunkCols, c = e % kChunkCols;
-      float x = egl * Ss[e];
-      for (int i = 0; i < n; ++i) x = fmaf(Kc[i * ld + d] * beta[i], X[i * xl + c], x);
-      Ss[e] = x;
+    // S <- e^{gamma_n} S + (diag(e^{gamma_n - gamma}) K)^T V'.
+    if (dg < dk) {
+      const float egl = eg[n - 1];
+      float sv[4][4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float4 x = *reinterpret_cast<const float4*>(Ss + (dg + r) * kChunkCols + c4);
+        sv[r][0] = egl * x.x;
+        sv[r][1] = egl * x.y;
+        sv[r][2] = egl * x.z;
+        sv[r][3] = egl * x.w;
+      }
+      for (int i = 0; i < kChunkT; ++i) {
+        const float4 kv = *reinterpret_cast<const float4*>(Kc + i * ld4 + dg);
+        const float4 y = *reinterpret_cast<const float4*>(Vp + i * kChunkCols + c4);
+        const float kr[4] = {kv.x, kv.y, kv.z, kv.w};
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          sv[r][0] = fmaf(kr[r], y.x, sv[r][0]);
+          sv[r][1] = fmaf(kr[r], y.y, sv[r][1]);
+          sv[r][2] = fmaf(kr[r], y.z, sv[r][2]);
+          sv[r][3] = fmaf(kr[r], y.w, sv[r][3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        *reinterpret_cast<float4*>(Ss + (dg + r) * kChunkCols + c4) = make_float4(sv[r][0], sv[r][1], sv[r][2], sv[r][3]);
     }
   }
   __syncthreads();
@@ -559,35 +705,43 @@ void delta_rule_scan(const float* d_q, const float* d_k, const float* d_v, int64
 }
 
 bool delta_rule_chunked_takes(int dk, int dv) {
-  return dk >= 1 && dk <= kChunkMaxDk && dv % kChunkCols == 0;
+  return dk >= 4 && dk <= kChunkMaxDk && dk % 4 == 0 && dv % kChunkCols == 0;
 }
+
+int64_t delta_rule_chunked_work_floats(int64_t T, int hv, int dk, int dv) { return ChunkWork(T, hv, dk, dv).total; }
 
 void delta_rule_chunked(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                         const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
-                        int hk, int hv, int dk, int dv, int64_t T, float* d_o, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0 && delta_rule_chunked_takes(dk, dv) && T >= 0);
+                        int hk, int hv, int dk, int dv, int64_t T, float* d_work, float* d_o, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0 && delta_rule_chunked_takes(dk, dv) && T >= 0 && d_work);
   if (T == 0 || hv == 0) return;
-  const int bytes = ChunkSmem(dk).total * int(sizeof(float));
   static const bool init = [] {
-    SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(delta_rule_chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             ChunkSmem(kChunkMaxDk).total * int(sizeof(float))));
+    SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             PrepSmem(kChunkMaxDk).total * int(sizeof(float))));
+    SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             StateSmem(kChunkMaxDk).total * int(sizeof(float))));
     return true;
   }();
   (void)init;
-  const dim3 grid(unsigned(dv / kChunkCols), unsigned(hv));
-  delta_rule_chunked_kernel<<<grid, kChunkThreads, bytes, s>>>(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log,
-                                                             d_dt_bias, d_S, hk, hv, dk, dv, T, d_o);
+  const dim3 chunks(unsigned((T + kChunkT - 1) / kChunkT), unsigned(hv));
+  delta_chunk_prep_kernel<<<chunks, kChunkThreads, PrepSmem(dk).total * sizeof(float), s>>>(
+      d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, hk, hv, dk, dv, T, d_work);
+  SWIFTLET_CUDA_LAUNCHED();
+  const dim3 slices(unsigned(dv / kChunkCols), unsigned(hv));
+  delta_chunk_state_kernel<<<slices, kChunkThreads, StateSmem(dk).total * sizeof(float), s>>>(
+      d_q, d_k, qkv_stride, d_S, hk, hv, dk, dv, T, d_work, d_o);
   SWIFTLET_CUDA_LAUNCHED();
 }
 
 void delta_rule_norm_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                           const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
                           const float* d_z, const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, int64_t T,
-                          float* d_o, GpuStream s) {
-  // A prompt's chunks in the WY form where the shapes fit; short runs and other shapes as the scan.
-  if (T >= kChunkMinTokens && delta_rule_chunked_takes(dk, dv))
-    delta_rule_chunked(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T, d_o,
-                       s);
+                          float* d_o, float* d_work, GpuStream s) {
+  // A prompt's chunks in the WY form where the shapes fit and a work buffer is given; short runs
+  // and other shapes as the scan.
+  if (d_work && T >= kChunkMinTokens && delta_rule_chunked_takes(dk, dv))
+    delta_rule_chunked(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T,
+                       d_work, d_o, s);
   else
     delta_rule_scan(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T, d_o, s);
   gated_rms_norm(d_o, d_z, d_norm_w, T * hv, dv, eps, s);
