@@ -1,11 +1,16 @@
 // Gated attention (model-math.md 4): RoPE, the per-token prologue (q/k RMSNorm, RoPE, the KV
 // cache write), attention over the cache, for one decode token (attention_step: all of it in one
 // launch) and for T prompt tokens (attn_prep_rows, attention_prefill: causal, a block per (head,
-// 32 query tokens) streaming the cache in tiles; under 16 tokens a block per (head, token)). The per-head device code is shared in mixer_device.cuh; fp32 throughout.
+// 64 query tokens) streaming the cache in tiles through register-tiled products; under 16 tokens a
+// block per (head, token)). The per-head device code is shared in mixer_device.cuh; fp32
+// throughout.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mixer_device.cuh"
+
+#include <cstdint>
+#include <type_traits>
 
 namespace swiftlet::cuda {
 
@@ -133,108 +138,270 @@ __global__ void __launch_bounds__(detail::kAttnWarps * 32) attention_prefill_ker
                               gate ? gate + at : nullptr, out + at);
 }
 
+// 16 bytes (4 bytes) global -> shared, asynchronously; src_bytes 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_last() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
 // Causal attention for a tile of kTileQ query tokens of one head, flash-attention style: the
-// tile's queries stay in shared memory while the cache's keys and values stream through in tiles
-// of kTileK positions, each key/value row read once for the whole query tile (the per-token
-// kernel above reads them once per query). Scores and the online softmax in fp32, as there.
-// Thread layouts: scores, thread (warp w, lane j) takes key j for queries w, w + 8, w + 16, w + 24
-// (key rows padded by one float so the lanes' rows fall in distinct banks); the weighted V, thread
-// t takes query t / 8 and dims t % 8 + 8 m.
-constexpr int kTileQ = 32, kTileK = 32, kTileThreads = 256;
+// tile's queries stay in shared memory while the keys and values they see stream through in tiles
+// of kTileK positions, each key/value row read once for the whole query tile; a tile's keys come
+// in (cp.async) while the previous tile's values are used, its values while its scores are
+// computed. Scores and the online softmax in fp32, as attention_head. head_dim is padded with
+// zeros to HD (64, 128 or 256) in shared memory. Blocks take the longest query tiles first.
+// Register tiles of 8 x 8 a thread (a float4 read from shared memory feeds 32 FMAs at HD 256):
+//  - scores: warp w takes queries 8 w .. 8 w + 7 against keys kg + 4 j (j < 8), lane (ds, kg)
+//    (kg = lane % 4) summing dims 4 ds + 32 c .. + 3 (c < HD / 32) of all 64 products; three
+//    shuffle steps over ds, each halving the rows a lane keeps, leave lane its query R's 8 sums.
+//    The lanes of R (kg = 0..3) keep its running max and sum and write the tile's weights
+//    exp(score - max) key-major (Pt).
+//  - weighted V: thread (pr, pc) accumulates queries 8 pr .. 8 pr + 7 times dims
+//    kVec pc + 32 kVec g + e (HD / 32 dims), reading 8 weights and kVec-float V rows a key.
+constexpr int kTileQ = 64, kTileK = 32, kTileThreads = 256;
+constexpr int kPtStride = kTileQ + 8;    // Pt rows: a warp's weight writes fall in distinct banks
 constexpr int64_t kTiledMinTokens = 16;  // shorter prompts: the per-token kernel
 
-__host__ __device__ constexpr int tile_smem_floats(int hd) {
-  return kTileQ * hd + kTileK * (hd + 1) + kTileK * hd + kTileQ * (kTileK + 1) + 3 * kTileQ;
+__host__ __device__ constexpr int tile_smem_floats(int HD) {
+  return (kTileQ + 2 * kTileK) * HD + kTileK * kPtStride + 2 * kTileQ;
 }
 
-template <int DPL>
-__global__ void __launch_bounds__(kTileThreads) attention_prefill_tiled_kernel(
-    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc, int64_t pos0, int64_t T,
-    int hd, int n_heads, int n_kv, float scale, const float* __restrict__ gate, float* __restrict__ out) {
-  constexpr int kPer = 4 * DPL;  // dims a thread accumulates (hd <= 32 DPL, 8 threads a query)
-  extern __shared__ float sm[];
-  float* Qs = sm;                          // [kTileQ][hd]
-  float* Ks = Qs + kTileQ * hd;            // [kTileK][hd + 1]
-  float* Vs = Ks + kTileK * (hd + 1);      // [kTileK][hd]
-  float* Ps = Vs + kTileK * hd;            // [kTileQ][kTileK + 1]
-  float* Ms = Ps + kTileQ * (kTileK + 1);  // running max a query
-  float* Ls = Ms + kTileQ;                 // running sum
-  float* Cs = Ls + kTileQ;                 // this tile's rescale of the earlier sum and output
+// The device's shared memory a block may opt in to (bytes), asked once.
+inline int max_smem_per_block() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
+    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return v;
+  }();
+  return n;
+}
+
+// Rows [0, valid) of src (row stride `stride`, columns [0, hd)) into ROWS shared rows of HD
+// floats, asynchronously, by the block's threads: 16-byte copies where vec (hd % 4 == 0, aligned
+// rows), else 4-byte ones. Columns hd .. HD and rows valid .. ROWS are filled with zeros.
+template <int HD, int ROWS>
+__device__ __forceinline__ void tile_load_async(float* dst, const float* __restrict__ src, int64_t stride, int valid,
+                                                int hd, bool vec) {
+  if (vec) {
+    constexpr int kChunks = ROWS * HD / 4;
+    static_assert(kChunks % kTileThreads == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+    for (int c = 0; c < kChunks / kTileThreads; ++c) {
+      const int e = int(threadIdx.x) + c * kTileThreads, r = e / (HD / 4), d = 4 * (e % (HD / 4));
+      const bool in = r < valid && d < hd;
+      cp_async16(dst + r * HD + d, in ? src + r * stride + d : src, in ? 16 : 0);
+    }
+  } else {
+    static_assert(ROWS * HD % kTileThreads == 0, "whole rounds of 4-byte copies");
+#pragma unroll 4
+    for (int c = 0; c < ROWS * HD / kTileThreads; ++c) {
+      const int e = int(threadIdx.x) + c * kTileThreads, r = e / HD, d = e % HD;
+      const bool in = r < valid && d < hd;
+      cp_async4(dst + r * HD + d, in ? src + r * stride + d : src, in ? 4 : 0);
+    }
+  }
+}
+
+__device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// N (1, 2 or 4) consecutive floats of shared memory into v.
+template <int N>
+__device__ __forceinline__ void lds_vec(const float* p, float* v) {
+  if constexpr (N == 4) {
+    const float4 t = lds4(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else if constexpr (N == 2) {
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    v[0] = t.x, v[1] = t.y;
+  } else {
+    v[0] = p[0];
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kTileThreads, 1)
+    attention_prefill_tiled_kernel(const float* __restrict__ q, const float* __restrict__ kc,
+                                   const float* __restrict__ vc, int64_t pos0, int64_t T, int hd, int n_heads, int n_kv,
+                                   float scale, const float* __restrict__ gate, float* __restrict__ out, bool vec) {
+  constexpr int kDims = HD / 32;               // dims of a query a thread accumulates (weighted V)
+  constexpr int kVec = kDims < 4 ? kDims : 4;  // read kVec at a time
+  extern __shared__ __align__(16) float sm[];
+  float* Qs = sm;                       // [kTileQ][HD]
+  float* Ks = Qs + kTileQ * HD;         // [kTileK][HD]
+  float* Vs = Ks + kTileK * HD;         // [kTileK][HD]
+  float* Pt = Vs + kTileK * HD;         // [kTileK][kPtStride]: the tile's weights, key-major
+  float* Cs = Pt + kTileK * kPtStride;  // this tile's rescale of a query's earlier sum and output
+  float* Ls = Cs + kTileQ;              // a query's final sum
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int head = blockIdx.x, kh = head / (n_heads / n_kv);
-  const int64_t t0 = int64_t(blockIdx.y) * kTileQ;
+  const int head = int(blockIdx.x % unsigned(n_heads)), kh = head / (n_heads / n_kv);
+  const int64_t n_qt = (T + kTileQ - 1) / kTileQ;
+  const int64_t t0 = (n_qt - 1 - int64_t(blockIdx.x / unsigned(n_heads))) * kTileQ;
   const int nq = int(T - t0 < kTileQ ? T - t0 : kTileQ);
   const int64_t qd = int64_t(n_heads) * hd, kvd = int64_t(n_kv) * hd;
-
-  for (int e = tid; e < kTileQ * hd; e += kTileThreads) {
-    const int i = e / hd, d = e % hd;
-    Qs[e] = i < nq ? q[(t0 + i) * qd + int64_t(head) * hd + d] : 0.0f;
-  }
-  if (tid < kTileQ) {
-    Ms[tid] = -INFINITY;
-    Ls[tid] = 0.0f;
-  }
-  const int oi = tid / 8, od = tid % 8;  // the weighted V: query oi, dims od + 8 m
-  float acc[kPer];
-#pragma unroll
-  for (int m = 0; m < kPer; ++m) acc[m] = 0.0f;
-
   const int64_t last = pos0 + t0 + nq;  // positions [0, last) are seen by some query of the tile
-  for (int64_t p0 = 0; p0 < last; p0 += kTileK) {
-    const int nk = int(last - p0 < kTileK ? last - p0 : kTileK);
-    __syncthreads();  // the previous tile's K, V and P are used up (and Qs, Ms, Ls written)
-    for (int e = tid; e < kTileK * hd; e += kTileThreads) {
-      const int j = e / hd, d = e % hd;
-      const bool in = j < nk;
-      const int64_t at = (p0 + j) * kvd + int64_t(kh) * hd + d;
-      Ks[j * (hd + 1) + d] = in ? kc[at] : 0.0f;
-      Vs[j * hd + d] = in ? vc[at] : 0.0f;
-    }
-    __syncthreads();
-    // Scores, the causal mask applied: query i (position pos0 + t0 + i) sees positions <= its own.
-    for (int i = warp; i < kTileQ; i += kTileThreads / 32) {
-      const int j = lane;
-      float sc = -INFINITY;
-      if (i < nq && j < nk && p0 + j <= pos0 + t0 + i) {
-        float dot = 0.0f;
-        for (int d = 0; d < hd; ++d) dot = fmaf(Qs[i * hd + d], Ks[j * (hd + 1) + d], dot);
-        sc = dot * scale;
-      }
-      // Online softmax over this tile (a warp a query: lanes are the tile's keys).
-      const float mt = detail::warp_max(sc);
-      const float m_old = Ms[i], m_new = fmaxf(m_old, mt);
-      const float e = sc == -INFINITY ? 0.0f : expf(sc - m_new);
-      const float sum = detail::warp_sum(e);
-      Ps[i * (kTileK + 1) + j] = e;
-      __syncwarp();
-      if (lane == 0) {
-        const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);  // 0 while m_old = -inf
-        Cs[i] = corr;
-        Ls[i] = Ls[i] * corr + sum;
-        Ms[i] = m_new;
-      }
-    }
-    __syncthreads();
-    const float corr = Cs[oi];
+  const int n_kt = int((last + kTileK - 1) / kTileK);
+  const float* kh_k = kc + int64_t(kh) * hd;
+  const float* kh_v = vc + int64_t(kh) * hd;
+  const auto tile_rows = [&](int kt) {
+    return int(last - int64_t(kt) * kTileK < kTileK ? last - int64_t(kt) * kTileK : kTileK);
+  };
+
+  tile_load_async<HD, kTileQ>(Qs, q + t0 * qd + int64_t(head) * hd, qd, nq, hd, vec);
+  tile_load_async<HD, kTileK>(Ks, kh_k, kvd, tile_rows(0), hd, vec);
+  cp_async_commit();
+  tile_load_async<HD, kTileK>(Vs, kh_v, kvd, tile_rows(0), hd, vec);
+  cp_async_commit();
+
+  // Scores: lane (ds, kg); after the sums over ds the lane holds query R (ds's bits reversed).
+  const int kg = lane & 3, ds = lane >> 2;
+  const int R = 8 * warp + ((ds & 1) << 2 | (ds & 2) | (ds >> 2));
+  // R sees positions <= lim_R; m, l: its running max and sum.
+  const int64_t lim_R = pos0 + t0 + R < last ? pos0 + t0 + R : last - 1;
+  float m = -INFINITY, l = 0.0f;
+  // Weighted V: thread (pr, pc); lanes l and l ^ 1 read the same weights, l and l ^ 2 the same V.
+  const int pr = (warp & 1) * 4 + ((lane >> 1) & 3), pc = (warp >> 1) * 8 + ((lane & 1) | (lane >> 3) << 1);
+  float o[8][kDims];
 #pragma unroll
-    for (int m = 0; m < kPer; ++m) {
-      const int d = od + 8 * m;
-      float a = acc[m] * corr;
-      if (d < hd)
-        for (int j = 0; j < nk; ++j) a = fmaf(Ps[oi * (kTileK + 1) + j], Vs[j * hd + d], a);
-      acc[m] = a;
+  for (int r = 0; r < 8; ++r)
+#pragma unroll
+    for (int e = 0; e < kDims; ++e) o[r][e] = 0.0f;
+
+  cp_async_wait_all_but_last();  // Q and the first keys
+  __syncthreads();
+  for (int kt = 0; kt < n_kt; ++kt) {
+    float s[8][8];  // [query 8 warp + i][key kg + 4 j], partial over ds's dims
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[i][j] = 0.0f;
+    const float* qa = Qs + 8 * warp * HD + 4 * ds;
+    const float* ka = Ks + kg * HD + 4 * ds;
+#pragma unroll 2
+    for (int c = 0; c < HD / 32; ++c) {
+      float4 a[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a[i] = lds4(qa + i * HD + 32 * c);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float4 b = lds4(ka + 4 * j * HD + 32 * c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          s[i][j] = fmaf(a[i].x, b.x, s[i][j]);
+          s[i][j] = fmaf(a[i].y, b.y, s[i][j]);
+          s[i][j] = fmaf(a[i].z, b.z, s[i][j]);
+          s[i][j] = fmaf(a[i].w, b.w, s[i][j]);
+        }
+      }
+    }
+    // Sum over ds (lane bits 2, 3, 4): at each step a lane keeps the half of its rows whose row bit
+    // (2, 1, 0) equals its ds bit and adds the partner's sums of them.
+    {
+      const bool b0 = ds & 1, b1 = ds & 2, b2 = ds & 4;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float send = b0 ? s[i][j] : s[i + 4][j], keep = b0 ? s[i + 4][j] : s[i][j];
+          s[i][j] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+        }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float send = b1 ? s[i][j] : s[i + 2][j], keep = b1 ? s[i + 2][j] : s[i][j];
+          s[i][j] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+        }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float send = b2 ? s[0][j] : s[1][j], keep = b2 ? s[1][j] : s[0][j];
+        s[0][j] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+      }
+    }
+    // Online softmax of R over the tile, the causal mask applied (lanes kg = 0..3 hold its keys).
+    const int64_t p0 = int64_t(kt) * kTileK;
+    float mt = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[0][j] = p0 + kg + 4 * j <= lim_R ? s[0][j] * scale : -INFINITY;
+      mt = fmaxf(mt, s[0][j]);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float mn = fmaxf(m, mt);
+    const float corr = mn == -INFINITY ? 1.0f : expf(m - mn);  // 0 while m = -inf
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float e = s[0][j] == -INFINITY ? 0.0f : expf(s[0][j] - mn);
+      Pt[(kg + 4 * j) * kPtStride + R] = e;
+      sum += e;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    l = l * corr + sum;
+    m = mn;
+    if (kg == 0) Cs[R] = corr;
+    cp_async_wait_all();  // this tile's values
+    __syncthreads();      // weights and values in; the keys used up
+    if (kt + 1 < n_kt) {
+      tile_load_async<HD, kTileK>(Ks, kh_k + int64_t(kt + 1) * kTileK * kvd, kvd, tile_rows(kt + 1), hd, vec);
+      cp_async_commit();
+    }
+    {
+      const float4 c0 = lds4(Cs + 8 * pr), c1 = lds4(Cs + 8 * pr + 4);
+      const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+      for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int e = 0; e < kDims; ++e) o[r][e] *= c[r];
+    }
+#pragma unroll 4
+    for (int j = 0; j < kTileK; ++j) {
+      const float4 w0 = lds4(Pt + j * kPtStride + 8 * pr), w1 = lds4(Pt + j * kPtStride + 8 * pr + 4);
+      const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+      float v[kDims];
+#pragma unroll
+      for (int g = 0; g < kDims / kVec; ++g) lds_vec<kVec>(Vs + j * HD + kVec * pc + 32 * kVec * g, v + kVec * g);
+#pragma unroll
+      for (int r = 0; r < 8; ++r)
+#pragma unroll
+        for (int e = 0; e < kDims; ++e) o[r][e] = fmaf(w[r], v[e], o[r][e]);
+    }
+    cp_async_wait_all();  // the next tile's keys
+    __syncthreads();      // the keys in; weights and values used up
+    if (kt + 1 < n_kt) {
+      tile_load_async<HD, kTileK>(Vs, kh_v + int64_t(kt + 1) * kTileK * kvd, kvd, tile_rows(kt + 1), hd, vec);
+      cp_async_commit();
     }
   }
-  if (oi >= nq) return;
-  const float inv = 1.0f / Ls[oi];  // every query sees at least its own position
-  const int64_t at = (t0 + oi) * qd + int64_t(head) * hd;
+  if (kg == 0) Ls[R] = l;  // every query sees at least its own position: l > 0
+  __syncthreads();
 #pragma unroll
-  for (int m = 0; m < kPer; ++m) {
-    const int d = od + 8 * m;
-    if (d >= hd) continue;
-    float o = acc[m] * inv;
-    if (gate) o *= sigmoidf_(gate[at + d]);
-    out[at + d] = o;
+  for (int r = 0; r < 8; ++r) {
+    const int i = 8 * pr + r;
+    if (i >= nq) continue;
+    const float L = Ls[i];
+    const int64_t at = (t0 + i) * qd + int64_t(head) * hd;
+#pragma unroll
+    for (int g = 0; g < kDims / kVec; ++g)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int d = kVec * pc + 32 * kVec * g + e;
+        if (d >= hd) continue;
+        float x = o[r][kVec * g + e] / L;
+        if (gate) x *= sigmoidf_(gate[at + d]);
+        out[at + d] = x;
+      }
   }
 }
 
@@ -316,21 +483,29 @@ void attention_prefill(const float* d_q, const float* d_k_cache, const float* d_
   SWIFTLET_CUDA_REQUIRE(n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
   SWIFTLET_CUDA_REQUIRE(head_dim >= 1 && head_dim <= 256);
   if (T == 0 || n_heads == 0) return;
-  if (T >= kTiledMinTokens) {
-    const int bytes = tile_smem_floats(head_dim) * int(sizeof(float));
-    const dim3 grid{unsigned(n_heads), unsigned((T + kTileQ - 1) / kTileQ)};
-    detail::with_dims_per_lane(head_dim, [&](auto dpl) {
-      constexpr int D = decltype(dpl)::value;
+  const int hd_padded = head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;  // the tiled kernel's HD
+  if (T >= kTiledMinTokens && tile_smem_floats(hd_padded) * int(sizeof(float)) <= max_smem_per_block()) {
+    const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec = head_dim % 4 == 0 && aligned(d_q) && aligned(d_k_cache) && aligned(d_v_cache);
+    const unsigned grid = unsigned((T + kTileQ - 1) / kTileQ * n_heads);
+    const auto run = [&](auto hd_c) {
+      constexpr int HD = decltype(hd_c)::value;
+      constexpr int bytes = tile_smem_floats(HD) * int(sizeof(float));
       static const bool init = [] {
-        SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_tiled_kernel<D>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 tile_smem_floats(32 * D) * int(sizeof(float))));
+        SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_tiled_kernel<HD>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         return true;
       }();
       (void)init;
-      attention_prefill_tiled_kernel<D><<<grid, kTileThreads, bytes, s>>>(
-          d_q, d_k_cache, d_v_cache, pos0, T, head_dim, n_heads, n_kv_heads, scale, d_gate, d_out);
-    });
+      attention_prefill_tiled_kernel<HD><<<grid, kTileThreads, bytes, s>>>(
+          d_q, d_k_cache, d_v_cache, pos0, T, head_dim, n_heads, n_kv_heads, scale, d_gate, d_out, vec);
+    };
+    if (hd_padded == 64)
+      run(std::integral_constant<int, 64>{});
+    else if (hd_padded == 128)
+      run(std::integral_constant<int, 128>{});
+    else
+      run(std::integral_constant<int, 256>{});
   } else {
     const dim3 grid{unsigned(n_heads), unsigned(T)}, block{detail::kAttnWarps * 32};
     detail::with_dims_per_lane(head_dim, [&](auto dpl) {

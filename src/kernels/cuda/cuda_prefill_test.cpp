@@ -201,10 +201,14 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
 TEST(CudaPrefill, AttnPrepRowsAndAttentionPrefillMatchDecode) {
   REQUIRE_GPU();
   std::mt19937 rng(105);
-  for (auto [nh, nkv, hd, rot] : {std::tuple<int, int, int, int>{8, 2, 256, 64}, {4, 2, 64, 64}, {6, 3, 48, 16}}) {
+  // head_dim 130: not a multiple of 4 (4-byte copies into the tiles, padded to 256)
+  for (auto [nh, nkv, hd, rot] :
+       {std::tuple<int, int, int, int>{8, 2, 256, 64}, {4, 2, 64, 64}, {6, 3, 48, 16}, {2, 1, 130, 32}}) {
     for (bool gated : {true, false}) {
       for (int64_t pos0 : {0, 5, 40}) {
-        for (int64_t T : {int64_t(1), int64_t(7), int64_t(33), int64_t(100)}) {  // the tiled form from 16
+        // the tiled form from 16 tokens, in tiles of 64 queries and 32 keys: one tile, a ragged
+        // second, a third
+        for (int64_t T : {int64_t(1), int64_t(7), int64_t(33), int64_t(64), int64_t(65), int64_t(100), int64_t(130)}) {
           const int64_t qd = int64_t(nh) * hd, kvd = int64_t(nkv) * hd, pw = qd * (gated ? 2 : 1);
           const int64_t rs = pw + 2 * kvd + 3;  // one row [P | K | V | pad] per token
           const int64_t n_rows = pos0 + T + 2;  // cache rows; the last two stay untouched
