@@ -16,6 +16,10 @@ namespace swiftlet::cuda {
 
 using detail::block_sum;
 using detail::blocks_for;
+using detail::cp_async16;
+using detail::cp_async4;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
 using detail::sigmoidf_;
 using detail::siluf_;
 using detail::softplusf_;
@@ -137,21 +141,6 @@ __global__ void __launch_bounds__(detail::kAttnWarps * 32) attention_prefill_ker
   detail::attention_head<DPL>(q + at, kc, vc, pos0 + t + 1, hd, int(j / (n_heads / n_kv)), n_kv, scale,
                               gate ? gate + at : nullptr, out + at);
 }
-
-// 16 bytes (4 bytes) global -> shared, asynchronously; src_bytes 0 fills the destination with zeros.
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all_but_last() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 // Causal attention for a tile of kTileQ query tokens of one head, flash-attention style: the
 // tile's queries stay in shared memory while the keys and values they see stream through in tiles
@@ -276,7 +265,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
 #pragma unroll
     for (int e = 0; e < kDims; ++e) o[r][e] = 0.0f;
 
-  cp_async_wait_all_but_last();  // Q and the first keys
+  cp_async_wait<1>();  // Q and the first keys
   __syncthreads();
   for (int kt = 0; kt < n_kt; ++kt) {
     float s[8][8];  // [query 8 warp + i][key kg + 4 j], partial over ds's dims
@@ -351,7 +340,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     l = l * corr + sum;
     m = mn;
     if (kg == 0) Cs[R] = corr;
-    cp_async_wait_all();  // this tile's values
+    cp_async_wait<0>();  // this tile's values
     __syncthreads();      // weights and values in; the keys used up
     if (kt + 1 < n_kt) {
       tile_load_async<HD, kTileK>(Ks, kh_k + int64_t(kt + 1) * kTileK * kvd, kvd, tile_rows(kt + 1), hd, vec);
@@ -377,7 +366,7 @@ __global__ void __launch_bounds__(kTileThreads, 1)
 #pragma unroll
         for (int e = 0; e < kDims; ++e) o[r][e] = fmaf(w[r], v[e], o[r][e]);
     }
-    cp_async_wait_all();  // the next tile's keys
+    cp_async_wait<0>();  // the next tile's keys
     __syncthreads();      // the keys in; weights and values used up
     if (kt + 1 < n_kt) {
       tile_load_async<HD, kTileK>(Vs, kh_v + int64_t(kt + 1) * kTileK * kvd, kvd, tile_rows(kt + 1), hd, vec);

@@ -134,6 +134,27 @@ __device__ __forceinline__ void prefetch_lines(const void* p, int64_t bytes, int
   for (int64_t o = int64_t(lane) * 128; o < bytes; o += 32 * 128) prefetch_l2(c + o);
 }
 
+// Asynchronous copies global -> shared (cp.async, sm_80+): 16, 8 or 4 bytes; src_bytes 0 fills
+// the destination with zeros. A group is committed, then waited for with at most N groups of this
+// thread still in flight (a barrier after the wait makes every thread's copies visible).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 }  // namespace swiftlet::cuda::detail
 
 #define SWIFTLET_CUDA_CHECK(call)                                                               \

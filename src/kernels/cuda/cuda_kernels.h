@@ -470,7 +470,7 @@ void attn_prep_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64
                     float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s = nullptr);
 // Causal attention for T query tokens at positions pos0 + t (q, gate or null, out: [T][n_heads *
 // head_dim]): query t as attention_decode against cache positions 0 .. pos0 + t, so the caches must
-// hold those rows (attn_prep_rows first). One launch; from 16 tokens a block takes 32 queries of a
+// hold those rows (attn_prep_rows first). One launch; from 16 tokens a block takes 64 queries of a
 // head and streams the cache through shared memory in tiles (flash-attention style), below that a
 // block per (head, token). head_dim <= 256.
 void attention_prefill(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t pos0, int64_t T,

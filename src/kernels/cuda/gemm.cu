@@ -24,6 +24,10 @@ namespace swiftlet::cuda {
 
 using detail::AffineOffsets;
 using detail::blocks_for;
+using detail::cp_async16;
+using detail::cp_async8;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
 using detail::mma_u8s8;
 using detail::offsets_of;
 using detail::scale_type;
@@ -60,22 +64,6 @@ constexpr int smem_bytes() { return kStages * stage_bytes<BITS>(); }
 // The row's size is a multiple of 16 bytes (cols a multiple of 128 where the products take it).
 __host__ __device__ inline int64_t q_row_bytes(int64_t cols, int gs) {
   return kDigits * cols + (cols / gs * 8 + 15) / 16 * 16;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, asynchronously; src_bytes 0 fills the destination with zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 // One warp per (row, group): the group's largest |x| sets e, the digits and (2^-e, sum x) are
