@@ -164,17 +164,6 @@ __host__ __device__ constexpr int tile_smem_floats(int HD) {
   return (kTileQ + 2 * kTileK) * HD + kTileK * kPtStride + 2 * kTileQ;
 }
 
-// The device's shared memory a block may opt in to (bytes), asked once.
-inline int max_smem_per_block() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
-    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return v;
-  }();
-  return n;
-}
-
 // Rows [0, valid) of src (row stride `stride`, columns [0, hd)) into ROWS shared rows of HD
 // floats, asynchronously, by the block's threads: 16-byte copies where vec (hd % 4 == 0, aligned
 // rows), else 4-byte ones. Columns hd .. HD and rows valid .. ROWS are filled with zeros.
@@ -473,7 +462,7 @@ void attention_prefill(const float* d_q, const float* d_k_cache, const float* d_
   SWIFTLET_CUDA_REQUIRE(head_dim >= 1 && head_dim <= 256);
   if (T == 0 || n_heads == 0) return;
   const int hd_padded = head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;  // the tiled kernel's HD
-  if (T >= kTiledMinTokens && tile_smem_floats(hd_padded) * int(sizeof(float)) <= max_smem_per_block()) {
+  if (T >= kTiledMinTokens && tile_smem_floats(hd_padded) * int(sizeof(float)) <= detail::max_smem_per_block()) {
     const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     const bool vec = head_dim % 4 == 0 && aligned(d_q) && aligned(d_k_cache) && aligned(d_v_cache);
     const unsigned grid = unsigned((T + kTileQ - 1) / kTileQ * n_heads);

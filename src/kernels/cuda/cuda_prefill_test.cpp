@@ -146,7 +146,10 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
   REQUIRE_GPU();
   std::mt19937 rng(105);
   for (const Delta& d : {Delta{2, 4, 128, 128}, Delta{1, 2, 64, 64}, Delta{3, 6, 32, 96}}) {
-    ASSERT_TRUE(cuda::delta_rule_chunked_takes(d.dk, d.dv));
+    if (!cuda::delta_rule_chunked_takes(d.dk, d.dv)) {  // dk 128 needs 142 KB of shared memory a block
+      ASSERT_EQ(d.dk, 128) << "every other shape here fits any sm_80+ device";
+      continue;
+    }
     for (int64_t T : {1, 16, 64, 65, 150}) {
       const int64_t kd = int64_t(d.hk) * d.dk, vd = int64_t(d.hv) * d.dv, C = 2 * kd + vd;
       const int64_t qs = C + 3, bs = 2 * d.hv;

@@ -11,6 +11,8 @@
 
 #include <cooperative_groups.h>
 
+#include <algorithm>
+
 namespace swiftlet::cuda {
 
 using namespace detail;  // cuda_common.cuh's helpers
@@ -705,7 +707,9 @@ void delta_rule_scan(const float* d_q, const float* d_k, const float* d_v, int64
 }
 
 bool delta_rule_chunked_takes(int dk, int dv) {
-  return dk >= 4 && dk <= kChunkMaxDk && dk % 4 == 0 && dv % kChunkCols == 0;
+  if (dk < 4 || dk > kChunkMaxDk || dk % 4 != 0 || dv % kChunkCols != 0) return false;
+  const int64_t bytes = int64_t(std::max(PrepSmem(dk).total, StateSmem(dk).total)) * int64_t(sizeof(float));
+  return bytes <= max_smem_per_block();  // dk 128 needs 142 KB: not on sm_86/89
 }
 
 int64_t delta_rule_chunked_work_floats(int64_t T, int hv, int dk, int dv) { return ChunkWork(T, hv, dk, dv).total; }
@@ -716,10 +720,11 @@ void delta_rule_chunked(const float* d_q, const float* d_k, const float* d_v, in
   SWIFTLET_CUDA_REQUIRE(hk >= 1 && hv % hk == 0 && delta_rule_chunked_takes(dk, dv) && T >= 0 && d_work);
   if (T == 0 || hv == 0) return;
   static const bool init = [] {
+    const int cap = max_smem_per_block();  // takes() admits only shapes within it
     SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             PrepSmem(kChunkMaxDk).total * int(sizeof(float))));
+                                             std::min<int>(cap, PrepSmem(kChunkMaxDk).total * int(sizeof(float)))));
     SWIFTLET_CUDA_CHECK(cudaFuncSetAttribute(delta_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             StateSmem(kChunkMaxDk).total * int(sizeof(float))));
+                                             std::min<int>(cap, StateSmem(kChunkMaxDk).total * int(sizeof(float)))));
     return true;
   }();
   (void)init;

@@ -26,6 +26,18 @@ inline int sm_count() {
   return n;
 }
 
+// The shared memory a block may opt in to (bytes): 227 KB on sm_90, 163 KB on sm_80, 99 KB on
+// sm_86/89. Kernels that need more have a fallback.
+inline int max_smem_per_block() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    SWIFTLET_CUDA_CHECK(cudaGetDevice(&dev));
+    SWIFTLET_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return v;
+  }();
+  return n;
+}
+
 // Launch settings (set_fused_launch, set_streamed_products): PDL on sm_90+, and blocks per SM of the products. Every block
 // of a product stays resident and stages its x once; its warps then take row groups grid-stride.
 // Fewer blocks per SM leave room for the successor's blocks to start early and prefetch.
