@@ -164,6 +164,19 @@ __host__ __device__ constexpr int tile_smem_floats(int HD) {
   return (kTileQ + 2 * kTileK) * HD + kTileK * kPtStride + 2 * kTileQ;
 }
 
+// One step of a sum across lanes: rows [0, 2 H) of s become [0, H), the lane keeping the half
+// selected by `upper` and adding the partner's (lane ^ lane_bit) sums of those rows.
+template <int H>
+__device__ __forceinline__ void fold_rows(float (&s)[8][8], bool upper, int lane_bit) {
+#pragma unroll
+  for (int i = 0; i < H; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float send = upper ? s[i][j] : s[i + H][j], keep = upper ? s[i + H][j] : s[i][j];
+      s[i][j] = keep + __shfl_xor_sync(0xffffffffu, send, lane_bit);
+    }
+}
+
 // Rows [0, valid) of src (row stride `stride`, columns [0, hd)) into ROWS shared rows of HD
 // floats, asynchronously, by the block's threads: 16-byte copies where vec (hd % 4 == 0, aligned
 // rows), else 4-byte ones. Columns hd .. HD and rows valid .. ROWS are filled with zeros.
@@ -283,28 +296,9 @@ __global__ void __launch_bounds__(kTileThreads, 1)
     }
     // Sum over ds (lane bits 2, 3, 4): at each step a lane keeps the half of its rows whose row bit
     // (2, 1, 0) equals its ds bit and adds the partner's sums of them.
-    {
-      const bool b0 = ds & 1, b1 = ds & 2, b2 = ds & 4;
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float send = b0 ? s[i][j] : s[i + 4][j], keep = b0 ? s[i + 4][j] : s[i][j];
-          s[i][j] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
-        }
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float send = b1 ? s[i][j] : s[i + 2][j], keep = b1 ? s[i + 2][j] : s[i][j];
-          s[i][j] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-        }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float send = b2 ? s[0][j] : s[1][j], keep = b2 ? s[1][j] : s[0][j];
-        s[0][j] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-      }
-    }
+    fold_rows<4>(s, ds & 1, 4);
+    fold_rows<2>(s, ds & 2, 8);
+    fold_rows<1>(s, ds & 4, 16);
     // Online softmax of R over the tile, the causal mask applied (lanes kg = 0..3 hold its keys).
     const int64_t p0 = int64_t(kt) * kTileK;
     float mt = -INFINITY;

@@ -78,29 +78,44 @@ struct Delta {
   int hk, hv, dk, dv;
 };
 
+// Random DeltaNet inputs for T tokens of shape d: u rows of q|k|v columns (and 3 spare), b|a
+// rows, z, the heads' decay parameters, the norm weight and a starting state. q and k are
+// L2-normalised (q scaled) as the DeltaNet feeds them, so the state stays bounded.
+struct DeltaInputs {
+  static constexpr float kEps = 1e-6f;
+  int64_t kd, vd, qs, bs;
+  std::vector<float> u, ba, z, A_log, dt_bias, norm_w, S0;
+  DeltaInputs(std::mt19937& rng, const Delta& d, int64_t T)
+      : kd(int64_t(d.hk) * d.dk), vd(int64_t(d.hv) * d.dv), qs(2 * kd + vd + 3), bs(2 * d.hv) {
+    const float q_scale = 1.0f / std::sqrt(float(d.dk));
+    u = randn(rng, size_t(T * qs));
+    for (int64_t t = 0; t < T; ++t)
+      for (int i = 0; i < 2 * d.hk; ++i) {
+        float* x = u.data() + t * qs + int64_t(i) * d.dk;
+        float ss = 0.0f;
+        for (int c = 0; c < d.dk; ++c) ss += x[c] * x[c];
+        const float inv = 1.0f / std::sqrt(ss + kEps) * (i < d.hk ? q_scale : 1.0f);
+        for (int c = 0; c < d.dk; ++c) x[c] *= inv;
+      }
+    ba = randn(rng, size_t(T * bs));
+    z = randn(rng, size_t(T * vd));
+    A_log = randn(rng, size_t(d.hv), 0.5f);
+    dt_bias = randn(rng, size_t(d.hv), 0.5f);
+    norm_w = randn(rng, size_t(d.dv), 0.3f);
+    S0 = randn(rng, size_t(d.hv) * d.dk * d.dv, 0.1f);
+  }
+};
+
 TEST(CudaPrefill, DeltaRuleScanMatchesSteps) {
   REQUIRE_GPU();
   std::mt19937 rng(104);
   for (const Delta& d : {Delta{2, 4, 128, 128}, Delta{1, 2, 64, 80}, Delta{3, 6, 64, 40}, Delta{2, 4, 256, 24}}) {
     for (int64_t T : kTs) {
-      const int64_t kd = int64_t(d.hk) * d.dk, vd = int64_t(d.hv) * d.dv, C = 2 * kd + vd;
-      const int64_t qs = C + 3, bs = 2 * d.hv;  // q|k|v columns of u rows; b|a columns of ba rows
-      const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(d.dk));
-      // q and k L2-normalised (q scaled) as the DeltaNet feeds them, so the state stays bounded.
-      std::vector<float> u = randn(rng, size_t(T * qs));
-      for (int64_t t = 0; t < T; ++t)
-        for (int i = 0; i < 2 * d.hk; ++i) {
-          float* x = u.data() + t * qs + int64_t(i) * d.dk;
-          float ss = 0.0f;
-          for (int c = 0; c < d.dk; ++c) ss += x[c] * x[c];
-          const float inv = 1.0f / std::sqrt(ss + eps) * (i < d.hk ? q_scale : 1.0f);
-          for (int c = 0; c < d.dk; ++c) x[c] *= inv;
-        }
-      const std::vector<float> ba = randn(rng, size_t(T * bs)), z = randn(rng, size_t(T * vd)),
-                               A_log = randn(rng, size_t(d.hv), 0.5f), dt_bias = randn(rng, size_t(d.hv), 0.5f),
-                               norm_w = randn(rng, size_t(d.dv), 0.3f),
-                               S0 = randn(rng, size_t(d.hv) * d.dk * d.dv, 0.1f);
-      Dev du(u), dba(ba), dz(z), dA(A_log), ddt(dt_bias), dnw(norm_w);
+      const DeltaInputs in(rng, d, T);
+      const int64_t kd = in.kd, vd = in.vd, qs = in.qs, bs = in.bs;
+      const float eps = DeltaInputs::kEps;
+      const std::vector<float>& S0 = in.S0;
+      Dev du(in.u), dba(in.ba), dz(in.z), dA(in.A_log), ddt(in.dt_bias), dnw(in.norm_w);
       const float *q = du.p, *k = du.p + kd, *v = du.p + 2 * kd, *b = dba.p, *a = dba.p + d.hv;
       const std::string what = tag("delta rule hk hv dk dv T", {d.hk, d.hv, d.dk, d.dv, T});
       {
@@ -151,23 +166,11 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
       continue;
     }
     for (int64_t T : {1, 16, 64, 65, 150}) {
-      const int64_t kd = int64_t(d.hk) * d.dk, vd = int64_t(d.hv) * d.dv, C = 2 * kd + vd;
-      const int64_t qs = C + 3, bs = 2 * d.hv;
-      const float eps = 1e-6f, q_scale = 1.0f / std::sqrt(float(d.dk));
-      std::vector<float> u = randn(rng, size_t(T * qs));
-      for (int64_t t = 0; t < T; ++t)
-        for (int i = 0; i < 2 * d.hk; ++i) {
-          float* x = u.data() + t * qs + int64_t(i) * d.dk;
-          float ss = 0.0f;
-          for (int c = 0; c < d.dk; ++c) ss += x[c] * x[c];
-          const float inv = 1.0f / std::sqrt(ss + eps) * (i < d.hk ? q_scale : 1.0f);
-          for (int c = 0; c < d.dk; ++c) x[c] *= inv;
-        }
-      const std::vector<float> ba = randn(rng, size_t(T * bs)), z = randn(rng, size_t(T * vd)),
-                               A_log = randn(rng, size_t(d.hv), 0.5f), dt_bias = randn(rng, size_t(d.hv), 0.5f),
-                               norm_w = randn(rng, size_t(d.dv), 0.3f),
-                               S0 = randn(rng, size_t(d.hv) * d.dk * d.dv, 0.1f);
-      Dev du(u), dba(ba), dz(z), dA(A_log), ddt(dt_bias), dnw(norm_w);
+      const DeltaInputs in(rng, d, T);
+      const int64_t kd = in.kd, vd = in.vd, qs = in.qs, bs = in.bs;
+      const float eps = DeltaInputs::kEps;
+      const std::vector<float>& S0 = in.S0;
+      Dev du(in.u), dba(in.ba), dz(in.z), dA(in.A_log), ddt(in.dt_bias), dnw(in.norm_w);
       const float *q = du.p, *k = du.p + kd, *v = du.p + 2 * kd, *b = dba.p, *a = dba.p + d.hv;
       const std::string what = tag("chunked delta rule hk hv dk dv T", {d.hk, d.hv, d.dk, d.dv, T});
       Dev S_c(S0), S_s(S0), o_c(size_t(T * vd)), o_s(size_t(T * vd));
