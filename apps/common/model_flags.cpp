@@ -9,7 +9,7 @@ void ModelFlags::add(CLI::App* cmd, FlagSet set) {
   if (set == FlagSet::Cli) cmd->add_option("model", model, what)->required();
   else cmd->add_option("--model,-m", model, what)->required();
   cmd->add_option("--backend", backend, "cpu (fast kernels, default) or reference (scalar fp32 oracle)");
-  cmd->add_option("--threads", threads, "worker threads (default: all cores)");
+  cmd->add_option("--threads", threads, "worker threads (default: one per physical core this process may use, within a cgroup CPU quota)");
   cmd->add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
   cmd->add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
   cmd->add_option("--cache-gb", cache_gb, "expert cache size in GB, or 'all' (default: one token's experts, top-k x layers)");

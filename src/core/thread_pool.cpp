@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include "core/cpu_count.h"
+
 #include <sched.h>
 
 #include <memory>
@@ -91,7 +93,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
 
 ThreadPool& ThreadPool::global() {
   static std::unique_ptr<ThreadPool> pool = std::make_unique<ThreadPool>(
-      g_threads > 0 ? g_threads : int(std::max(1u, std::thread::hardware_concurrency())));
+      g_threads > 0 ? g_threads : default_thread_count());
   return *pool;
 }
 

@@ -29,7 +29,7 @@ class ThreadPool {
   // fn must not throw. Not reentrant: one parallel_for at a time per pool.
   void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
 
-  // The process-wide pool used by the CPU kernels (threads = cores unless set_threads was called).
+  // The process-wide pool used by the CPU kernels (threads: default_thread_count(), core/cpu_count.h, unless set_global_threads was called).
   static ThreadPool& global();
   static void set_global_threads(int threads);
 

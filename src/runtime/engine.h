@@ -21,7 +21,7 @@ struct EngineOptions {
   std::string tokenizer;  // a tokenizer.json to use instead of the model's own
   Backend backend = Backend::Cpu;
   LoadOptions load;
-  int threads = 0;        // 0: all cores
+  int threads = 0;        // 0: default_thread_count() (physical cores allowed, cgroup quota)
   int predict_next = 1;  // see SessionOptions::predict_next
   bool chunked_prefill = false;  // see SessionOptions::chunked_prefill
   // Decode on the GPU (CUDA builds; without a usable GPU a line says so and the CPU runs).
