@@ -39,7 +39,7 @@ ExpertCache::ExpertCache(int layers, int experts, size_t slot_bytes, size_t budg
   held_.assign(size_t(layers), 0);
   reserve_ = std::max(0, reserve);
   floor_ = std::max(0, floor);
-  if (reserve_ > 0) grower_ = std::thread([this] { grow(); });
+  if (reserve_ > 0 && capacity_ > floor_) grower_ = std::thread([this] { grow(); });
 }
 
 ExpertCache::~ExpertCache() {

@@ -295,5 +295,17 @@ TEST(ExpertCache, NoReserveAllocatesOnDemand) {
   EXPECT_EQ(c.allocated_bytes(), 8192u);
 }
 
+// A budget no larger than the floor (the default cache) runs no background thread even with a
+// reserve: its slots are allocated on the caller's thread as claims need them.
+TEST(ExpertCache, BudgetAtTheFloorPreparesNothing) {
+  TracingAlloc a;
+  ExpertCache c(1, 16, 8192, 4 * 8192, a.fn(), {}, /*reserve=*/4, /*floor=*/4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(c.allocated_bytes(), 0u);
+  for (int e = 1; e <= 4; ++e) put(c, 0, e);
+  EXPECT_EQ(a.main_count(), 4);
+  EXPECT_EQ(c.allocated_bytes(), 4u * 8192);
+}
+
 }  // namespace
 }  // namespace swiftlet
