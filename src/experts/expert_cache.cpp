@@ -39,7 +39,7 @@ ExpertCache::ExpertCache(int layers, int experts, size_t slot_bytes, size_t budg
   held_.assign(size_t(layers), 0);
   reserve_ = std::max(0, reserve);
   floor_ = std::max(0, floor);
-  if (reserve_ > 0 && capacity_ > floor_) grower_ = std::thread([this] { grow(); });
+  if (reserve_ > 0 && capacity_ > floor_) grower_ = std::thread([this] { grow(); });  // see the header
 }
 
 ExpertCache::~ExpertCache() {
@@ -170,7 +170,7 @@ int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function
   // allows; past it, a prepared slot is taken, else an expert is evicted, and only then is
   // memory allocated here.
   const bool room = int(slots_.size()) < capacity_;
-  if (slot < 0 && room) slot = add_slot(take_ready(false));
+  if (slot < 0 && room && int(slots_.size()) >= floor_) slot = add_slot(take_ready(false));
   const bool holds_all = size_t(capacity_) == where_.size();  // evicting would only mean reading again
   if (slot < 0 && room && (!grower_.joinable() || holds_all || int(slots_.size()) < floor_))
     slot = add_slot(allocate_now());

@@ -295,6 +295,20 @@ TEST(ExpertCache, NoReserveAllocatesOnDemand) {
   EXPECT_EQ(c.allocated_bytes(), 8192u);
 }
 
+// Below the floor a claim allocates on the caller's thread even when prepared slots wait; past it
+// the prepared ones are taken.
+TEST(ExpertCache, BelowTheFloorAllocatesHereEvenWithSlotsReady) {
+  TracingAlloc a;
+  ExpertCache c(1, 16, 8192, 8 * 8192, a.fn(), {}, /*reserve=*/3, /*floor=*/2);
+  ASSERT_TRUE(wait_prepared(c, 3));
+  put(c, 0, 1);
+  put(c, 0, 2);
+  EXPECT_EQ(a.main_count(), 2);
+  put(c, 0, 3);
+  EXPECT_EQ(a.main_count(), 2);
+  EXPECT_EQ(c.allocated(), 3);
+}
+
 // A budget no larger than the floor (the default cache) runs no background thread even with a
 // reserve: its slots are allocated on the caller's thread as claims need them.
 TEST(ExpertCache, BudgetAtTheFloorPreparesNothing) {
