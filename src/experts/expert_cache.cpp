@@ -66,16 +66,23 @@ void ExpertCache::grow() {
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || (int(ready_.size()) < reserve_ && planned_ < capacity_); });
+      // The thread prepares only the slots past the floor: the caller's thread allocates the rest.
+      cv_.wait(lock, [&] {
+        return stop_ || (int(ready_.size()) < reserve_ && planned_ < capacity_ && grown_ < capacity_ - floor_);
+      });
       if (stop_) return;
       planned_++;
+      grown_++;
     }
     void* p = alloc_(slot_bytes_);
     if (p) populate(static_cast<uint8_t*>(p), slot_bytes_);
     {
       std::lock_guard lock(mu_);
       if (p) ready_.push_back(static_cast<uint8_t*>(p));
-      else planned_--;
+      else {
+        planned_--;
+        grown_--;
+      }
     }
     cv_.notify_all();
     if (!p) return;
@@ -170,10 +177,12 @@ int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function
   // allows; past it, a prepared slot is taken, else an expert is evicted, and only then is
   // memory allocated here.
   const bool room = int(slots_.size()) < capacity_;
-  if (slot < 0 && room && int(slots_.size()) >= floor_) slot = add_slot(take_ready(false));
+  // Below the floor the reads fault the fresh slot in (into prepared slots they ran slower); a
+  // prepared one only when the thread has taken the whole budget already.
+  if (slot < 0 && room && int(slots_.size()) < floor_) slot = add_slot(allocate_now());
+  if (slot < 0 && room) slot = add_slot(take_ready(false));
   const bool holds_all = size_t(capacity_) == where_.size();  // evicting would only mean reading again
-  if (slot < 0 && room && (!grower_.joinable() || holds_all || int(slots_.size()) < floor_))
-    slot = add_slot(allocate_now());
+  if (slot < 0 && room && (!grower_.joinable() || holds_all)) slot = add_slot(allocate_now());
   if (slot < 0) {
     slot = victim(layer, may_evict);
     if (slot >= 0) {

@@ -10,10 +10,10 @@
 // slot, else evicts, and allocates on the caller's thread only when nothing is ready and nothing
 // can be evicted: a large cache starts as fast as the default one and grows as the thread
 // prepares memory. A cache with room for every expert never evicts: it allocates here when
-// nothing is ready. The first `floor` slots are always allocated on the caller's thread (the
-// reads touch them first), and a budget of at most `floor` slots runs no thread: measured on the
-// default cache, reads into slots the thread had populated ran at 1.2-1.4 GB/s against 1.9-2.0
-// into slots the reads faulted in (same disk and run; not understood yet).
+// nothing is ready. The first `floor` slots are allocated on the caller's thread (the reads touch
+// them first) and the thread prepares only the rest, so a budget of at most `floor` slots runs no
+// thread: measured on the default cache, reads into slots the thread had populated ran at 1.2-1.4
+// GB/s against 1.9-2.0 into slots the reads faulted in (same disk and run; not understood yet).
 // Eviction takes the evictable slot with the lowest (use count, last use): an expert's use count
 // is remembered after it is evicted, so an expert that keeps coming back outranks one that was
 // used once. With layer shares (the default), each layer is entitled to an even share of the
@@ -132,6 +132,7 @@ class ExpertCache {
   std::condition_variable cv_;
   std::vector<uint8_t*> ready_;  // prepared slots not handed out yet
   int planned_ = 0;              // slots allocated or being allocated, by either thread
+  int grown_ = 0;                // of those, by the background thread (at most capacity - floor)
   bool stop_ = false;
   std::thread grower_;
   uint64_t tick_ = 0;
