@@ -173,12 +173,11 @@ int ExpertCache::claim(int layer, int expert, bool* evicted, const std::function
     slot = free_list_.back();
     free_list_.pop_back();
   }
-  // Below the floor, or without a background thread, a fresh slot is allocated while the budget
-  // allows; past it, a prepared slot is taken, else an expert is evicted, and only then is
-  // memory allocated here.
+  // Below the floor, or without a background thread, a fresh slot is allocated here while the
+  // budget allows, and the reads fault it in (reads into the thread's prepared slots ran slower);
+  // past the floor a prepared slot is taken, else an expert is evicted, and only then is memory
+  // allocated here.
   const bool room = int(slots_.size()) < capacity_;
-  // Below the floor the reads fault the fresh slot in (into prepared slots they ran slower); a
-  // prepared one only when the thread has taken the whole budget already.
   if (slot < 0 && room && int(slots_.size()) < floor_) slot = add_slot(allocate_now());
   if (slot < 0 && room) slot = add_slot(take_ready(false));
   const bool holds_all = size_t(capacity_) == where_.size();  // evicting would only mean reading again
