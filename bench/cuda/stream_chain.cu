@@ -80,8 +80,8 @@ __device__ __forceinline__ T consumers_sum(T v, T* red) {
 __device__ __forceinline__ void chain_init(uint64_t* full, uint64_t* empty) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   for (int s = 0; s < kChainStages; ++s) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(full + s)) : "memory");
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(empty + s)), "n"(kChainConsumers / 32)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(full + s)) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(empty + s)), "n"(kChainConsumers / 32)
                  : "memory");
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -89,7 +89,7 @@ __device__ __forceinline__ void chain_init(uint64_t* full, uint64_t* empty) {
 }
 __device__ __forceinline__ void empty_arrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 #endif
 }
 

@@ -222,12 +222,10 @@ struct Range {
   uint32_t bytes, dst_off;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
 // Thread 0: S mbarriers, each completed by one arrival plus its stage's bytes.
 __device__ __forceinline__ void ring_init(uint64_t* bars, int S) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  for (int i = 0; i < S; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bars + i)) : "memory");
+  for (int i = 0; i < S; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
@@ -236,8 +234,8 @@ __device__ __forceinline__ void ring_init(uint64_t* bars, int S) {
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 #endif
 }
@@ -247,7 +245,7 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 __device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t total) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(total) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(total) : "memory");
 #endif
 }
 
@@ -270,7 +268,7 @@ __device__ __forceinline__ void issue_stage(unsigned char* stage, uint64_t* bar,
 // Waits until the stage's copies for its use number `use` (0, 1, ...) have landed.
 __device__ __forceinline__ void stage_wait(uint64_t* bar, int use) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t b = smem_u32(bar), parity = uint32_t(use) & 1u;
+  const uint32_t b = smem_addr(bar), parity = uint32_t(use) & 1u;
   uint32_t done = 0;
   while (!done)
     asm volatile(
