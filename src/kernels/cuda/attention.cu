@@ -80,16 +80,32 @@ __global__ void __launch_bounds__(kPrepThreads)
 // writes the cache row pos), then attention_head with position pos taken from shared memory, so no
 // block reads a cache row another one writes. Launched with PDL: before the wait, the group's
 // blocks share out the earlier positions' K and V rows (earlier tokens wrote them) into the L2.
+// A decode batch (attention_step_rows): blockIdx.y is the sequence, its rows at these strides, its
+// position d_pos[blockIdx.y] and its caches from its table.
+struct AttnRows {
+  int64_t p_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0;
+  float* const* caches = nullptr;  // [n][2]: K, V; null: the kernel's own
+};
+
 template <int DPL>
 __global__ void __launch_bounds__(detail::kAttnWarps * 32)
     attention_step_kernel(const float* __restrict__ P, const float* __restrict__ Kp, const float* __restrict__ Vp,
                           const float* __restrict__ qn, const float* __restrict__ kn, int nh, int nkv, int hd,
                           bool gated, int rot, int64_t pos, const int64_t* __restrict__ d_pos, float theta, float eps,
                           float scale, float* __restrict__ kcache, float* __restrict__ vcache,
-                          float* __restrict__ out) {
+                          float* __restrict__ out, const __grid_constant__ AttnRows rows) {
   constexpr int kMaxHd = DPL * 32;
   __shared__ float y[kMaxHd], q[kMaxHd], k[kMaxHd];
-  if (d_pos) pos = *d_pos;  // not the predecessor's (attention_step)
+  const int64_t seq = blockIdx.y;
+  if (d_pos) pos = d_pos[seq];  // not the predecessor's (attention_step)
+  if (rows.caches) {  // the tables are written before the batch's first kernel
+    kcache = rows.caches[2 * seq];
+    vcache = rows.caches[2 * seq + 1];
+  }
+  P += seq * rows.p_stride;
+  Kp += seq * rows.k_stride;
+  Vp += seq * rows.v_stride;
+  out += seq * rows.out_stride;
   const int j = blockIdx.x, group = nh / nkv, kh = j / group;
   {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -427,7 +443,22 @@ void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, cons
   detail::with_dims_per_lane(hd, [&](auto dpl) {
     detail::launch(attention_step_kernel<decltype(dpl)::value>, unsigned(nh), detail::kAttnWarps * 32, 0, s, d_P,
                    d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim, pos, d_pos, theta, eps, scale,
-                   d_k_cache, d_v_cache, d_out);
+                   d_k_cache, d_v_cache, d_out, AttnRows{});
+  });
+  SWIFTLET_CUDA_LAUNCHED();
+}
+
+void attention_step_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
+                         int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
+                         bool gated, int rot_dim, const int64_t* d_pos, float theta, float eps, float scale,
+                         float* const* d_caches, float* d_out, int64_t out_stride, int64_t n, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= 256 && rot_dim % 2 == 0 && rot_dim <= hd);
+  SWIFTLET_CUDA_REQUIRE(nkv >= 1 && nh % nkv == 0 && d_pos && d_caches && n >= 1 && n <= 65535);
+  const AttnRows rows{p_stride, k_stride, v_stride, out_stride, d_caches};
+  detail::with_dims_per_lane(hd, [&](auto dpl) {
+    detail::launch(attention_step_kernel<decltype(dpl)::value>, dim3(unsigned(nh), unsigned(n)),
+                   detail::kAttnWarps * 32, 0, s, d_P, d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim,
+                   int64_t(0), d_pos, theta, eps, scale, nullptr, nullptr, d_out, rows);
   });
   SWIFTLET_CUDA_LAUNCHED();
 }

@@ -331,6 +331,14 @@ void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, cons
                     const float* d_k_norm, int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos,
                     const int64_t* d_pos, float theta, float eps, float scale, float* d_k_cache, float* d_v_cache,
                     float* d_out, GpuStream s = nullptr);
+// attention_step for a decode batch of n sequences in one launch: sequence i's P, Kp, Vp and out
+// rows at i times their strides, its position d_pos[i] (device) and its K and V caches at
+// d_caches[2 i], d_caches[2 i + 1] (a device table, read on the device: a graph replays with new
+// members by rewriting the table).
+void attention_step_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
+                         int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
+                         bool gated, int rot_dim, const int64_t* d_pos, float theta, float eps, float scale,
+                         float* const* d_caches, float* d_out, int64_t out_stride, int64_t n, GpuStream s = nullptr);
 // One query token against a KV cache of n_pos positions (rows of n_kv_heads * head_dim, as
 // LayerState::k/v). q: [n_heads][head_dim]; query head j reads kv head j / (n_heads / n_kv_heads);
 // softmax(q.k * scale) v; with d_gate non-null out *= sigmoid(gate) (gated attention, 3.2 step 6).
@@ -380,6 +388,15 @@ bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_st
                    const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
                    int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s = nullptr,
                    bool state_early = false);
+// deltanet_step for a decode batch of n sequences in one launch: sequence i's inputs at i times the
+// strides (in.x rows of x_stride, in.z of z_stride, in.b and in.a of ba_stride), its output row at
+// d_o + i o_stride, its conv state and S at d_states[2 i], d_states[2 i + 1] (a device table). The
+// previous launch must not write the states (they are loaded before its end, as state_early).
+// False (nothing launched) where deltanet_step does not apply.
+bool deltanet_step_rows(const DeltaNetIn& in, int64_t n, int64_t x_stride, int64_t z_stride, int64_t ba_stride,
+                        const float* d_conv_w, float* const* d_states, const float* d_A_log, const float* d_dt_bias,
+                        const float* d_norm_w, float l2_eps, float q_scale, float eps, int hk, int hv, int dk, int dv,
+                        int K, float* d_o, int64_t o_stride, GpuStream s = nullptr);
 // o[h] <- w * rmsnorm(o[h]) * SiLU(z[h]) per head of dv (3.9; plain weight w [dv]).
 void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
                     GpuStream s = nullptr);

@@ -58,7 +58,7 @@ TEST(CudaKernels, MatmulMatchesReference) {
       HostMatrix w = random_matrix(rng, c.f, rows, cols, c.bits, c.gs, c.sdt);
       void* owner = nullptr;
       const cuda::GpuMatrix g = cuda::upload_matrix(w.m, &owner);
-      for (int64_t n : {1, 3, 8, 11, 29}) {
+      for (int64_t n : {1, 2, 3, 8, 11, 29}) {
         const std::vector<float> x = randn(rng, size_t(n * cols));
         std::vector<float> want(size_t(n * rows));
         ref::matmul(w.m, x.data(), n, want.data());

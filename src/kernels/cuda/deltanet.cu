@@ -148,12 +148,20 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices) delta_norm_kernel(
 // others read them from its shared memory. Each block runs the conv of its own v channels. Inputs
 // as DeltaNetIn. One block an SM (the `, 1`): without it ptxas may aim at two and give the state rows
 // 32 registers (ROWS 32: 740 B of spills a thread against 304).
+// A decode batch (deltanet_step_rows): blockIdx.y is the sequence, its inputs and output rows at the
+// strides of DeltaNetRows and its states from its table.
+struct DeltaNetRows {
+  int64_t x_stride = 0, z_stride = 0, ba_stride = 0, o_stride = 0;
+  float* const* states = nullptr;  // [n][2]: conv state, S; null: the kernel's own
+};
+
 template <int ROWS>
 __global__ void __launch_bounds__(kDnMaxDv * kDnSlices, 1)
     deltanet_step_kernel(const __grid_constant__ DeltaNetIn in, const float* __restrict__ conv_w, float* state,
                          const float* __restrict__ A_log, const float* __restrict__ dt_bias, float* S,
                          const float* __restrict__ norm_w, float l2_eps, float q_scale, float eps, int hk, int r,
-                         int dk, int dv, int K, bool state_early, float* __restrict__ o) {
+                         int dk, int dv, int K, bool state_early, float* __restrict__ o,
+                         const __grid_constant__ DeltaNetRows rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ float qk[2 * kDnMaxDk];  // rank 0: q_g then k_g, normalised
   __shared__ float ks[kDnMaxDk], qs[kDnMaxDk], vs[kDnMaxDv];
@@ -162,6 +170,12 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices, 1)
   const cg::cluster_group cluster = cg::this_cluster();
   const int h = blockIdx.x, g = h / r, rank = h % r;  // rank == cluster.block_rank()
   float s_reg[ROWS];  // in flight during the conv (and, state_early, the predecessor's tail)
+  const int64_t seq = blockIdx.y;
+  if (rows.states) {  // the tables are written before the batch's first kernel
+    state = rows.states[2 * seq];
+    S = rows.states[2 * seq + 1];
+  }
+  o += seq * rows.o_stride;
   probe(kProbeDeltaNet, 0);
   if (state_early) load_state(S + int64_t(h) * dk * dv, dk, dv, s_reg);
   const float alog = A_log[h], dtb = dt_bias[h];  // weights: not the predecessor's
@@ -171,11 +185,12 @@ __global__ void __launch_bounds__(kDnMaxDv * kDnSlices, 1)
   const int tid = block_thread(), nt = block_warps() * 32;
   const int64_t kd = int64_t(hk) * dk, rdv = int64_t(r) * dv, C = 2 * kd + hk * rdv;
   // This head's inputs: q_g, k_g (dk each), v_h, z_h (dv each), b_h, a_h.
-  const float* q_in = in.x + int64_t(g) * dk;
-  const float* k_in = in.x + kd + int64_t(g) * dk;
-  const float* v_in = in.x + 2 * kd + int64_t(h) * dv;
-  const float* z_in = in.z + int64_t(h) * dv;
-  const float b_in = in.b[h], a_in = in.a[h];
+  const float* x = in.x + seq * rows.x_stride;
+  const float* q_in = x + int64_t(g) * dk;
+  const float* k_in = x + kd + int64_t(g) * dk;
+  const float* v_in = x + 2 * kd + int64_t(h) * dv;
+  const float* z_in = in.z + seq * rows.z_stride + int64_t(h) * dv;
+  const float b_in = in.b[seq * rows.ba_stride + h], a_in = in.a[seq * rows.ba_stride + h];
   // The conv: rank 0's items [0, 2 dk) are q_g and k_g; every block's next dv items its v channels.
   const int qk_items = rank == 0 ? 2 * dk : 0;
   float ssq = 0.0f, ssk = 0.0f;
@@ -242,7 +257,24 @@ bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_st
   if (!tuning().capable || r > int(kMaxCluster) || dk > kDnMaxDk || dv > kDnMaxDv) return false;
   const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
   launch_cluster(delta_rows(dk) == 16 ? deltanet_step_kernel<16> : deltanet_step_kernel<32>, unsigned(hv), block, 0, s, false, unsigned(r), in, d_conv_w, d_conv_state,
-                 d_A_log, d_dt_bias, d_S, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, state_early, d_o);
+                 d_A_log, d_dt_bias, d_S, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, state_early, d_o,
+                 DeltaNetRows{});
+  SWIFTLET_CUDA_LAUNCHED();
+  return true;
+}
+
+bool deltanet_step_rows(const DeltaNetIn& in, int64_t n, int64_t x_stride, int64_t z_stride, int64_t ba_stride,
+                        const float* d_conv_w, float* const* d_states, const float* d_A_log, const float* d_dt_bias,
+                        const float* d_norm_w, float l2_eps, float q_scale, float eps, int hk, int hv, int dk, int dv,
+                        int K, float* d_o, int64_t o_stride, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && hv % hk == 0 && n >= 1 && n <= 65535);
+  const int r = hv / hk;
+  if (!tuning().capable || r > int(kMaxCluster) || dk > kDnMaxDk || dv > kDnMaxDv) return false;
+  const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
+  const DeltaNetRows rows{x_stride, z_stride, ba_stride, o_stride, d_states};
+  launch_cluster(delta_rows(dk) == 16 ? deltanet_step_kernel<16> : deltanet_step_kernel<32>,
+                 dim3(unsigned(hv), unsigned(n)), block, 0, s, false, unsigned(r), in, d_conv_w, nullptr, d_A_log,
+                 d_dt_bias, nullptr, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, /*state_early=*/true, d_o, rows);
   SWIFTLET_CUDA_LAUNCHED();
   return true;
 }
