@@ -12,7 +12,9 @@
 // in each configuration's process, N sequences with prompts of their own decode together, for
 // every N listed, each N against the others in the same process (taking turns step by step when
 // the cache holds every expert); it prints aggregate and per-stream decode tok/s, the experts a
-// step acquires and the time per step by part.
+// step acquires and the time per step by part. With --gpu the batches run on the GPU
+// (gpu_decode_batch; each batch size prefills its own streams, whose states live in their passes;
+// with a VRAM cache smaller than the model the largest batch's step is also profiled by part).
 #include "cli_util.h"
 #include "commands.h"
 
@@ -262,7 +264,8 @@ void run_streams_child(const BenchOptions& o) {
   const EngineOptions eo = o.model.engine_options();
   Engine engine(eo);
   const double load_s = since(t_load);
-  if (engine.gpu()) fail("--streams measures the CPU's decode_batch: leave out --gpu");
+  const std::shared_ptr<GpuModel> gpu = engine.gpu_model();
+  if (gpu && !o.routing_trace.empty()) fail("--routing-trace replays routing on the CPU only: leave out --gpu");
   const Model& m = engine.model();
   const ModelConfig& c = engine.config();
   const int64_t V = c.vocab_size;
@@ -281,7 +284,9 @@ void run_streams_child(const BenchOptions& o) {
   auto offset_of = [&](int i) { return trace_len * i / max_n; };
   const ExpertSource* src = m.experts;
 
-  // Prefill every stream once; each batch size starts from copies of these states.
+  // Prefill every stream once; each batch size starts from copies of these states. (On the GPU,
+  // whose states live in each stream's pass, every batch size prefills its own streams.)
+  std::vector<std::vector<int32_t>> prompts;
   std::vector<SessionState> start;
   std::vector<int32_t> first;
   std::vector<float> logits;
@@ -291,18 +296,24 @@ void run_streams_child(const BenchOptions& o) {
     std::vector<int32_t> prompt = bench_prompt(o.prompt_tokens + i, int(V));
     std::mt19937 rng(uint32_t(7 + i));
     for (int32_t& id : prompt) id = int32_t((uint32_t(id) + rng()) % uint32_t(std::min<int64_t>(V, 100000)));
+    prompts.push_back(prompt);
+    if (gpu) continue;
     if (per_stream) per_stream->set({{0, offset_of(i)}});
     start.push_back(SessionState::create(c));
     fwd.run(start.back(), prompt, LogitsMode::Last, logits);
     first.push_back(argmax_of(logits.data(), V));
     prefilled += int64_t(prompt.size());
   }
-  const double prefill_s = since(t_prefill);
+  double prefill_s = since(t_prefill);
 
-  // One batch size: its own Forward (buffers, profile) and copies of the first n streams.
+  // One batch size: its own Forward (buffers, profile) and copies of the first n streams; on the
+  // GPU its own pass per stream and one for the batch.
   struct Run {
     int n;
     std::unique_ptr<Forward> fwd;
+    std::unique_ptr<ForwardPass> runner;
+    std::vector<std::unique_ptr<ForwardPass>> passes;
+    std::vector<ForwardPass*> pass_ptr;
     std::vector<SessionState> st;
     std::vector<SessionState*> ptr;
     std::vector<int32_t> next;
@@ -314,13 +325,29 @@ void run_streams_child(const BenchOptions& o) {
   auto make_run = [&](int n) {
     Run r;
     r.n = n;
+    r.out.resize(size_t(n));
+    if (gpu) {
+      r.runner = make_gpu_forward(gpu);
+      const auto t0 = Clock::now();
+      for (int i = 0; i < n; ++i) {
+        r.passes.push_back(make_gpu_forward(gpu));
+        r.pass_ptr.push_back(r.passes.back().get());
+        r.st.push_back(SessionState::create(c));
+        r.passes.back()->run(r.st.back(), prompts[size_t(i)], LogitsMode::Last, logits);
+        r.passes.back()->release_buffers();
+        r.next.push_back(argmax_of(logits.data(), V));
+        prefilled += int64_t(prompts[size_t(i)].size());
+      }
+      prefill_s += since(t0);
+      for (SessionState& x : r.st) r.ptr.push_back(&x);
+      return r;
+    }
     r.fwd = std::make_unique<Forward>(m, engine.backend());
     r.fwd->set_predict_next(eo.predict_next);
     if (per_stream) r.fwd->set_route_override(&*per_stream);
     r.st.assign(start.begin(), start.begin() + n);
     for (SessionState& x : r.st) r.ptr.push_back(&x);
     r.next.assign(first.begin(), first.begin() + n);
-    r.out.resize(size_t(n));
     return r;
   };
   auto step = [&](Run& r) {
@@ -331,7 +358,10 @@ void run_streams_child(const BenchOptions& o) {
     }
     const ExpertStats e0 = src->expert_stats();
     const auto t0 = Clock::now();
-    r.fwd->decode_batch(r.ptr, r.next, r.logits);
+    if (r.runner)
+      gpu_decode_batch(*r.runner, r.pass_ptr, r.ptr, r.next, r.logits);
+    else
+      r.fwd->decode_batch(r.ptr, r.next, r.logits);
     r.secs += since(t0);
     const ExpertStats e1 = src->expert_stats();
     r.io.hits += e1.hits - e0.hits;
@@ -344,7 +374,7 @@ void run_streams_child(const BenchOptions& o) {
     }
   };
   auto result = [&](const Run& r) {
-    const Forward::Profile& p = r.fwd->profile();
+    const Forward::Profile p = r.fwd ? r.fwd->profile() : Forward::Profile{};
     const double steps = double(o.decode);
     auto ms = [&](double v) { return v / steps * 1e3; };
     json hashes = json::array();
@@ -395,6 +425,15 @@ void run_streams_child(const BenchOptions& o) {
   }
   json rows = json::array();
   for (const Run& r : runs) rows.push_back(result(r));
+  // On the GPU with a VRAM cache smaller than the model (the batch goes layer by layer), where the
+  // largest batch's step goes: a few more of its steps with a timing event after each part (stderr).
+  if (gpu && !gpu_stats(*gpu).all_resident && !runs.empty() && runs.back().n > 1) {
+    Run& r = runs.back();
+    r.runner = make_gpu_forward(gpu, /*profile=*/true);
+    for (int s = 0; s < std::min(o.decode, 8); ++s) step(r);
+    std::fprintf(stderr, "GPU time of a %d-stream step by part (profiled, launch by launch):\n%s\n", r.n,
+                 gpu_decode_profile(*r.runner).c_str());
+  }
 
   const QpackContainer qc = QpackContainer::open(o.model.model);
   const bool tied = m.weights.lm_head.data == m.weights.embed_tokens.data;
@@ -585,7 +624,6 @@ void run_bench(const BenchOptions& o) {
   for (const std::string& io : split(o.io)) parse_io_mode(io);
   if (!o.streams.empty()) {
     parse_streams(o.streams);  // refused here, before any run
-    if (o.model.gpu) fail("--streams measures the CPU's decode_batch: leave out --gpu");
   }
 
   // The disk first: random reads of whole experts, as decode does them.

@@ -20,6 +20,21 @@ void GpuForward::logits_of(const float* d_h_row, float* host_row) {
   std::memcpy(host_row, h_logits_, bytes);
 }
 
+void GpuForward::enqueue_step(int32_t token) {
+  reserve_kv(pos_ + 1);
+  step(token, pos_);
+  project({{g_->lm_head, logits_}}, h_, g_->final_norm);
+  cu::gpu_download_async(h_logits_, logits_, size_t(c_.vocab_size) * sizeof(float), s_);
+}
+
+void GpuForward::finish_step(SessionState& st, int32_t token, float* logits_row) {
+  cu::gpu_sync(s_);
+  std::memcpy(logits_row, h_logits_, size_t(c_.vocab_size) * sizeof(float));
+  ++pos_;
+  ++st.pos;
+  st.tokens.push_back(token);
+}
+
 void GpuForward::step(int32_t token, int64_t pos) {
   prof_.begin(s_);
   cu::set_step(d_tok_, token, d_pos_, pos, s_);

@@ -78,6 +78,7 @@ GpuForward::~GpuForward() {
   cu::gpu_sync(s_);
   free_batch();
   cu::graph_destroy(graph_);
+  free_rows();
   for (void* p : bufs_) cu::gpu_free(p);
   for (auto& d : dev_) {
     cu::gpu_free(d.k);

@@ -11,7 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 namespace swiftlet {
 
@@ -65,6 +67,18 @@ std::shared_ptr<GpuModel> make_gpu_model(const Model& m, const GpuOptions& opts,
 // A forward pass for one session over a shared GpuModel. With `profile`, decode launches kernel by
 // kernel (no CUDA graph) with a timing event after each part of each layer (gpu_decode_profile).
 std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g, bool profile = false);
+// One token for each of several sessions together (issue 26): passes[i] (make_gpu_forward, all over
+// runner's GpuModel) holds states[i] on the device and takes tokens[i]; logits: [N][vocab], row i
+// states[i]'s. With every expert in VRAM the sessions' own one-token steps run at once, each on its
+// own stream (the same results as stepping alone); with a VRAM cache that holds a layer's experts
+// but not the model's, the N tokens go through the layers together, each product reading its
+// weights once for the N rows and each layer uploading the union of their experts once (results
+// within the GPU's tolerance of stepping alone: the sums run in another order); otherwise one after
+// another. `runner` is a pass of the same model kept for the batch (its buffers), not one of the
+// sessions'. Throws Error for a pass of another model or one listed twice.
+void gpu_decode_batch(ForwardPass& runner, std::span<ForwardPass* const> passes,
+                      std::span<SessionState* const> states, std::span<const int32_t> tokens,
+                      std::vector<float>& logits);
 GpuStats gpu_stats(const GpuModel& g);
 // Where the GPU time of decode steps and batched prompts goes, part by part in forward order, for a
 // pass made with `profile`: lines "part us/token share", a table each. Empty otherwise.

@@ -26,6 +26,11 @@ class GpuForward final : public ForwardPass {
 
   void run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,
            int64_t from = 0) override;
+  // One token for each of several sessions together (gpu_decode_batch.cpp): seqs[i] holds
+  // states[i] on the device; this pass lends the layer-by-layer form its buffers and stream (its
+  // own session state is not touched). logits: [N][vocab].
+  void decode_batch(std::span<GpuForward* const> seqs, std::span<SessionState* const> states,
+                    std::span<const int32_t> tokens, std::vector<float>& logits);
   StateSnapshot snapshot(const SessionState& st) override;
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
@@ -40,6 +45,10 @@ class GpuForward final : public ForwardPass {
  private:
   // Decode (gpu_decode.cpp).
   void step(int32_t token, int64_t pos);
+  // A decode batch with every expert resident: each member's one-token step (its graph) and logits
+  // enqueued on its own stream, the members' streams running together; then each waited for.
+  void enqueue_step(int32_t token);
+  void finish_step(SessionState& st, int32_t token, float* logits_row);
   void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)
   void gated_attention(int l);
   void gated_delta_net(int l);
@@ -59,13 +68,25 @@ class GpuForward final : public ForwardPass {
   // layer's experts.
   bool prefill(std::span<const int32_t> tokens, LogitsMode mode, int64_t from, std::vector<float>& logits);
   void prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0);
-  void prefill_delta_net(int l, int64_t T);
-  void prefill_attention(int l, int64_t T, int64_t pos0);
+  // A layer's parts over T rows. With seqs (a decode batch), row i is one token of seqs[i]: the
+  // token mixers run on that pass's states, at its position d_seq_pos_[i].
+  void prefill_delta_net(int l, int64_t T, std::span<GpuForward* const> seqs = {});
+  void prefill_attention(int l, int64_t T, int64_t pos0, std::span<GpuForward* const> seqs = {});
   void prefill_moe(int l, int64_t T);
+
+  // A decode batch layer by layer (gpu_decode_batch.cpp): the layers over one row per pass.
+  void batch_layers(std::span<GpuForward* const> seqs);
+  bool grow_rows(int64_t n);
+  void free_rows();
   // The rows x[T][cols] as products over tokens take them (quantised into q where they can).
   cu::RowsIn rows_in(const float* x, int64_t T, int64_t cols, void* q) {
+    if (!quantise_rows_) return {x, nullptr, 0};
     return cu::prepare_rows(x, T, cols, q_group_, q, s_);
   }
+  // Off for a decode batch: its few rows go through the fp32 tiles (cu::matmul, a warp streaming
+  // each weight row once for 8 tokens), which at up to 8 rows take a fraction of the time of the
+  // tensor-core tiles (64-token tiles, a block's K loop each: ~19 ms a step on the 80B).
+  bool quantise_rows_ = true;
   // Buffers for a chunk of up to T tokens, or fewer when VRAM is short (halving down to
   // kMinPrefillChunk); false when not even that fits.
   bool grow_batch(int64_t T);
@@ -141,6 +162,13 @@ class GpuForward final : public ForwardPass {
     size_t bytes = 0;  // device bytes of the arena
   } batch_;
   int q_group_ = 0;  // the group size prompt rows are quantised for (the experts'; 0: none)
+  // A decode batch layer by layer: each row's position (device and pinned), its logits rows
+  // [rows_cap_][vocab], and each layer's rows' states for the batched mixer kernels,
+  // [layer][row][2] (conv state and S, or the K and V caches), written before every step.
+  int64_t rows_cap_ = 0;
+  int64_t *d_seq_pos_ = nullptr, *h_seq_pos_ = nullptr;
+  float **d_state_table_ = nullptr, **h_state_table_ = nullptr;
+  float *d_rows_logits_ = nullptr, *h_rows_logits_ = nullptr;
   int32_t* d_tok_ = nullptr;     // [1] this step's token
   int64_t* d_pos_ = nullptr;     // [1] this step's position
   // With every expert resident a token needs no host round trip: its whole forward is one CUDA

@@ -117,7 +117,7 @@ void GpuForward::prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0)
   }
 }
 
-void GpuForward::prefill_delta_net(int l, int64_t T) {
+void GpuForward::prefill_delta_net(int l, int64_t T, std::span<GpuForward* const> seqs) {
   const GpuModel::Layer& lw = g_->layers[size_t(l)];
   const GpuModel::Gdn& w = lw.gdn;
   const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
@@ -133,18 +133,35 @@ void GpuForward::prefill_delta_net(int l, int64_t T) {
   cu::matmul_rows(w.b, x, T, B.b, false, s_);
   cu::matmul_rows(w.a, x, T, B.a, false, s_);
   mark("prompt gdn: norm + qkv, z, b, a");
-  cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
-  cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
-  mark("prompt gdn: conv, l2");
-  // The delta rule (in chunks of 64 where the shapes allow, else scanned in order); the gated norm.
-  cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
-                           c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, B.delta_work, s_);
-  mark("prompt gdn: delta rule scan + norm");
+  if (seqs.empty()) {
+    cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
+    cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
+    mark("prompt gdn: conv, l2");
+    // The delta rule (in chunks of 64 where the shapes allow, else scanned in order); the gated norm.
+    cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
+                             c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, B.delta_work, s_);
+    mark("prompt gdn: delta rule scan + norm");
+  } else {  // a decode batch: row i is one token of seqs[i], on its own states
+    const int64_t vd = c_.linear_value_dim();
+    const cu::DeltaNetIn rows{B.mixed, B.z, B.b, B.a};
+    if (!cu::deltanet_step_rows(rows, T, C, vd, hv, w.conv, d_state_table_ + int64_t(l) * rows_cap_ * 2, w.A_log,
+                                w.dt_bias, w.norm, 1e-6f, q_scale, c_.rms_norm_eps, hk, hv, dk, dv, K, B.core, vd,
+                                s_)) {
+      for (int64_t i = 0; i < T; ++i) {
+        LayerDev& di = seqs[size_t(i)]->dev_[size_t(l)];
+        const cu::DeltaNetIn in{B.mixed + i * C, B.z + i * vd, B.b + i * hv, B.a + i * hv};
+        cu::deltanet_decode(in, w.conv, di.conv, w.A_log, w.dt_bias, di.ssm, w.norm, 1e-6f, q_scale,
+                            c_.rms_norm_eps, hk, hv, dk, dv, K, {B.u + i * C}, B.core + i * vd, s_,
+                            /*state_early=*/true);
+      }
+    }
+    mark("batch gdn: conv, l2, delta rule + norm");
+  }
   cu::matmul_rows(w.out, rows_in(B.core, T, w.out.cols, B.qa), T, B.h, true, s_);  // h += out_proj(core)
   mark("prompt gdn: h += out_proj");
 }
 
-void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
+void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0, std::span<GpuForward* const> seqs) {
   const GpuModel::Layer& lw = g_->layers[size_t(l)];
   const GpuModel::Attn& w = lw.attn;
   const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
@@ -157,12 +174,20 @@ void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0) {
   cu::matmul_rows(w.k, x, T, B.p2, false, s_);
   cu::matmul_rows(w.v, x, T, B.p3, false, s_);
   mark("prompt attn: norm + q, k, v");
-  cu::attn_prep_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
-                     c_.attn_output_gate, c_.rotary_dim(), pos0, T, c_.rope_theta, c_.rms_norm_eps, B.q, B.gate, d.k,
-                     d.v, s_);
-  cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, 1.0f / std::sqrt(float(hd)),
-                        c_.attn_output_gate ? B.gate : nullptr, B.core, s_);
-  mark("prompt attn: prep + causal attention");
+  const float scale = 1.0f / std::sqrt(float(hd));
+  if (seqs.empty()) {
+    cu::attn_prep_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
+                       c_.attn_output_gate, c_.rotary_dim(), pos0, T, c_.rope_theta, c_.rms_norm_eps, B.q, B.gate,
+                       d.k, d.v, s_);
+    cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, scale, c_.attn_output_gate ? B.gate : nullptr, B.core,
+                          s_);
+    mark("prompt attn: prep + causal attention");
+  } else {  // a decode batch: row i against seqs[i]'s KV cache, at its position (d_seq_pos_[i])
+    cu::attention_step_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
+                            c_.attn_output_gate, c_.rotary_dim(), d_seq_pos_, c_.rope_theta, c_.rms_norm_eps, scale,
+                            d_state_table_ + int64_t(l) * rows_cap_ * 2, B.core, c_.attn_out_dim(), T, s_);
+    mark("batch attn: q/k norm, rope, kv write, attention");
+  }
   cu::matmul_rows(w.o, rows_in(B.core, T, w.o.cols, B.qa), T, B.h, true, s_);  // h += o_proj(attention)
   mark("prompt attn: h += o_proj");
 }

@@ -166,7 +166,7 @@ struct Batch::Impl {
   std::map<Id, Member> members;  // engine-side ids; results wait here until taken
   mutable std::mutex cancel_mu;  // guards the cancel flags' lookup (cancel() is any thread's)
   Impl(swiftlet::Engine& e, const BatchOptions& o)
-      : engine(e), opts(o), batch(e.model(), swiftlet::BatchOptions{e.backend(), o.prefill_chunk, 1}) {}
+      : engine(e), opts(o), batch(e.model(), swiftlet::BatchOptions{e.backend(), o.prefill_chunk, 1, e.gpu_model()}) {}
 
   size_t active() const {
     return size_t(std::count_if(members.begin(), members.end(), [](const auto& kv) { return !kv.second.finished; }));

@@ -22,6 +22,7 @@ Batch::Batch(const Model& model, BatchOptions opts)
     : model_(model), opts_(opts), forward_(std::make_unique<Forward>(model, opts.backend)) {
   if (opts_.prefill_chunk < 1) fail("the batch's prefill chunk must be at least 1 token, got {}", opts_.prefill_chunk);
   forward_->set_predict_next(opts_.predict_next);
+  if (opts_.gpu) gpu_runner_ = make_gpu_forward(opts_.gpu);
 }
 
 Batch::~Batch() = default;
@@ -65,9 +66,12 @@ void Batch::decode(std::vector<Member*>& run, std::vector<int32_t>& tokens) {
     const SessionOptions& o = m->session->opts_;
     return !o.gpu && !o.routing_observer && !o.route_override && o.backend == opts_.backend;
   };
-  std::vector<Member*> together;
-  std::vector<int32_t> together_tokens;
-  std::vector<SessionState*> states;
+  // Sessions on the batch's GPU model decode together on it.
+  auto gpu_batchable = [&](const Member* m) { return gpu_runner_ && m->session->opts_.gpu == opts_.gpu; };
+  std::vector<Member*> together, on_gpu;
+  std::vector<int32_t> together_tokens, gpu_tokens;
+  std::vector<SessionState*> states, gpu_states;
+  std::vector<ForwardPass*> gpu_passes;
   for (size_t i = 0; i < run.size(); ++i) {
     Member* m = run[i];
     Session& s = *m->session;
@@ -77,11 +81,35 @@ void Batch::decode(std::vector<Member*>& run, std::vector<int32_t>& tokens) {
       states.push_back(&s.state_);
       continue;
     }
+    if (gpu_batchable(m)) {
+      on_gpu.push_back(m);
+      gpu_tokens.push_back(tokens[i]);
+      gpu_states.push_back(&s.state_);
+      gpu_passes.push_back(s.forward_.get());
+      continue;
+    }
     try {
       s.forward_->run(s.state_, std::span(&tokens[i], 1), LogitsMode::Last, s.logits_);
       s.logits_pos_ = s.state_.pos;
     } catch (...) {
       m->error = std::current_exception();
+    }
+  }
+  const size_t V = size_t(model_.config.vocab_size);
+  auto hand_out = [&](const std::vector<Member*>& ms) {
+    for (size_t i = 0; i < ms.size(); ++i) {
+      Session& s = *ms[i]->session;
+      s.logits_.resize(V);
+      std::memcpy(s.logits_.data(), logits_.data() + i * V, V * sizeof(float));
+      s.logits_pos_ = s.state_.pos;
+    }
+  };
+  if (!on_gpu.empty()) {
+    try {
+      gpu_decode_batch(*gpu_runner_, gpu_passes, gpu_states, gpu_tokens, logits_);
+      hand_out(on_gpu);
+    } catch (...) {
+      for (Member* m : on_gpu) m->error = std::current_exception();
     }
   }
   if (together.empty()) return;
@@ -91,13 +119,7 @@ void Batch::decode(std::vector<Member*>& run, std::vector<int32_t>& tokens) {
     for (Member* m : together) m->error = std::current_exception();
     return;
   }
-  const size_t V = size_t(model_.config.vocab_size);
-  for (size_t i = 0; i < together.size(); ++i) {
-    Session& s = *together[i]->session;
-    s.logits_.resize(V);
-    std::memcpy(s.logits_.data(), logits_.data() + i * V, V * sizeof(float));
-    s.logits_pos_ = s.state_.pos;
-  }
+  hand_out(together);
 }
 
 std::vector<Batch::Finished> Batch::step() {

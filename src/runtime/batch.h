@@ -1,10 +1,11 @@
 // Several generations stepped together (continuous batching): each member is one answer on its
 // own Session. A step feeds one newcomer a chunk of its prompt, then samples one token for every
 // member whose prompt is in and runs all those tokens through the model at once
-// (Forward::decode_batch: dense weights read once for the batch, each routed expert once for
-// the members that chose it). Members join and leave between steps. Each member's tokens equal
-// what Session::generate gives it alone (decode_batch is bit-exact against a one-sequence run,
-// and prompt chunk boundaries change no result).
+// (Forward::decode_batch, or gpu_decode_batch for sessions on the GPU: dense weights read once for
+// the batch, each routed expert once for the members that chose it). Members join and leave between steps. Each member's tokens equal
+// what Session::generate gives it alone (the CPU's decode_batch is bit-exact against a
+// one-sequence run, and prompt chunk boundaries change no result; the GPU's batch equals it within
+// the GPU's tolerance).
 #pragma once
 
 #include "runtime/session.h"
@@ -22,6 +23,9 @@ struct BatchOptions {
   // a prompt goes in whole.)
   int prefill_chunk = 256;
   int predict_next = 1;  // see SessionOptions::predict_next (decode_batch guesses for one member only)
+  // Members whose sessions run on this GPU model decode together on it (gpu_decode_batch);
+  // null: only CPU sessions batch, GPU ones step alone.
+  std::shared_ptr<GpuModel> gpu;
 };
 
 class Batch {
@@ -65,6 +69,7 @@ class Batch {
   const Model& model_;
   BatchOptions opts_;
   std::unique_ptr<Forward> forward_;  // the batched decode pass; prompts run on each session's own
+  std::unique_ptr<ForwardPass> gpu_runner_;  // the GPU batch's buffers and graph (BatchOptions::gpu)
   std::vector<std::unique_ptr<Member>> members_;  // in the order they joined
   std::vector<float> logits_;                     // [members decoded][vocab]
   Id next_id_ = 1;

@@ -54,6 +54,7 @@ class Engine {
   std::unique_ptr<Session> new_session(SessionOptions opts = {}) const;
   // The GPU model sessions run on; null on the CPU (no --gpu, or no usable GPU).
   const GpuModel* gpu() const { return gpu_.get(); }
+  std::shared_ptr<GpuModel> gpu_model() const { return gpu_; }
 
  private:
   EngineOptions opts_;

@@ -115,6 +115,7 @@ void EngineWorker::run() {
     bo.backend = engine_->backend();
     bo.prefill_chunk = opts_.prefill_chunk;
     bo.predict_next = opts_.engine.predict_next;
+    bo.gpu = engine_->gpu_model();
     batch_ = std::make_unique<Batch>(engine_->model(), bo);
   } catch (const std::exception& e) {
     std::lock_guard lock(mu_);
