@@ -2,7 +2,8 @@
 // shared GpuModel. Its rooms: gpu_forward.cpp (state, run, snapshots), gpu_decode.cpp (one token:
 // embed, per layer gated_attention / gated_delta_net and sparse_moe, the logits; a CUDA graph when
 // every expert is resident), gpu_prefill.cpp (a prompt batched layer by layer over chunks of its
-// tokens), gpu_profile.h (timing). Internal to model/ (CUDA builds only).
+// tokens), gpu_decode_batch.cpp (several sessions' tokens together), gpu_profile.h (timing).
+// Internal to model/ (CUDA builds only).
 #pragma once
 
 #include "model/gpu_model.h"
