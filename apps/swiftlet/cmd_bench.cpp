@@ -569,16 +569,19 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
       const double mem_bound = membw * 1e9 / bytes * double(r["streams"].get<int>());
       const double agg = r["aggregate_tok_s"].get<double>();
       const json& pf = r["profile"];
+      // On the GPU the host's memory bound and the CPU pass's parts do not apply: "-".
+      auto cpu_only = [&](double v) { return o.model.gpu ? std::string("-") : fmt::format("{:.1f}", v); };
       table += fmt::format(
-          "{:<12} {:<6} {:<5} {:>3} {:>9.2f} {:>9.2f} {:>6.2f} {:>6.2f} {:>8.1f} {:>6.1f} {:>8.1f} {:>7.1f} {:>6.1f} | "
-          "{:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>7.1f}\n",
+          "{:<12} {:<6} {:<5} {:>3} {:>9.2f} {:>9.2f} {:>6.2f} {:>6.2f} {:>8.1f} {:>6.1f} {:>8.1f} {:>7.1f} {:>6} | "
+          "{:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7.1f}\n",
           cache, cfg["io"].get<std::string>(), pred_name(cfg["predict"].get<int>()), r["streams"].get<int>(), agg,
           r["per_stream_tok_s"].get<double>(), agg / base_agg, r["per_stream_tok_s"].get<double>() / base_per,
           acquired, hits + misses ? 100.0 * double(hits) / double(hits + misses) : 0.0,
           double(r["bytes_read"].get<uint64_t>()) / 1e6 / steps, 100.0 * r["wait_s"].get<double>() / r["seconds"].get<double>(),
-          100.0 * agg / mem_bound, pf["attention_ms"].get<double>(), pf["delta_net_ms"].get<double>(),
-          pf["router_shared_ms"].get<double>(), pf["expert_compute_ms"].get<double>(),
-          pf["expert_acquire_ms"].get<double>(), pf["lm_head_ms"].get<double>(), pf["total_ms"].get<double>());
+          cpu_only(100.0 * agg / mem_bound), cpu_only(pf["attention_ms"].get<double>()),
+          cpu_only(pf["delta_net_ms"].get<double>()), cpu_only(pf["router_shared_ms"].get<double>()),
+          cpu_only(pf["expert_compute_ms"].get<double>()), cpu_only(pf["expert_acquire_ms"].get<double>()),
+          cpu_only(pf["lm_head_ms"].get<double>()), pf["total_ms"].get<double>());
     }
   }
   if (o.json) {
@@ -592,7 +595,7 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
               (unsigned long long)qc.layout.payload());
   std::printf("batched decoding (--streams %s): stream i prefills its own prompt of %d + i tokens, then N streams "
               "decode %d tokens each greedily, one decode_batch a step; backend %s%s\n",
-              o.streams.c_str(), o.prompt_tokens, o.decode, o.model.backend.c_str(),
+              o.streams.c_str(), o.prompt_tokens, o.decode, o.model.gpu ? "gpu" : o.model.backend.c_str(),
               o.warm ? "; measured after a first pass of the largest batch filled the cache" : "");
   std::printf("routing: %s%s\n", routing.c_str(),
               o.routing_trace.empty() ? "" : " (stream i replays its own region of the trace, from i / (largest N) of its length on)");
