@@ -2,8 +2,9 @@
 //
 // Every expert resident: each member's own one-token step (its CUDA graph, the fused one-token
 // kernels) and its logits run on its own stream, the members' streams at once. One sequence's step
-// leaves most of the GPU waiting (its ~2,300 kernels depend on each other: ~2.6 ms a token on the
-// 80B against ~0.3 ms of HBM traffic), so the steps overlap instead of queueing.
+// is latency-bound (~2,300 dependent kernels: ~2.7 ms a token on the 80B, its weights under 0.5 ms
+// at the HBM rate), so the steps may overlap; they do only in part, each product's resident blocks
+// filling the SMs (1.2-1.3x one stream's tokens at 2-16 streams: docs/batching.md).
 //
 // A VRAM cache that holds a layer's experts but not the model's: the N tokens go through the layers
 // together as a prompt chunk of N rows does (gpu_prefill.cpp: every product reads its weights once
