@@ -13,26 +13,27 @@ namespace swiftlet {
 void GpuForward::logits_to(float* host_row) { logits_of(h_, host_row); }
 
 void GpuForward::logits_of(const float* d_h_row, float* host_row) {
+  enqueue_logits(d_h_row);
+  cu::gpu_sync(s_);
+  std::memcpy(host_row, h_logits_, size_t(c_.vocab_size) * sizeof(float));
+}
+
+void GpuForward::enqueue_logits(const float* d_h_row) {
   project({{g_->lm_head, logits_}}, d_h_row, g_->final_norm);
   mark("final norm + lm_head");
-  const size_t bytes = size_t(c_.vocab_size) * sizeof(float);
-  cu::gpu_download(h_logits_, logits_, bytes, s_);
-  std::memcpy(host_row, h_logits_, bytes);
+  cu::gpu_download_async(h_logits_, logits_, size_t(c_.vocab_size) * sizeof(float), s_);
 }
 
 void GpuForward::enqueue_step(int32_t token) {
   reserve_kv(pos_ + 1);
   step(token, pos_);
-  project({{g_->lm_head, logits_}}, h_, g_->final_norm);
-  cu::gpu_download_async(h_logits_, logits_, size_t(c_.vocab_size) * sizeof(float), s_);
+  enqueue_logits(h_);
 }
 
 void GpuForward::finish_step(SessionState& st, int32_t token, float* logits_row) {
   cu::gpu_sync(s_);
   std::memcpy(logits_row, h_logits_, size_t(c_.vocab_size) * sizeof(float));
-  ++pos_;
-  ++st.pos;
-  st.tokens.push_back(token);
+  advance(st, std::span(&token, 1));
 }
 
 void GpuForward::step(int32_t token, int64_t pos) {

@@ -84,10 +84,8 @@ void GpuForward::decode_batch(std::span<GpuForward* const> seqs, std::span<Sessi
     for (int64_t j = 0; j < i; ++j)
       if (seqs[size_t(j)] == f || states[size_t(j)] == &st)
         fail("decode_batch: a sequence is listed twice; each may take one token a step");
-    SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
-    SWIFTLET_CHECK(st.pos == f->pos_ || st.pos == 0, "GPU state at {} but the session at {}", f->pos_, st.pos);
-    const int32_t id = tokens[size_t(i)];
-    if (id < 0 || id >= V) fail("token id {} is outside the vocabulary (0..{})", id, V - 1);
+    f->check_state(st);
+    check_token(tokens[size_t(i)]);
   }
   if (n == 0) return;
   for (int64_t i = 0; i < n; ++i)
@@ -133,12 +131,7 @@ void GpuForward::decode_batch(std::span<GpuForward* const> seqs, std::span<Sessi
   cu::gpu_download(h_rows_logits_, d_rows_logits_, size_t(n * V) * sizeof(float), s_);
   prof_.end(prof_.decode(), n);
   std::memcpy(logits.data(), h_rows_logits_, size_t(n * V) * sizeof(float));
-  for (int64_t i = 0; i < n; ++i) {
-    ++seqs[size_t(i)]->pos_;
-    SessionState& st = *states[size_t(i)];
-    ++st.pos;
-    st.tokens.push_back(tokens[size_t(i)]);
-  }
+  for (int64_t i = 0; i < n; ++i) seqs[size_t(i)]->advance(*states[size_t(i)], tokens.subspan(size_t(i), 1));
 }
 
 void gpu_decode_batch(ForwardPass& runner, std::span<ForwardPass* const> passes, std::span<SessionState* const> states,

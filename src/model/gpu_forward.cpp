@@ -111,21 +111,17 @@ void GpuForward::reserve_kv(int64_t positions) {
 
 void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,
                      int64_t from) {
-  SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
-  SWIFTLET_CHECK(st.pos == pos_ || st.pos == 0, "GPU state at {} but the session at {}", pos_, st.pos);
+  check_state(st);
   if (st.pos == 0 && pos_ != 0) reset(st);
   logits.clear();
   const int64_t T = int64_t(tokens.size());
   if (T == 0) return;
-  for (int32_t id : tokens)
-    if (id < 0 || id >= c_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
+  for (int32_t id : tokens) check_token(id);
   reserve_kv(pos_ + T);
   from = std::clamp<int64_t>(from, 0, T);
   if (prefill(tokens, mode, from, logits)) {
-    pos_ += T;
     cu::gpu_sync(s_);
-    st.pos += T;
-    st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+    advance(st, tokens);
     return;
   }
   using Clock = HostTiming::Clock;
@@ -152,6 +148,21 @@ void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMo
     ++host_.steps;
   }
   st.pos += T;
+  st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
+}
+
+void GpuForward::check_state(const SessionState& st) const {
+  SWIFTLET_CHECK(st.layers.size() == size_t(c_.num_layers), "session state of another model");
+  SWIFTLET_CHECK(st.pos == pos_ || st.pos == 0, "GPU state at {} but the session at {}", pos_, st.pos);
+}
+
+void GpuForward::check_token(int32_t id) const {
+  if (id < 0 || id >= c_.vocab_size) fail("token id {} is outside the vocabulary (0..{})", id, c_.vocab_size - 1);
+}
+
+void GpuForward::advance(SessionState& st, std::span<const int32_t> tokens) {
+  pos_ += int64_t(tokens.size());
+  st.pos += int64_t(tokens.size());
   st.tokens.insert(st.tokens.end(), tokens.begin(), tokens.end());
 }
 

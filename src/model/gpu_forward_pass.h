@@ -33,6 +33,12 @@ class GpuForward final : public ForwardPass {
   void decode_batch(std::span<GpuForward* const> seqs, std::span<SessionState* const> states,
                     std::span<const int32_t> tokens, std::vector<float>& logits);
   StateSnapshot snapshot(const SessionState& st) override;
+  // What run() and decode_batch check before a session's state moves (aborting on a broken
+  // invariant, failing on a token outside the vocabulary), and the move itself once its tokens
+  // are in.
+  void check_state(const SessionState& st) const;
+  void check_token(int32_t id) const;
+  void advance(SessionState& st, std::span<const int32_t> tokens);
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
   std::string profile_report() const { return prof_.report(); }
@@ -58,6 +64,8 @@ class GpuForward final : public ForwardPass {
   void streamed_experts(int l);
   void logits_to(float* host_row);
   void logits_of(const float* d_h_row, float* host_row);
+  // The lm_head of the row and its download into h_logits_, enqueued on s_ (not waited for).
+  void enqueue_logits(const float* d_h_row);
 
   // A prompt of T >= 2 tokens (gpu_prefill.cpp), in chunks of up to GpuOptions::prefill_chunk
   // tokens, each chunk layer by layer with every product batched over its tokens: the affine

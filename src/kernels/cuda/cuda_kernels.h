@@ -332,9 +332,8 @@ void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, cons
                     const int64_t* d_pos, float theta, float eps, float scale, float* d_k_cache, float* d_v_cache,
                     float* d_out, GpuStream s = nullptr);
 // attention_step for a decode batch of n sequences in one launch: sequence i's P, Kp, Vp and out
-// rows at i times their strides, its position d_pos[i] (device) and its K and V caches at
-// d_caches[2 i], d_caches[2 i + 1] (a device table, read on the device: a graph replays with new
-// members by rewriting the table).
+// rows at i times their strides, its position d_pos[i] and its K and V caches at d_caches[2 i],
+// d_caches[2 i + 1] (device arrays, read on the device).
 void attention_step_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
                          int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
                          bool gated, int rot_dim, const int64_t* d_pos, float theta, float eps, float scale,
