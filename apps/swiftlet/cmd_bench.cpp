@@ -14,7 +14,7 @@
 // the cache holds every expert); it prints aggregate and per-stream decode tok/s, the experts a
 // step acquires and the time per step by part. With --gpu the batches run on the GPU
 // (gpu_decode_batch; each batch size prefills its own streams, whose states live in their passes;
-// with a VRAM cache smaller than the model the largest batch's step is also profiled by part).
+// the largest batch's step is also profiled by part).
 #include "cli_util.h"
 #include "commands.h"
 
@@ -425,9 +425,9 @@ void run_streams_child(const BenchOptions& o) {
   }
   json rows = json::array();
   for (const Run& r : runs) rows.push_back(result(r));
-  // On the GPU with a VRAM cache smaller than the model (the batch goes layer by layer), where the
-  // largest batch's step goes: a few more of its steps with a timing event after each part (stderr).
-  if (gpu && !gpu_stats(*gpu).all_resident && !runs.empty() && runs.back().n > 1) {
+  // On the GPU, where the largest batch's step goes (its batch goes layer by layer): a few more of
+  // its steps with a timing event after each part (stderr).
+  if (gpu && !runs.empty() && runs.back().n > 1) {
     Run& r = runs.back();
     r.runner = make_gpu_forward(gpu, /*profile=*/true);
     for (int s = 0; s < std::min(o.decode, 8); ++s) step(r);

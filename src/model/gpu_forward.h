@@ -69,8 +69,8 @@ std::shared_ptr<GpuModel> make_gpu_model(const Model& m, const GpuOptions& opts,
 std::unique_ptr<ForwardPass> make_gpu_forward(std::shared_ptr<GpuModel> g, bool profile = false);
 // One token for each of several sessions together (issue 26): passes[i] (make_gpu_forward, all over
 // runner's GpuModel) holds states[i] on the device and takes tokens[i]; logits: [N][vocab], row i
-// states[i]'s. With every expert in VRAM the sessions' own one-token steps run at once, each on its
-// own stream (the same results as stepping alone); with a VRAM cache that holds a layer's experts
+// states[i]'s. With every expert in VRAM the N tokens go through the layers together on the
+// one-token kernels, a grid row each (each row's logits those of stepping alone); with a VRAM cache that holds a layer's experts
 // but not the model's, the N tokens go through the layers together, each product reading its
 // weights once for the N rows and each layer uploading the union of their experts once (results
 // within the GPU's tolerance of stepping alone: the sums run in another order); otherwise one after

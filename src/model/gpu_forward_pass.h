@@ -83,8 +83,13 @@ class GpuForward final : public ForwardPass {
   void prefill_attention(int l, int64_t T, int64_t pos0, std::span<GpuForward* const> seqs = {});
   void prefill_moe(int l, int64_t T);
 
-  // A decode batch layer by layer (gpu_decode_batch.cpp): the layers over one row per pass.
+  // A decode batch layer by layer (gpu_decode_batch.cpp): the layers over one row per pass, on the
+  // prompt's products (batch_layers) or, with every expert resident, on the one-token kernels' rows
+  // forms (rows_layers); the token mixers of both on each row's own states.
   void batch_layers(std::span<GpuForward* const> seqs);
+  void rows_layers(std::span<GpuForward* const> seqs);
+  void batch_delta_net_mixer(int l, int64_t T, std::span<GpuForward* const> seqs);
+  void batch_attention_mixer(int l, int64_t T);
   bool grow_rows(int64_t n);
   void free_rows();
   // The rows x[T][cols] as products over tokens take them (quantised into q where they can).
@@ -163,6 +168,7 @@ class GpuForward final : public ForwardPass {
     void* arena = nullptr;
     float *h, *x, *p1, *p2, *p3, *mixed, *u, *z, *b, *a, *q, *gate, *core, *router, *w, *sg;
     float *eg, *eu, *ey, *shg, *shu, *shy;
+    float* act;  // [k + 1][I] a token: the rows forms' activations (the shared expert's last)
     int32_t *tok, *ids, *d_groups;
     void *qx, *qa;  // quantised rows (cu::quantize_rows): of x; of a product's other inputs
     float* delta_work;  // the chunked delta rule's (cu::delta_rule_chunked_work_floats)

@@ -34,7 +34,7 @@ bool GpuForward::grow_batch(int64_t T) {
       {&batch_.b, hv},  {&batch_.a, hv},     {&batch_.q, ao},    {&batch_.gate, ao},
       {&batch_.core, std::max(ao, vd)},      {&batch_.router, E}, {&batch_.w, k},
       {&batch_.sg, 1},  {&batch_.eg, k * I}, {&batch_.eu, k * I}, {&batch_.ey, k * H},
-      {&batch_.shg, SI}, {&batch_.shu, SI},  {&batch_.shy, H}};
+      {&batch_.shg, SI}, {&batch_.shu, SI},  {&batch_.shy, H},  {&batch_.act, (k + 1) * I}};
   float *tok = nullptr, *ids = nullptr, *groups = nullptr, *qx = nullptr, *qa = nullptr;
   parts.push_back({&tok, 1});
   parts.push_back({&ids, k});
@@ -141,21 +141,8 @@ void GpuForward::prefill_delta_net(int l, int64_t T, std::span<GpuForward* const
     cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
                              c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, B.delta_work, s_);
     mark("prompt gdn: delta rule scan + norm");
-  } else {  // a decode batch: row i is one token of seqs[i], on its own states
-    const int64_t vd = c_.linear_value_dim();
-    const cu::DeltaNetIn rows{B.mixed, B.z, B.b, B.a};
-    if (!cu::deltanet_step_rows(rows, T, C, vd, hv, w.conv, d_state_table_ + int64_t(l) * rows_cap_ * 2, w.A_log,
-                                w.dt_bias, w.norm, 1e-6f, q_scale, c_.rms_norm_eps, hk, hv, dk, dv, K, B.core, vd,
-                                s_)) {
-      for (int64_t i = 0; i < T; ++i) {
-        LayerDev& di = seqs[size_t(i)]->dev_[size_t(l)];
-        const cu::DeltaNetIn in{B.mixed + i * C, B.z + i * vd, B.b + i * hv, B.a + i * hv};
-        cu::deltanet_decode(in, w.conv, di.conv, w.A_log, w.dt_bias, di.ssm, w.norm, 1e-6f, q_scale,
-                            c_.rms_norm_eps, hk, hv, dk, dv, K, {B.u + i * C}, B.core + i * vd, s_,
-                            /*state_early=*/true);
-      }
-    }
-    mark("batch gdn: conv, l2, delta rule + norm");
+  } else {
+    batch_delta_net_mixer(l, T, seqs);
   }
   cu::matmul_rows(w.out, rows_in(B.core, T, w.out.cols, B.qa), T, B.h, true, s_);  // h += out_proj(core)
   mark("prompt gdn: h += out_proj");
@@ -182,11 +169,8 @@ void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0, std::span<Gpu
     cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, scale, c_.attn_output_gate ? B.gate : nullptr, B.core,
                           s_);
     mark("prompt attn: prep + causal attention");
-  } else {  // a decode batch: row i against seqs[i]'s KV cache, at its position (d_seq_pos_[i])
-    cu::attention_step_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
-                            c_.attn_output_gate, c_.rotary_dim(), d_seq_pos_, c_.rope_theta, c_.rms_norm_eps, scale,
-                            d_state_table_ + int64_t(l) * rows_cap_ * 2, B.core, c_.attn_out_dim(), T, s_);
-    mark("batch attn: q/k norm, rope, kv write, attention");
+  } else {
+    batch_attention_mixer(l, T);
   }
   cu::matmul_rows(w.o, rows_in(B.core, T, w.o.cols, B.qa), T, B.h, true, s_);  // h += o_proj(attention)
   mark("prompt attn: h += o_proj");

@@ -171,6 +171,40 @@ TEST_P(GpuBatchFixture, SequencesLeaveAndJoinMidBatch) {
   }
 }
 
+// Every expert resident: a batch step (the one-token kernels over the rows) gives each member the
+// logits its own one-token step gives, to float rounding, at different lengths and positions.
+TEST_P(GpuBatchFixture, ResidentBatchStepEqualsEachMembersOwnStep) {
+  SKIP_WITHOUT_GPU();
+  auto lm = load_model(swiftlet::testing::fixture_dir(GetParam()));
+  const Model& m = lm->model;
+  const int64_t V = m.config.vocab_size;
+  auto g = gpu_model(m);
+  ASSERT_TRUE(g);
+  auto runner = make_gpu_forward(g);
+  std::vector<Seq> batched, alone;
+  for (int i = 0; i < 4; ++i) {
+    batched.push_back(start_seq(g, m, i));
+    alone.push_back(start_seq(g, m, i));
+  }
+  std::vector<Seq*> all;
+  for (Seq& s : batched) all.push_back(&s);
+  for (int s = 0; s < 4; ++s) {
+    step(*runner, all, V);
+    for (Seq& a : alone) {
+      const int32_t tok = argmax(a.rows.back().data(), V);
+      a.rows.emplace_back();
+      a.pass->run(a.st, std::span(&tok, 1), LogitsMode::Last, a.rows.back());
+    }
+  }
+  for (size_t i = 0; i < alone.size(); ++i)
+    for (size_t r = 0; r < alone[i].rows.size(); ++r) {
+      float big = 0.0f;
+      for (float v : alone[i].rows[r]) big = std::max(big, std::fabs(v));
+      EXPECT_LE(max_abs_diff(alone[i].rows[r].data(), batched[i].rows[r].data(), V), 1e-5f * std::max(1.0f, big))
+          << GetParam() << ", sequence " << i << ", row " << r;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuBatchFixture, ::testing::ValuesIn(swiftlet::testing::fixture_names()),
                          [](const auto& info) { return info.param; });
 

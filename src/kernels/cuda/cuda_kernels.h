@@ -160,9 +160,17 @@ struct MatvecSegment {
   GpuMatrix w;
   float* d_y = nullptr;
   bool add = false;
+  int64_t y_stride = 0;  // fused_matvec_rows: token t's y at d_y + t y_stride
 };
 void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const float* d_norm_w, float eps,
                   float* d_x_out, GpuStream s = nullptr);
+// fused_matvec for each of `tokens` inputs (token t's x and normed x at t x_stride, its y_i at
+// t y_stride_i), equal to that many fused_matvec calls, in one launch: the one-token kernel with a
+// grid row a token, its blocks shared out among the tokens, so tokens that read the same weight
+// tiles at about the same time find them in the L2 (a decode batch's dense products). 1 <= tokens
+// <= 65535.
+void fused_matvec_rows(const MatvecSegment* segs, int n, int tokens, const float* d_x, int64_t x_stride,
+                       const float* d_norm_w, float eps, float* d_x_out, GpuStream s = nullptr);
 
 // The routed experts of one token, all in one launch per stage. Each chosen expert i lives in a
 // slot of device memory whose base is d_table[d_ids[i]] (the layer's row of an expert table); the
@@ -276,6 +284,17 @@ void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const 
 void expert_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
                      int n, const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s = nullptr,
                      bool ids_early = true);
+// The two above for each of `tokens` tokens (a decode batch with every expert resident), equal to
+// that many calls, in one launch each: the one-token kernels with a grid row a token (as
+// fused_matvec_rows). Token t's arrays are rows of contiguous ones: logits [t][E], x [t][H], ids and
+// w [t][k] (n for the down), act [t][k + 1][I] (k + 1 with sh, else k), h [t][H], and the shared
+// expert's gate logit sh->d_gate_logit[t]. 1 <= tokens <= 65535.
+void expert_act_routed_rows(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                            bool renormalise, const SharedExpert* sh, const float* d_x, int tokens, int32_t* d_ids,
+                            float* d_w, float* d_act, GpuStream s = nullptr);
+void expert_down_add_rows(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
+                          int n, const SharedExpert* sh, const float* d_act, int tokens, float* d_h,
+                          GpuStream s = nullptr, bool ids_early = true);
 // h[d] += sigmoid(*gate) shared[d] + sum_i w[i] y[i][d]: the shared expert (gated) and the
 // routed experts' weighted sum added to the residual stream in one launch (3.10 steps 4-6).
 void moe_finish(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w, int n,
@@ -437,6 +456,15 @@ void route_experts_act(const ExpertLayout& l, const void* const* d_table, const 
 void routed_experts_down_add(const ExpertLayout& l, const void* const* d_table, int E, int k, const int32_t* d_ids,
                              const float* d_w, const SharedExpert* sh, const ExpertScratch& scratch, float* d_h,
                              GpuStream s = nullptr);
+// The two above for `tokens` tokens, in the layouts of expert_act_routed_rows (scratch.act: [t][k +
+// 1][I] with sh, else [t][k][I]): one launch each where the top-k runs in the act, else token by
+// token.
+void route_experts_act_rows(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                            bool renormalise, const SharedExpert* sh, const float* d_x, int tokens, int32_t* d_ids,
+                            float* d_w, const ExpertScratch& scratch, GpuStream s = nullptr);
+void routed_experts_down_add_rows(const ExpertLayout& l, const void* const* d_table, int E, int k, const int32_t* d_ids,
+                                  const float* d_w, const SharedExpert* sh, const ExpertScratch& scratch, int tokens,
+                                  float* d_h, GpuStream s = nullptr);
 
 
 // --- prompts: T tokens per launch (attention.cu, deltanet.cu, norms.cu) ------------------------

@@ -743,5 +743,138 @@ TEST(CudaKernels, FusedExpertsMatchReference) {
   restore_product_mode(streamed_default, tc_default);
 }
 
+// fused_matvec_rows: T tokens in one launch (a grid row each) equal T fused_matvec calls bit for bit
+// (the same kernel per token), with strided inputs and outputs, the norm and the add, in every
+// product mode; a mixed segment takes the token-by-token fallback.
+TEST(CudaKernels, FusedMatvecRowsEqualOneTokenCalls) {
+  REQUIRE_GPU();
+  std::mt19937 rng(47);
+  struct Case {
+    int bits;
+    int64_t cols;
+    std::vector<int64_t> rows;
+    bool mixed;
+  };
+  const Case cases[] = {{4, 2048, {515, 1, 70}, false}, {8, 4096, {2048}, false}, {4, 1024, {300, 9}, true}};
+  const bool streamed_default = cuda::streamed_products(), tc_default = cuda::tensor_core_products();
+  for (int mode = 0; mode < kProductModes; ++mode) {
+    const std::string how = set_product_mode(mode);
+    for (const Case& c : cases) {
+      std::vector<HostMatrix> ws;
+      std::vector<cuda::GpuMatrix> gs;
+      std::vector<void*> owners;
+      for (size_t i = 0; i < c.rows.size(); ++i) {
+        const bool dense = c.mixed && i == 1;
+        ws.push_back(random_matrix(rng, dense ? WeightFormat::BF16 : WeightFormat::Affine, c.rows[i], c.cols, c.bits,
+                                   64, DType::BF16));
+        void* owner = nullptr;
+        gs.push_back(cuda::upload_matrix(ws.back().m, &owner));
+        owners.push_back(owner);
+      }
+      const std::vector<float> nw = randn(rng, size_t(c.cols));
+      DevBuf<float> dnw(nw);
+      for (int T : {1, 2, 3, 8}) {
+        for (bool norm : {false, true}) {
+          const bool add = norm;  // both forms of each
+          const int64_t xs = c.cols + 64;
+          const std::vector<float> x = spiky(rng, size_t(T * xs));
+          DevBuf<float> dx(x), xo_rows(size_t(T * xs)), xo_one(size_t(T * xs));
+          std::vector<std::unique_ptr<DevBuf<float>>> y_rows, y_one;
+          std::vector<cuda::MatvecSegment> segs;
+          for (size_t i = 0; i < gs.size(); ++i) {
+            const int64_t ys = c.rows[i] + 3;
+            const std::vector<float> y0 = randn(rng, size_t(T * ys));
+            y_rows.push_back(std::make_unique<DevBuf<float>>(y0));
+            y_one.push_back(std::make_unique<DevBuf<float>>(y0));
+            segs.push_back({gs[i], y_rows.back()->p, add, ys});
+          }
+          cuda::fused_matvec_rows(segs.data(), int(segs.size()), T, dx.p, xs, norm ? dnw.p : nullptr, 1e-6f,
+                                  xo_rows.p);
+          for (int t = 0; t < T; ++t) {
+            std::vector<cuda::MatvecSegment> one;
+            for (size_t i = 0; i < gs.size(); ++i) one.push_back({gs[i], y_one[i]->p + t * segs[i].y_stride, add});
+            cuda::fused_matvec(one.data(), int(one.size()), dx.p + t * xs, norm ? dnw.p : nullptr, 1e-6f,
+                               xo_one.p + t * xs);
+          }
+          const std::string what = "bits " + std::to_string(c.bits) + " cols " + std::to_string(c.cols) + " T " +
+                                   std::to_string(T) + (norm ? " norm+add" : "") + (c.mixed ? " mixed" : "") + how;
+          for (size_t i = 0; i < segs.size(); ++i)
+            EXPECT_EQ(y_rows[i]->get(), y_one[i]->get()) << what << " segment " << i;
+          if (norm) {
+            EXPECT_EQ(xo_rows.get(), xo_one.get()) << what << " normed x";
+          }
+        }
+      }
+      for (void* o : owners) cuda::gpu_free(o);
+    }
+  }
+  restore_product_mode(streamed_default, tc_default);
+}
+
+// expert_act_routed_rows + expert_down_add_rows (and the dispatch's rows forms): T tokens in one
+// launch each equal T one-token calls bit for bit: ids, weights, activations and h.
+TEST(CudaKernels, ExpertRowsEqualOneTokenCalls) {
+  REQUIRE_GPU();
+  std::mt19937 rng(53);
+  const bool streamed_default = cuda::streamed_products(), tc_default = cuda::tensor_core_products();
+  for (int bits : {4, 8}) {
+    const int64_t H = 2048, I = 512;
+    const int E = 40, k = 6;
+    std::vector<HostMatrix> gate, up, down;
+    for (int e = 0; e <= E; ++e) {  // expert E: the shared one
+      gate.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+      up.push_back(random_matrix(rng, WeightFormat::Affine, I, H, bits, 64, DType::BF16));
+      down.push_back(random_matrix(rng, WeightFormat::Affine, H, I, bits, 64, DType::BF16));
+    }
+    const size_t slot = cuda::matrix_device_bytes(gate[0].m) + cuda::matrix_device_bytes(up[0].m) +
+                        cuda::matrix_device_bytes(down[0].m);
+    auto* arena = static_cast<uint8_t*>(cuda::gpu_alloc(slot * size_t(E)));
+    std::vector<const void*> table(static_cast<size_t>(E));
+    cuda::ExpertLayout lay;
+    for (int e = 0; e < E; ++e) {
+      table[size_t(e)] = arena + size_t(e) * slot;
+      lay = cuda::upload_expert_to(gate[size_t(e)].m, up[size_t(e)].m, down[size_t(e)].m, arena + size_t(e) * slot);
+    }
+    auto* d_table = static_cast<const void**>(cuda::gpu_alloc(size_t(E) * sizeof(void*)));
+    cuda::gpu_upload(d_table, table.data(), size_t(E) * sizeof(void*));
+    void *og = nullptr, *ou = nullptr, *od = nullptr;
+    const cuda::GpuMatrix sg = cuda::upload_matrix(gate[size_t(E)].m, &og), su = cuda::upload_matrix(up[size_t(E)].m, &ou),
+                          sd = cuda::upload_matrix(down[size_t(E)].m, &od);
+    for (int mode = 0; mode < kProductModes; ++mode) {
+      const std::string how = set_product_mode(mode);
+      for (int T : {1, 3, 8}) {
+        const std::vector<float> x = randn(rng, size_t(T * H)), h0 = randn(rng, size_t(T * H));
+        const std::vector<float> logits = randn(rng, size_t(T * E), 2.0f), gl = randn(rng, size_t(T));
+        DevBuf<float> dx(x), dl(logits), dgl(gl), h_rows(h0), h_one(h0);
+        const size_t act = size_t(T) * size_t(k + 1) * size_t(I);
+        DevBuf<float> a_rows(act), a_one(act), w_rows(size_t(T * k)), w_one(size_t(T * k));
+        DevBuf<int32_t> i_rows(size_t(T * k)), i_one(size_t(T * k));
+        const cuda::SharedExpert sh{sg, su, sd, dgl.p};
+        ASSERT_TRUE(cuda::routes_in_act(lay, E, k, &sh));
+        const cuda::ExpertScratch scratch{a_rows.p, nullptr, nullptr};
+        cuda::route_experts_act_rows(lay, d_table, dl.p, E, k, true, &sh, dx.p, T, i_rows.p, w_rows.p, scratch);
+        cuda::routed_experts_down_add_rows(lay, d_table, E, k, i_rows.p, w_rows.p, &sh, scratch, T, h_rows.p);
+        for (int t = 0; t < T; ++t) {
+          const cuda::SharedExpert st{sg, su, sd, dgl.p + t};
+          float* at = a_one.p + size_t(t) * size_t(k + 1) * size_t(I);
+          cuda::expert_act_routed(lay, d_table, dl.p + t * E, E, k, true, &st, dx.p + t * H, i_one.p + t * k,
+                                  w_one.p + t * k, at);
+          cuda::expert_down_add(lay, d_table, i_one.p + t * k, w_one.p + t * k, k, &st, at, h_one.p + t * H, nullptr,
+                                /*ids_early=*/false);
+        }
+        const std::string what = "bits " + std::to_string(bits) + " T " + std::to_string(T) + how;
+        EXPECT_EQ(i_rows.get(), i_one.get()) << what << " ids";
+        EXPECT_EQ(w_rows.get(), w_one.get()) << what << " weights";
+        EXPECT_EQ(a_rows.get(), a_one.get()) << what << " act";
+        EXPECT_EQ(h_rows.get(), h_one.get()) << what << " h";
+      }
+    }
+    cuda::gpu_free(d_table);
+    cuda::gpu_free(arena);
+    for (void* p : {og, ou, od}) cuda::gpu_free(p);
+  }
+  restore_product_mode(streamed_default, tc_default);
+}
+
 }  // namespace
 }  // namespace swiftlet

@@ -46,6 +46,18 @@ int blocks_per_sm(int R) {
 
 constexpr int kMaxTopk = 16;  // the routed experts a token takes
 
+// The rows forms (fused_matvec_rows, expert_act_rows, expert_down_add_rows) launch the one-token
+// kernels with gridDim.y = tokens: blockIdx.y is the block's token, whose arrays sit `stride`
+// elements a token apart; gridDim.x blocks share out that token's tiles as the one-token launch's
+// blocks do. One token: blockIdx.y = 0, the one-token kernel as it is.
+__device__ __forceinline__ int64_t token_offset(int64_t stride) { return int64_t(blockIdx.y) * stride; }
+
+// Blocks a token of a rows launch of `tokens` tokens, where one token's launch takes `blocks`:
+// about that many in all (the tensor-core kernels keep one block an SM).
+unsigned token_blocks(int64_t blocks, int tokens) {
+  return unsigned(std::max<int64_t>(1, tokens > 1 ? blocks / tokens : blocks));
+}
+
 // Tiles of a grid-strided loop over `total` this block takes (b, b + grid, ...).
 __device__ __forceinline__ int block_tiles(int total) {
   return int(blockIdx.x) < total ? (total - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
@@ -197,11 +209,13 @@ bool tc_shape(int cols, int gs, int bits, int nw) {
 }
 uint32_t scale_row_bytes(int cols, int gs, int st) { return uint32_t(cols / gs) * (st == kScaleF32 ? 4u : 2u); }
 
-// Launches a tensor-core kernel: kTcWarps warps a block, at most one block an SM.
+// Launches a tensor-core kernel: kTcWarps warps a block, at most one block an SM; `tokens` of them
+// (gridDim.y, token_blocks).
 template <typename Args>
-void launch_tc(void (*kernel)(Args), int blocks, size_t smem, cudaStream_t s, const Args& a) {
+void launch_tc(void (*kernel)(Args), int blocks, int tokens, size_t smem, cudaStream_t s, const Args& a) {
   stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, unsigned(std::min(blocks, sm_count())), kTcWarps * 32, smem, s, a);
+  launch(kernel, dim3(token_blocks(std::min(blocks, sm_count()), tokens), unsigned(tokens)), kTcWarps * 32, smem, s,
+         a);
   SWIFTLET_CUDA_LAUNCHED();
 }
 

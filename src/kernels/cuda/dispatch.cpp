@@ -41,6 +41,49 @@ void experts_down_add(const ExpertLayout& l, const void* const* d_table, const i
   moe_combine(d_h, scratch.y, d_w, n, l.down.rows, s);
 }
 
+namespace {
+// The rows forms token by token: f(t, token t's shared expert (its gate logit sh->d_gate_logit[t]),
+// token t's scratch (its act row)).
+template <typename F>
+void token_by_token(const ExpertLayout& l, int k, const SharedExpert* sh, int tokens, const ExpertScratch& scratch,
+                    F f) {
+  const int64_t act = int64_t(k + (sh ? 1 : 0)) * l.gate.rows;
+  for (int t = 0; t < tokens; ++t) {
+    SharedExpert st;
+    if (sh) {
+      st = *sh;
+      st.d_gate_logit = sh->d_gate_logit + t;
+    }
+    f(int64_t(t), sh ? &st : nullptr, ExpertScratch{scratch.act + t * act, scratch.up, scratch.y});
+  }
+}
+}  // namespace
+
+void route_experts_act_rows(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                            bool renormalise, const SharedExpert* sh, const float* d_x, int tokens, int32_t* d_ids,
+                            float* d_w, const ExpertScratch& scratch, GpuStream s) {
+  if (routes_in_act(l, E, k, sh)) {
+    expert_act_routed_rows(l, d_table, d_logits, E, k, renormalise, sh, d_x, tokens, d_ids, d_w, scratch.act, s);
+    return;
+  }
+  token_by_token(l, k, sh, tokens, scratch, [&](int64_t t, const SharedExpert* st, const ExpertScratch& sc) {
+    route_experts_act(l, d_table, d_logits + t * E, E, k, renormalise, st, d_x + t * l.gate.cols, d_ids + t * k,
+                      d_w + t * k, sc, s);
+  });
+}
+
+void routed_experts_down_add_rows(const ExpertLayout& l, const void* const* d_table, int E, int k, const int32_t* d_ids,
+                                  const float* d_w, const SharedExpert* sh, const ExpertScratch& scratch, int tokens,
+                                  float* d_h, GpuStream s) {
+  if (routes_in_act(l, E, k, sh)) {
+    expert_down_add_rows(l, d_table, d_ids, d_w, k, sh, scratch.act, tokens, d_h, s, /*ids_early=*/false);
+    return;
+  }
+  token_by_token(l, k, sh, tokens, scratch, [&](int64_t t, const SharedExpert* st, const ExpertScratch& sc) {
+    routed_experts_down_add(l, d_table, E, k, d_ids + t * k, d_w + t * k, st, sc, d_h + t * l.gate.cols, s);
+  });
+}
+
 bool routes_in_act(const ExpertLayout& l, int E, int k, const SharedExpert* sh) {
   return sh && experts_fusable(l, k, sh) && expert_act_routes(E, k);
 }

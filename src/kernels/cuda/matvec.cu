@@ -26,6 +26,7 @@ struct Segment {
   int rows;
   int add;  // y += W x instead of y = W x
   int rg0;  // first row group (of R rows) of this segment
+  int64_t y_stride;  // fused_matvec_rows: token t's y at y + t y_stride (t = blockIdx.y)
 };
 
 struct MultiArgs {
@@ -36,8 +37,12 @@ struct MultiArgs {
   const float* norm_w;  // null: x as it is
   float eps;
   float* x_out;  // block 0 writes the normed x here (when norm_w)
+  int64_t x_stride;  // fused_matvec_rows: token t's x (and x_out) at x + t x_stride (t = blockIdx.y)
+  int tokens;        // gridDim.y
   int stages, stage_bytes, ring_off;  // streamed products only (below)
   int tc_rbt;  // the tensor-core kernel's 16-row blocks a tile (fewer than tc_geom's for small matrices)
+  int tpb;     // tc_matvec_tokens_kernel: tokens a block (grid row y: tokens y tpb ..), each tile used for all
+  int xt_bytes;  // the bytes of one token's staged x there
 };
 
 // 1 / sqrt(mean(x^2) + eps) over x[0..n), by the whole block (any size); synchronises it.
@@ -58,26 +63,29 @@ __device__ __forceinline__ void segment_tile(const MultiArgs& a, int i, int rows
   r0 = (t - a.seg[si].rg0) * rows;
 }
 
-// The products' input value i: a.x[i], or RMSNorm(a.x)[i] when a.norm_w (inv: 1 / rms), which
-// block 0 also writes to a.x_out.
-__device__ __forceinline__ float input_value(const MultiArgs& a, float inv, int i) {
-  float v = a.x[i];
+// The products' input value i: a.x[xo + i] (xo: the token's offset), or RMSNorm of that row when
+// a.norm_w (inv: 1 / its rms), which block 0 also writes to a.x_out.
+__device__ __forceinline__ float input_value(const MultiArgs& a, int64_t xo, float inv, int i) {
+  float v = a.x[xo + i];
   if (a.norm_w) {
     v = v * inv * a.norm_w[i];
-    if (blockIdx.x == 0 && a.x_out) a.x_out[i] = v;
+    if (blockIdx.x == 0 && a.x_out) a.x_out[xo + i] = v;
   }
   return v;
 }
+// Token blockIdx.y's output row of segment sg.
+__device__ __forceinline__ float* segment_y(const Segment& sg) { return sg.y + token_offset(sg.y_stride); }
 // 1 / rms of a.x when a.norm_w (else 1), by the whole block. `red`: 32 floats of shared memory.
-__device__ __forceinline__ float input_rms_inv(const MultiArgs& a, float* red) {
-  return a.norm_w ? block_rms_inv(a.x, a.cols, a.eps, red) : 1.0f;
+__device__ __forceinline__ float input_rms_inv(const MultiArgs& a, int64_t xo, float* red) {
+  return a.norm_w ? block_rms_inv(a.x + xo, a.cols, a.eps, red) : 1.0f;
 }
 
 // Stages the products' input (see stage; input_value).
 template <int BITS>
 __device__ __forceinline__ void stage_input(float* xs, const MultiArgs& a, float* red) {
-  const float inv = input_rms_inv(a, red);
-  stage<BITS>(xs, a.cols, [&](int i) { return input_value(a, inv, i); });
+  const int64_t xo = token_offset(a.x_stride);
+  const float inv = input_rms_inv(a, xo, red);
+  stage<BITS>(xs, a.cols, [&](int i) { return input_value(a, xo, inv, i); });
 }
 
 template <int BITS, int R, int J>
@@ -137,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_con
     for (int i = 0; i < R; ++i) {
       const float v = warp_sum(acc[i]);
       if (lane == 0 && valid[i]) {
-        float* y = sg.y + r0 + i;
+        float* y = segment_y(sg) + r0 + i;
         *y = sg.add ? *y + v : v;
       }
     }
@@ -145,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_con
 }
 
 Segment segment_of(const GpuMatrix& m, float* y, bool add) {
-  return {static_cast<const uint4*>(m.data), m.scales, m.biases, y, int(m.rows), add ? 1 : 0, 0};
+  return {static_cast<const uint4*>(m.data), m.scales, m.biases, y, int(m.rows), add ? 1 : 0, 0, 0};
 }
 
 // Rows per warp: 2 where every warp of a full grid (2 blocks per SM) still gets a group, else 1.
@@ -165,10 +173,11 @@ void launch_multi(MultiArgs a, cudaStream_t s) {
   }
   a.total_rg = groups;
   const size_t smem = size_t(staged_floats<BITS>(a.cols)) * 4;
+  const dim3 grid(token_blocks(grid_for(groups, R), a.tokens), unsigned(a.tokens));
   switch (fixed_chunks<BITS>(a.cols, R)) {
-    case 2: launch_ex(multi_matvec_kernel<BITS, R, 2>, grid_for(groups, R), kThreads, smem, s, true, a); break;
-    case 4: launch_ex(multi_matvec_kernel<BITS, R, 4>, grid_for(groups, R), kThreads, smem, s, true, a); break;
-    default: launch_ex(multi_matvec_kernel<BITS, R, 0>, grid_for(groups, R), kThreads, smem, s, true, a); break;
+    case 2: launch_ex(multi_matvec_kernel<BITS, R, 2>, grid, kThreads, smem, s, true, a); break;
+    case 4: launch_ex(multi_matvec_kernel<BITS, R, 4>, grid, kThreads, smem, s, true, a); break;
+    default: launch_ex(multi_matvec_kernel<BITS, R, 0>, grid, kThreads, smem, s, true, a); break;
   }
   SWIFTLET_CUDA_LAUNCHED();
 }
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_matvec_kernel(const _
     for (int k = 0; k < 2; ++k) {
       const float v = warp_sum(acc[k]);
       if (lane == 0 && valid[k]) {
-        float* y = sg.y + r0 + 2 * warp + k;
+        float* y = segment_y(sg) + r0 + 2 * warp + k;
         *y = sg.add ? *y + v : v;
       }
     }
@@ -262,12 +271,12 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_matvec_kernel(const _
 // batch (a row of up to 4 groups a warp), x and the norm's weights are read once, into registers,
 // for both the sum of squares and the staging: one round of reads after the PDL wait, not two.
 template <int BITS>
-__device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArgs& a, float* red) {
+__device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArgs& a, int64_t xo, float* red) {
   constexpr int kBatch = 4;
   const int groups = a.cols / kTcGs, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   if (!a.norm_w || groups > kBatch * nw) {
-    const float inv = input_rms_inv(a, red);
-    stage_tc<BITS>(xt, a.cols, [&](int i) { return input_value(a, inv, i); });
+    const float inv = input_rms_inv(a, xo, red);
+    stage_tc<BITS>(xt, a.cols, [&](int i) { return input_value(a, xo, inv, i); });
     return;
   }
   float v[kBatch][2], w[kBatch][2], ss = 0.0f;
@@ -276,7 +285,7 @@ __device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArg
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int G = warp + u * nw, i = G * kTcGs + 32 * h + lane;
-      v[u][h] = G < groups ? a.x[i] : 0.0f;
+      v[u][h] = G < groups ? a.x[xo + i] : 0.0f;
       w[u][h] = G < groups ? a.norm_w[i] : 0.0f;
       ss = fmaf(v[u][h], v[u][h], ss);
     }
@@ -288,7 +297,7 @@ __device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArg
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       v[u][h] = v[u][h] * inv * w[u][h];
-      if (blockIdx.x == 0 && a.x_out) a.x_out[G * kTcGs + 32 * h + lane] = v[u][h];
+      if (blockIdx.x == 0 && a.x_out) a.x_out[xo + G * kTcGs + 32 * h + lane] = v[u][h];
     }
     stage_tc_group<BITS>(xt, tc_info(xt, a.cols), G, v[u]);
   }
@@ -337,7 +346,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
   if (pr) probe(kProbeProduct, 2);
   pdl_wait_and_release();
   if (pr) probe(kProbeProduct, 3);
-  stage_tc_input<BITS>(xt, a, red);
+  stage_tc_input<BITS>(xt, a, token_offset(a.x_stride), red);
   if (pr) probe(kProbeProduct, 4);
   const TcWarp tw(xt, tg);
   for (int i = 0; i < mine; ++i) {
@@ -361,12 +370,92 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
       const int tr = int(threadIdx.x) - 32;
       if (tr < TR && r0 + tr < sg.rows) {
         const float sum = tc_row_sum(part[i & 1], tr, tg.iters);
-        float* y = sg.y + r0 + tr;
+        float* y = segment_y(sg) + r0 + tr;
         *y = sg.add ? *y + sum : sum;
       }
     }
   }
   if (pr) probe(kProbeProduct, 7);
+}
+
+constexpr int kMaxBlockTokens = 8;
+
+// tc_matvec_kernel for up to kMaxBlockTokens tokens a block (fused_matvec_rows): each tile is
+// brought in once and used for each of the block's tokens in turn, with that token's x staged at
+// xt + u xt_bytes; the same arithmetic per token as the one-token kernel, so the same results.
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(const __grid_constant__ MultiArgs a) {
+  extern __shared__ float4 smem4[];
+  unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
+  unsigned char* ring = xt + a.ring_off;
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ float red[32];
+  __shared__ float part[2][kMaxBlockTokens][NW * 16];
+  const int cols = a.cols, S = a.stages;
+  const int t0 = int(blockIdx.y) * a.tpb, nt = min(a.tpb, a.tokens - t0);
+  TcGeom tg = tc_geom(cols, NW);
+  tg.rbt = a.tc_rbt;
+  const int TR = 16 * tg.rbt;
+  const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
+  const uint32_t sc_off = uint32_t(TR) * rb, bi_off = sc_off + align16(uint32_t(TR) * srb);
+  const int mine = block_tiles(a.total_rg);
+  auto issue = [&](int i) {  // warp 0
+    int si, r0;
+    segment_tile(a, i, TR, si, r0);
+    const Segment& sg = a.seg[si];
+    const uint32_t nr = uint32_t(min(TR, sg.rows - r0));
+    const RowSet rows{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0};
+    const Range ex[2] = {{static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
+                         {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
+    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, ex, 2);
+  };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp == 0) {
+    if (lane == 0) ring_init(bars, S);
+    __syncwarp();
+    for (int i = 0; i < mine && i < S; ++i) issue(i);
+  }
+  pdl_wait_and_release();
+  for (int u = 0; u < nt; ++u)
+    stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, red);
+  // The warp's place in every tile, as TcWarp's: column part it of 16-row block rbk.
+  const int it = warp % tg.iters, rbk = warp / tg.iters, G = it * 4 + (lane & 3), n = lane >> 2;
+  const bool busy = rbk < tg.rbt;
+  for (int i = 0; i < mine; ++i) {
+    stage_wait(bars + i % S, i / S);
+    int si, r0;
+    segment_tile(a, i, TR, si, r0);
+    const Segment& sg = a.seg[si];
+    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
+    if (busy) {
+      const void* const sc[2] = {st + sc_off, st + sc_off};
+      const void* const bi[2] = {st + bi_off, st + bi_off};
+      const int row[2] = {rbk * 16 + n, rbk * 16 + n + 8};
+      for (int u = 0; u < nt; ++u) {
+        TcFrags fr;
+        tc_load(xt + size_t(u) * a.xt_bytes, tg.groups, G, G < tg.groups, fr);
+        float dot[2], v[2];
+        tc_rows<BITS>(st + size_t(rbk) * 16 * rb, rb, fr, G, dot);
+        tc_fold(fr, dot, sc, bi, row, tg.groups, G, a.st, v);
+        if ((lane & 3) == 0) {
+          part[i & 1][u][warp * 16 + n] = v[0];
+          part[i & 1][u][warp * 16 + n + 8] = v[1];
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with the stage; the parts are in
+    if (warp == 0) {
+      if (i + S < mine) issue(i + S);
+    } else {
+      for (int k = int(threadIdx.x) - 32; k < nt * TR; k += int(blockDim.x) - 32) {
+        const int u = k / TR, tr = k - u * TR;
+        if (r0 + tr >= sg.rows) continue;
+        const float sum = tc_row_sum(part[i & 1][u], tr, tg.iters);
+        float* y = sg.y + int64_t(t0 + u) * sg.y_stride + r0 + tr;
+        *y = sg.add ? *y + sum : sum;
+      }
+    }
+  }
 }
 
 template <int BITS, int NW>
@@ -383,7 +472,8 @@ bool stream_multi_nw(MultiArgs a, cudaStream_t s) {
   a.total_rg = tiles;
   const auto kernel = stream_matvec_kernel<BITS, NW>;
   stream_opt_in(reinterpret_cast<const void*>(kernel));
-  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
+  launch(kernel, dim3(token_blocks(std::min(tiles, sm_count()), a.tokens), unsigned(a.tokens)), NW * 32, ring_smem(a),
+         s, a);
   SWIFTLET_CUDA_LAUNCHED();
   return true;
 }
@@ -399,6 +489,21 @@ template <int BITS>
 bool tc_multi(MultiArgs a, cudaStream_t s) {
   constexpr int NW = kTcWarps;
   if (!tc_shape(a.cols, a.gs, BITS, NW)) return false;
+  // Several tokens: as many a block as fit beside two stages of the widest tiles (the tokens
+  // shared out evenly over the grid rows); one a block where not even two do.
+  const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = scale_row_bytes(a.cols, a.gs, a.st);
+  a.xt_bytes = (tc_staged_bytes(a.cols) + 127) & ~127;
+  a.tpb = 1;
+  if (a.tokens > 1) {
+    const size_t stage = size_t(16 * tc_geom(a.cols, NW).rbt) * rb + 2 * align16(uint32_t(16 * tc_geom(a.cols, NW).rbt) * srb);
+    const size_t fit = kTcSmem > 2 * stage ? (kTcSmem - 2 * stage) / size_t(a.xt_bytes) : 0;
+    const int most = int(std::min<size_t>(fit, kMaxBlockTokens));
+    if (most >= 2) {
+      const int rows = (a.tokens + most - 1) / most;
+      a.tpb = (a.tokens + rows - 1) / rows;
+    }
+  }
+  const int grid_rows = (a.tokens + a.tpb - 1) / a.tpb;
   // Fewer rows a tile (warps idle) where full tiles would leave SMs without one: a small matrix
   // (the router's 513 rows: 17 tiles of 32) then loads over more SMs.
   auto tiles_of = [&](int rbt) {
@@ -407,11 +512,10 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
     return t;
   };
   a.tc_rbt = tc_geom(a.cols, NW).rbt;
-  while (a.tc_rbt > 1 && tiles_of(a.tc_rbt) < sm_count()) --a.tc_rbt;
+  const int blocks = int(token_blocks(sm_count(), grid_rows));
+  while (a.tc_rbt > 1 && tiles_of(a.tc_rbt) < blocks) --a.tc_rbt;
   const int TR = 16 * a.tc_rbt;
-  const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = scale_row_bytes(a.cols, a.gs, a.st);
-  if (!plan_ring(a, size_t(tc_staged_bytes(a.cols)), uint32_t(TR) * rb + 2 * align16(uint32_t(TR) * srb),
-                 kTcSmem))
+  if (!plan_ring(a, size_t(a.tpb) * size_t(a.xt_bytes), uint32_t(TR) * rb + 2 * align16(uint32_t(TR) * srb), kTcSmem))
     return false;
   int tiles = 0;
   for (int i = 0; i < a.n_seg; ++i) {
@@ -420,7 +524,10 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
     tiles += (a.seg[i].rows + TR - 1) / TR;
   }
   a.total_rg = tiles;
-  launch_tc(tc_matvec_kernel<BITS, NW>, tiles, ring_smem(a), s, a);
+  if (a.tpb > 1)
+    launch_tc(tc_matvec_tokens_kernel<BITS, NW>, tiles, grid_rows, ring_smem(a), s, a);
+  else
+    launch_tc(tc_matvec_kernel<BITS, NW>, tiles, a.tokens, ring_smem(a), s, a);
   return true;
 }
 
@@ -428,8 +535,14 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
 
 void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const float* d_norm_w, float eps,
                   float* d_x_out, GpuStream s) {
+  fused_matvec_rows(segs, n, 1, d_x, 0, d_norm_w, eps, d_x_out, s);
+}
+
+void fused_matvec_rows(const MatvecSegment* segs, int n, int tokens, const float* d_x, int64_t x_stride,
+                       const float* d_norm_w, float eps, float* d_x_out, GpuStream s) {
   SWIFTLET_CUDA_REQUIRE(n >= 0 && n <= kMaxSegments);
   SWIFTLET_CUDA_REQUIRE(!d_norm_w || d_x_out);
+  SWIFTLET_CUDA_REQUIRE(tokens >= 1 && tokens <= 65535);
   int first = -1;
   bool fusable = true;
   for (int i = 0; i < n; ++i) {
@@ -447,18 +560,21 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
     const size_t smem = size_t(bits == 4 ? staged_floats<4>(int(w0.cols)) : staged_floats<8>(int(w0.cols))) * 4;
     fusable = smem <= kMaxSmem;
   }
-  if (!fusable) {
-    const float* x = d_x;
-    if (d_norm_w) {
-      rms_norm(d_x, d_norm_w, 1, segs[first].w.cols, eps, d_x_out, s);
-      x = d_x_out;
-    }
-    for (int i = 0; i < n; ++i) {
-      if (segs[i].w.rows == 0) continue;
-      if (segs[i].add)
-        matmul_add(segs[i].w, x, segs[i].d_y, s);
-      else
-        matmul(segs[i].w, x, 1, segs[i].d_y, s);
+  if (!fusable) {  // token by token, segment by segment
+    for (int t = 0; t < tokens; ++t) {
+      const float* x = d_x + t * x_stride;
+      if (d_norm_w) {
+        rms_norm(x, d_norm_w, 1, segs[first].w.cols, eps, d_x_out + t * x_stride, s);
+        x = d_x_out + t * x_stride;
+      }
+      for (int i = 0; i < n; ++i) {
+        if (segs[i].w.rows == 0) continue;
+        float* y = segs[i].d_y + t * segs[i].y_stride;
+        if (segs[i].add)
+          matmul_add(segs[i].w, x, y, s);
+        else
+          matmul(segs[i].w, x, 1, y, s);
+      }
     }
     return;
   }
@@ -466,7 +582,8 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
   for (int i = 0; i < n; ++i) {
     if (segs[i].w.rows == 0) continue;
     const GpuMatrix& m = segs[i].w;
-    a.seg[a.n_seg++] = segment_of(m, segs[i].d_y, segs[i].add);
+    a.seg[a.n_seg] = segment_of(m, segs[i].d_y, segs[i].add);
+    a.seg[a.n_seg++].y_stride = segs[i].y_stride;
   }
   a.cols = int(w0.cols);
   a.gs = w0.group_size;
@@ -475,6 +592,8 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
   a.norm_w = d_norm_w;
   a.eps = eps;
   a.x_out = d_x_out;
+  a.x_stride = x_stride;
+  a.tokens = tokens;
   if (tc_on() && (bits == 4 ? tc_multi<4>(a, s) : tc_multi<8>(a, s))) return;
   if (streaming() && (bits == 4 ? stream_multi<4>(a, s) : stream_multi<8>(a, s))) return;
   if (bits == 4)
@@ -498,7 +617,9 @@ void prepare_fused_kernels() {
   for (const void* k : {reinterpret_cast<const void*>(stream_matvec_kernel<4, 8>), reinterpret_cast<const void*>(stream_matvec_kernel<8, 8>),
                         reinterpret_cast<const void*>(stream_matvec_kernel<4, 16>), reinterpret_cast<const void*>(stream_matvec_kernel<8, 16>)})
     if (tuning().capable) stream_opt_in(k);
-  for (const void* k : {reinterpret_cast<const void*>(tc_matvec_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_matvec_kernel<8, kTcWarps>)})
+  for (const void* k : {reinterpret_cast<const void*>(tc_matvec_kernel<4, kTcWarps>), reinterpret_cast<const void*>(tc_matvec_kernel<8, kTcWarps>),
+                        reinterpret_cast<const void*>(tc_matvec_tokens_kernel<4, kTcWarps>),
+                        reinterpret_cast<const void*>(tc_matvec_tokens_kernel<8, kTcWarps>)})
     if (tuning().capable) stream_opt_in(k, kTcSmem);
   detail::prepare_expert_kernels();
   (void)tuning();

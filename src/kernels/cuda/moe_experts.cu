@@ -126,12 +126,33 @@ struct ExpertArgs {
   // L2 prefetch before the wait; not so after expert_act_routed.
   bool ids_early;
   int stages, stage_bytes, ring_off;  // streamed products only (below)
+  // The rows forms (expert_act_rows, expert_down_add_rows): token t = blockIdx.y of `tokens` reads
+  // and writes its arrays at these strides, in elements: x, y, logits, ids and w (in and out alike),
+  // the shared expert's gate logit. One token: 0.
+  int64_t x_stride, y_stride, logits_stride, ids_stride, sg_stride;
+  int tokens;
 };
+
+// This block's token's x, y, logits, ids, weights, ids / weights out and shared gate logit.
+__device__ __forceinline__ const float* tok_x(const ExpertArgs& a) { return a.x + token_offset(a.x_stride); }
+__device__ __forceinline__ float* tok_y(const ExpertArgs& a) { return a.y + token_offset(a.y_stride); }
+__device__ __forceinline__ const float* tok_logits(const ExpertArgs& a) {
+  return a.logits + token_offset(a.logits_stride);
+}
+__device__ __forceinline__ const int32_t* tok_ids(const ExpertArgs& a) { return a.ids + token_offset(a.ids_stride); }
+__device__ __forceinline__ float tok_w(const ExpertArgs& a, int p) { return a.w[token_offset(a.ids_stride) + p]; }
+__device__ __forceinline__ void tok_route_out(const ExpertArgs& a, int p, int32_t id, float w) {
+  a.ids_out[token_offset(a.ids_stride) + p] = id;
+  a.w_out[token_offset(a.ids_stride) + p] = w;
+}
+__device__ __forceinline__ float tok_shared_gate(const ExpertArgs& a) {
+  return sigmoidf_(a.sh_gate_logit[token_offset(a.sg_stride)]);
+}
 
 
 // Part p's slot base as an integer (0 for the shared expert, whose offsets are addresses).
 __device__ __forceinline__ size_t part_base(const ExpertArgs& a, int p) {
-  return p < a.n ? reinterpret_cast<size_t>(a.table[a.ids[p]]) : size_t(0);
+  return p < a.n ? reinterpret_cast<size_t>(a.table[tok_ids(a)[p]]) : size_t(0);
 }
 template <typename T>
 __device__ __forceinline__ const T* at(size_t base, size_t off) {
@@ -153,18 +174,16 @@ __global__ void __launch_bounds__(kThreads) expert_act_kernel(const __grid_const
   __shared__ float wts[kMaxTopk];
   // Routing here (expert_act_routed): warp 0 takes the top n of the logits, then stages its share
   // of x; the other warps stage x meanwhile.
-  if (a.logits && threadIdx.x < 32) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);
-  stage<BITS>(xs, H, [&](int i) { return a.x[i]; });  // ends with a barrier: ids are visible
+  if (a.logits && threadIdx.x < 32) warp_topk<kActMaxE / 32>(tok_logits(a), a.E, a.n, a.renormalise, ids, wts);
+  const float* x = tok_x(a);
+  stage<BITS>(xs, H, [&](int i) { return x[i]; });  // ends with a barrier: ids are visible
   if (threadIdx.x < unsigned(a.parts)) {
     const int p = threadIdx.x;
     if (!a.logits) {
       bases[p] = part_base(a, p);
     } else {
       bases[p] = p < a.n ? reinterpret_cast<size_t>(a.table[ids[p]]) : size_t(0);
-      if (blockIdx.x == 0 && p < a.n) {
-        a.ids_out[p] = ids[p];
-        a.w_out[p] = wts[p];
-      }
+      if (blockIdx.x == 0 && p < a.n) tok_route_out(a, p, ids[p], wts[p]);
     }
   }
   __syncthreads();
@@ -205,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) expert_act_kernel(const __grid_const
     for (int i = 0; i < RP; ++i) {
       const float gv = warp_sum(acc[i]);
       const float uv = warp_sum(acc[RP + i]);
-      if (lane == 0 && valid[i]) a.y[int64_t(p) * a.I + r0 + i] = siluf_(gv) * uv;
+      if (lane == 0 && valid[i]) tok_y(a)[int64_t(p) * a.I + r0 + i] = siluf_(gv) * uv;
     }
   }
 }
@@ -290,7 +309,7 @@ __device__ __forceinline__ void down_parts(const ExpertArgs& a, size_t* bases, f
   if (threadIdx.x < unsigned(a.parts)) {
     const int p = threadIdx.x;
     bases[p] = part_base(a, p);
-    coefs[p] = p < a.n ? a.w[p] : sigmoidf_(*a.sh_gate_logit);
+    coefs[p] = p < a.n ? tok_w(a, p) : tok_shared_gate(a);
   }
 }
 
@@ -304,8 +323,9 @@ __global__ void __launch_bounds__(kThreads) expert_down_kernel(const __grid_cons
   if (a.ids_early) prefetch_down_rows<BITS, R>(a, [&](int p) { return part_base(a, p); });
   pdl_wait_and_release();
   down_parts(a, bases, coefs);
-  stage<BITS>(xs, a.parts * a.I, [&](int i) { return a.x[i]; });
-  down_rows<BITS, R>(a, bases, coefs, xs, a.y);
+  const float* x = tok_x(a);
+  stage<BITS>(xs, a.parts * a.I, [&](int i) { return x[i]; });
+  down_rows<BITS, R>(a, bases, coefs, xs, tok_y(a));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,7 +449,7 @@ struct ActStream : ActTiles<ActStream<BITS, NW>> {
       float acc[2] = {0.0f, 0.0f};
       rows_dot<BITS, 2, true>(data, scales, biases, g0, valid, n_chunks, a.gs_in, a.st_in, xs, sums, acc);
       const float gv = warp_sum(acc[0]), uv = warp_sum(acc[1]);
-      if (lane == 0 && ok) a.y[int64_t(p) * a.I + r0 + warp] = siluf_(gv) * uv;
+      if (lane == 0 && ok) tok_y(a)[int64_t(p) * a.I + r0 + warp] = siluf_(gv) * uv;
       __syncthreads();  // every warp is done with the stage
       if (threadIdx.x == 0) issue_upto(i + 1 + S);
     }
@@ -440,17 +460,14 @@ struct ActStream : ActTiles<ActStream<BITS, NW>> {
 // part's slot base, one lane per part (parallel loads, not a chain in thread 0), and 0 for the
 // shared expert; block 0 writes the routed ids and weights out.
 __device__ __forceinline__ void route_warp(const ExpertArgs& a, int32_t* ids, float* wts, size_t* bases) {
-  if (a.logits) warp_topk<kActMaxE / 32>(a.logits, a.E, a.n, a.renormalise, ids, wts);
+  if (a.logits) warp_topk<kActMaxE / 32>(tok_logits(a), a.E, a.n, a.renormalise, ids, wts);
   probe(kProbeAct, 3);  // the top-k
   __syncwarp();
   const int p = threadIdx.x & 31;
   if (p < a.n) {
-    const int32_t id = a.logits ? ids[p] : a.ids[p];
+    const int32_t id = a.logits ? ids[p] : tok_ids(a)[p];
     bases[p] = reinterpret_cast<size_t>(a.table[id]);
-    if (a.logits && blockIdx.x == 0) {
-      a.ids_out[p] = id;
-      a.w_out[p] = wts[p];
-    }
+    if (a.logits && blockIdx.x == 0) tok_route_out(a, p, id, wts[p]);
   } else if (p < a.parts) {
     bases[p] = 0;  // the shared expert: its offsets are addresses
   }
@@ -473,7 +490,8 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_act_kernel(const __gr
     route_warp(a, ids, wts, bases);
     if (threadIdx.x == 0) act.issue_upto(act.S);
   }
-  stage<BITS>(xs, a.H, [&](int i) { return a.x[i]; });
+  const float* x = tok_x(a);
+  stage<BITS>(xs, a.H, [&](int i) { return x[i]; });
   act.compute(xs);
 }
 
@@ -540,7 +558,7 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
         const int tr = int(threadIdx.x) - 32;
         if (tr < kR && r0 + tr < a.I) {  // gate's row tr, up's row kR + tr
           const float g = tc_row_sum(part[i & 1], tr, tg.iters), u = tc_row_sum(part[i & 1], kR + tr, tg.iters);
-          a.y[int64_t(p) * a.I + r0 + tr] = siluf_(g) * u;
+          tok_y(a)[int64_t(p) * a.I + r0 + tr] = siluf_(g) * u;
         }
       }
     }
@@ -639,12 +657,13 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
     const size_t base = lane < a.parts ? part_base(a, lane) : size_t(0);
     if (lane < a.parts) {
       bases[lane] = base;
-      coefs[lane] = lane < a.n ? a.w[lane] : sigmoidf_(*a.sh_gate_logit);
+      coefs[lane] = lane < a.n ? tok_w(a, lane) : tok_shared_gate(a);
     }
     if (!a.ids_early && rbk0 < n_rb) issue_routed(rbk0, base);
   }
   probe(kProbeDown, 3);
-  stage_tc<BITS>(xt, a.parts * a.I, [&](int i) { return a.x[i]; }, 1);  // warp 0 issued; ends with a barrier
+  const float* x = tok_x(a);
+  stage_tc<BITS>(xt, a.parts * a.I, [&](int i) { return x[i]; }, 1);  // warp 0 issued; ends with a barrier
   probe(kProbeDown, 4);
   const int gpp = a.I / kTcGs, ipp = (gpp + 3) / 4, items = a.parts * ipp, groups = a.parts * gpp;
   int use = 0;
@@ -677,7 +696,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
         }
       }
     }
-    tc_down_finish(acc, red, a.y, rbk, a.H);
+    tc_down_finish(acc, red, tok_y(a), rbk, a.H);
   }
   probe(kProbeDown, 5);
 }
@@ -702,7 +721,8 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_act_kernel(const __grid_c
     act.issue_upto(act.S);
   }
   probe(kProbeAct, 5);
-  stage_tc<BITS>(xt, a.H, [&](int i) { return a.x[i]; }, 1);  // warp 0 routed; ends with a barrier
+  const float* x = tok_x(a);
+  stage_tc<BITS>(xt, a.H, [&](int i) { return x[i]; }, 1);  // warp 0 routed; ends with a barrier
   probe(kProbeAct, 6);
   act.compute(xt);
   probe(kProbeAct, 9);
@@ -727,7 +747,8 @@ bool stream_act_nw(ExpertArgs a, cudaStream_t s) {
   const int tiles = a.parts * ((a.I + NW - 1) / NW);
   const auto kernel = stream_act_kernel<BITS, NW>;
   stream_opt_in(reinterpret_cast<const void*>(kernel));
-  launch(kernel, unsigned(std::min(tiles, sm_count())), NW * 32, ring_smem(a), s, a);
+  launch(kernel, dim3(token_blocks(std::min(tiles, sm_count()), a.tokens), unsigned(a.tokens)), NW * 32, ring_smem(a),
+         s, a);
   SWIFTLET_CUDA_LAUNCHED();
   return true;
 }
@@ -759,7 +780,7 @@ bool tc_act(ExpertArgs a, cudaStream_t s) {
   const int kR = tc_act_rows(a, BITS, kTcWarps);
   if (kR == 0 || !experts_aligned(a)) return false;
   if (!plan_ring(a, size_t(tc_staged_bytes(a.H)), tc_act_stage_bytes(a, BITS, kTcWarps), kTcSmem)) return false;
-  launch_tc(tc_act_kernel<BITS, kTcWarps>, a.parts * ((a.I + kR - 1) / kR), ring_smem(a), s, a);
+  launch_tc(tc_act_kernel<BITS, kTcWarps>, a.parts * ((a.I + kR - 1) / kR), a.tokens, ring_smem(a), s, a);
   return true;
 }
 
@@ -771,7 +792,8 @@ bool tc_down(ExpertArgs a, int bits, cudaStream_t s) {
   a.stage_bytes = int(16 * rb + 2 * align16(16 * scale_row_bytes(a.I, a.gs_out, a.st_out)));
   const size_t smem = size_t(a.ring_off) + size_t(a.parts) * size_t(a.stage_bytes);
   if (smem > kTcSmem) return false;
-  launch_tc(bits == 4 ? tc_down_kernel<4, kTcWarps> : tc_down_kernel<8, kTcWarps>, (a.H + 15) / 16, smem, s, a);
+  launch_tc(bits == 4 ? tc_down_kernel<4, kTcWarps> : tc_down_kernel<8, kTcWarps>, (a.H + 15) / 16, a.tokens, smem, s,
+            a);
   return true;
 }
 
@@ -802,6 +824,7 @@ ExpertArgs expert_args(const ExpertLayout& l, const void* const* table, const in
   a.gs_out = l.down.group_size;
   a.st_out = scale_type(l.down.scale_dtype);
   a.ids_early = true;
+  a.tokens = 1;
   return a;
 }
 
@@ -859,7 +882,8 @@ void launch_act(ExpertArgs& a, int bits, cudaStream_t s) {
   const size_t smem = size_t(bits == 4 ? staged_floats<4>(a.H) : staged_floats<8>(a.H)) * 4;
   // One row of gate and one of up per warp (two of each need ~120 registers: fewer warps per SM).
   const bool two = false;
-  const unsigned grid = grid_for(int64_t(a.parts) * ((a.I + (two ? 1 : 0)) / (two ? 2 : 1)), two ? 4 : 2);
+  const dim3 grid(token_blocks(grid_for(int64_t(a.parts) * ((a.I + (two ? 1 : 0)) / (two ? 2 : 1)), two ? 4 : 2), a.tokens),
+                  unsigned(a.tokens));
   // Rows of gate and up per warp: 2 RP; the fixed-chunk loop where the shape allows.
   if (bits == 4) {
     const int J = fixed_chunks<4>(a.H, two ? 4 : 2);
@@ -912,11 +936,38 @@ void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const 
   launch_act(a, l.gate.bits, s);
 }
 
+void expert_act_routed_rows(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
+                            bool renormalise, const SharedExpert* sh, const float* d_x, int tokens, int32_t* d_ids,
+                            float* d_w, float* d_act, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, k, sh) && expert_act_routes(E, k));
+  SWIFTLET_CUDA_REQUIRE(tokens >= 1 && tokens <= 65535);
+  ExpertArgs a = routed_args(l, d_table, d_logits, E, k, renormalise, sh, d_ids, d_w, d_act);
+  a.x = d_x;
+  a.tokens = tokens;
+  a.x_stride = a.H;
+  a.y_stride = int64_t(a.parts) * a.I;
+  a.logits_stride = E;
+  a.ids_stride = k;
+  launch_act(a, l.gate.bits, s);
+}
+
 void expert_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w, int n,
                      const SharedExpert* sh, const float* d_act, float* d_h, GpuStream s, bool ids_early) {
+  expert_down_add_rows(l, d_table, d_ids, d_w, n, sh, d_act, 1, d_h, s, ids_early);
+}
+
+void expert_down_add_rows(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
+                          int n, const SharedExpert* sh, const float* d_act, int tokens, float* d_h, GpuStream s,
+                          bool ids_early) {
   SWIFTLET_CUDA_REQUIRE(experts_fusable(l, n, sh));
+  SWIFTLET_CUDA_REQUIRE(tokens >= 1 && tokens <= 65535);
   ExpertArgs a = expert_args(l, d_table, d_ids, n, sh);
   a.ids_early = ids_early;
+  a.tokens = tokens;
+  a.x_stride = int64_t(a.parts) * a.I;
+  a.y_stride = a.H;
+  a.ids_stride = n;
+  a.sg_stride = 1;
   if (a.parts == 0) return;
   a.x = d_act;
   a.w = d_w;
@@ -926,7 +977,7 @@ void expert_down_add(const ExpertLayout& l, const void* const* d_table, const in
   if (tc_on() && tc_down(a, bits, s)) return;
   const size_t smem = size_t(bits == 4 ? staged_floats<4>(n_in) : staged_floats<8>(n_in)) * 4;
   const bool two = false;  // one row per warp: ~40 registers, many warps per SM
-  const unsigned grid = grid_for(two ? (a.H + 1) / 2 : a.H, two ? 2 : 1);
+  const dim3 grid(token_blocks(grid_for(two ? (a.H + 1) / 2 : a.H, two ? 2 : 1), a.tokens), unsigned(a.tokens));
   if (bits == 4)
     launch_ex(two ? expert_down_kernel<4, 2> : expert_down_kernel<4, 1>, grid, kThreads, smem, s, true, a);
   else
