@@ -589,10 +589,12 @@ __device__ __forceinline__ void tc_down_finish(float (&acc)[2], float* red, floa
 }
 
 // expert_down_add on the tensor cores, a block per 16 output rows (grid-stride). Each part's 16 rows
-// and their scales and biases come into shared memory by bulk copies (part p at p a.stage_bytes
-// past a.ring_off; one copy a range, so the copy engine is not fed row by row): the shared
-// expert's before the PDL wait, the routed experts' once the ids are known (before the wait too
-// where they are two kernels back, ids_early). Warp w takes the items (part p, column part: a
+// and their scales and biases come into shared memory by bulk copies (part p of buffer b at
+// (b parts + p) a.stage_bytes past a.ring_off; one copy a range, so the copy engine is not fed row
+// by row): the shared expert's before the PDL wait, the routed experts' once the ids are known
+// (before the wait too where they are two kernels back, ids_early); with two buffers (a.stages)
+// the block's next row block loads while one is computed (a decode batch's rows forms give a
+// block several). Warp w takes the items (part p, column part: a
 // 16 x 256 product) w, w + NW, ..., each warp summing its own in order, then the warps' sums in a
 // fixed order (tc_down_finish): deterministic.
 template <int BITS, int NW>
@@ -600,7 +602,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
   unsigned char* st = xt + a.ring_off;
-  __shared__ uint64_t bars[2];  // the shared expert's rows, the routed experts'
+  __shared__ uint64_t bars[4];  // a buffer's shared expert's rows, its routed experts': 2 b, 2 b + 1
   __shared__ size_t bases[kMaxParts];
   __shared__ float coefs[kMaxParts];
   __shared__ float red[NW * 16];
@@ -610,10 +612,16 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
   const uint32_t sc_off = 16 * rb, bi_off = sc_off + align16(16 * srb);
   const int n_rb = (a.H + 15) / 16;
   const bool sh = a.parts > a.n;
-  // Part p's ranges for row block rbk (slot base `base`), and their bulk-copied bytes.
-  auto ranges = [&](int p, size_t base, int rbk, Range (&r)[3]) {
+  // The row blocks of this block: rbk0 + u gridDim.x for its u-th, into buffer u % a.stages (a
+  // buffer: every part's 16 rows, a.parts a.stage_bytes); with two buffers the next row block's
+  // rows are in flight while one is computed.
+  const int rbk0 = int(blockIdx.x), nbuf = a.stages;
+  auto rbk_of = [&](int u) { return rbk0 + u * int(gridDim.x); };
+  // Part p's ranges for row block rbk (slot base `base`) into buffer b, and their bulk-copied bytes.
+  auto ranges = [&](int p, size_t base, int rbk, int b, Range (&r)[3]) {
     const Part& m = p < a.n ? a.down : a.sh_down;
-    const uint32_t nr = uint32_t(min(16, a.H - rbk * 16)), off = uint32_t(p) * uint32_t(a.stage_bytes);
+    const uint32_t nr = uint32_t(min(16, a.H - rbk * 16)),
+                   off = uint32_t(b * a.parts + p) * uint32_t(a.stage_bytes);
     r[0] = {at<char>(base, m.data) + size_t(rbk) * 16 * rb, nr * rb, off};
     r[1] = {at<char>(base, m.scales) + size_t(rbk) * 16 * srb, nr * srb, off + sc_off};
     r[2] = {at<char>(base, m.biases) + size_t(rbk) * 16 * srb, nr * srb, off + bi_off};
@@ -622,32 +630,35 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
     const uint32_t nr = uint32_t(min(16, a.H - rbk * 16));
     return ((nr * rb) & ~15u) + 2 * ((nr * srb) & ~15u);
   };
-  // Warp 0: the shared expert's ranges (lane 0), and the routed parts' (lane p, from its base).
-  auto issue_shared = [&](int rbk) {
-    if (lane == 0 && sh) {
+  // Warp 0: the u-th row block's shared expert's ranges (lane 0), and its routed parts' (lane p,
+  // from its base); nothing past the last row block.
+  auto issue_shared = [&](int u) {
+    const int rbk = rbk_of(u), b = u % nbuf;
+    if (lane == 0 && sh && rbk < n_rb) {
       Range r[3];
-      ranges(a.n, 0, rbk, r);
-      expect_bytes(&bars[0], part_bytes(rbk));
-      for (const Range& x : r) copy_range(st, &bars[0], x);
+      ranges(a.n, 0, rbk, b, r);
+      expect_bytes(&bars[2 * b], part_bytes(rbk));
+      for (const Range& x : r) copy_range(st, &bars[2 * b], x);
     }
   };
-  auto issue_routed = [&](int rbk, size_t base) {
-    if (lane == 0 && a.n > 0) expect_bytes(&bars[1], uint32_t(a.n) * part_bytes(rbk));
+  auto issue_routed = [&](int u, size_t base) {
+    const int rbk = rbk_of(u), b = u % nbuf;
+    if (rbk >= n_rb) return;
+    if (lane == 0 && a.n > 0) expect_bytes(&bars[2 * b + 1], uint32_t(a.n) * part_bytes(rbk));
     __syncwarp();
     if (lane < a.n) {
       Range r[3];
-      ranges(lane, base, rbk, r);
-      for (const Range& x : r) copy_range(st, &bars[1], x);
+      ranges(lane, base, rbk, b, r);
+      for (const Range& x : r) copy_range(st, &bars[2 * b + 1], x);
     }
   };
   probe(kProbeDown, 0);
-  const int rbk0 = int(blockIdx.x);
   if (warp == 0) {
-    if (lane == 0) ring_init(bars, 2);
+    if (lane == 0) ring_init(bars, 4);
     __syncwarp();
-    if (rbk0 < n_rb) {
-      issue_shared(rbk0);
-      if (a.ids_early) issue_routed(rbk0, lane < a.n ? part_base(a, lane) : size_t(0));
+    for (int u = 0; u < nbuf; ++u) {
+      issue_shared(u);
+      if (a.ids_early) issue_routed(u, lane < a.n ? part_base(a, lane) : size_t(0));
     }
   }
   probe(kProbeDown, 1);
@@ -659,31 +670,32 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
       bases[lane] = base;
       coefs[lane] = lane < a.n ? tok_w(a, lane) : tok_shared_gate(a);
     }
-    if (!a.ids_early && rbk0 < n_rb) issue_routed(rbk0, base);
+    if (!a.ids_early)
+      for (int u = 0; u < nbuf; ++u) issue_routed(u, base);
   }
   probe(kProbeDown, 3);
   const float* x = tok_x(a);
   stage_tc<BITS>(xt, a.parts * a.I, [&](int i) { return x[i]; }, 1);  // warp 0 issued; ends with a barrier
   probe(kProbeDown, 4);
   const int gpp = a.I / kTcGs, ipp = (gpp + 3) / 4, items = a.parts * ipp, groups = a.parts * gpp;
-  int use = 0;
-  for (int rbk = rbk0; rbk < n_rb; rbk += int(gridDim.x), ++use) {
-    if (use > 0) {  // the stages are free (the barrier ending the last row block)
+  for (int use = 0; rbk_of(use) < n_rb; ++use) {
+    const int rbk = rbk_of(use), b = use % nbuf;
+    if (use > 0) {  // the last row block's buffer is free (the barrier ending it): the next rows into it
       if (warp == 0) {
-        issue_shared(rbk);
-        issue_routed(rbk, lane < a.n ? bases[lane] : size_t(0));
+        issue_shared(use + nbuf - 1);
+        issue_routed(use + nbuf - 1, lane < a.n ? bases[lane] : size_t(0));
       }
       __syncthreads();  // copy_range's tail bytes (stored by their lane)
     }
-    if (sh) stage_wait(&bars[0], use);
-    if (a.n > 0) stage_wait(&bars[1], use);
+    if (sh) stage_wait(&bars[2 * b], use / nbuf);
+    if (a.n > 0) stage_wait(&bars[2 * b + 1], use / nbuf);
     float acc[2] = {0.0f, 0.0f};
     for (int item = warp; item < items; item += nw) {
       const int p = item / ipp, gi = (item - p * ipp) * 4 + t;
       const bool v = gi < gpp;
       TcFrags fr;
       tc_load(xt, groups, p * gpp + gi, v, fr);
-      const unsigned char* rows = st + size_t(p) * uint32_t(a.stage_bytes);
+      const unsigned char* rows = st + size_t(b * a.parts + p) * uint32_t(a.stage_bytes);
       float dot[2];
       tc_rows<BITS>(rows, rb, fr, gi, dot);
       if (v) {
@@ -790,7 +802,10 @@ bool tc_down(ExpertArgs a, int bits, cudaStream_t s) {
   a.ring_off = int((size_t(tc_staged_bytes(a.parts * a.I)) + 127) & ~size_t(127));
   const uint32_t rb = uint32_t(a.I) * uint32_t(bits) / 8;
   a.stage_bytes = int(16 * rb + 2 * align16(16 * scale_row_bytes(a.I, a.gs_out, a.st_out)));
-  const size_t smem = size_t(a.ring_off) + size_t(a.parts) * size_t(a.stage_bytes);
+  // Two buffers of the parts' rows where they fit (a.stages: the next row block's in flight), else one.
+  const size_t buffer = size_t(a.parts) * size_t(a.stage_bytes);
+  a.stages = size_t(a.ring_off) + 2 * buffer <= kTcSmem ? 2 : 1;
+  const size_t smem = size_t(a.ring_off) + size_t(a.stages) * buffer;
   if (smem > kTcSmem) return false;
   launch_tc(bits == 4 ? tc_down_kernel<4, kTcWarps> : tc_down_kernel<8, kTcWarps>, (a.H + 15) / 16, a.tokens, smem, s,
             a);
