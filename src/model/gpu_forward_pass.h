@@ -52,8 +52,9 @@ class GpuForward final : public ForwardPass {
  private:
   // Decode (gpu_decode.cpp).
   void step(int32_t token, int64_t pos);
-  // A decode batch with every expert resident: each member's one-token step (its graph) and logits
-  // enqueued on its own stream, the members' streams running together; then each waited for.
+  // A decode batch with every expert resident where the rows forms do not apply (one member, or
+  // the unfused expert kernels): each member's one-token step (its graph) and logits enqueued on
+  // its own stream, the members' streams running together; then each waited for.
   void enqueue_step(int32_t token);
   void finish_step(SessionState& st, int32_t token, float* logits_row);
   void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)

@@ -1,6 +1,6 @@
 // Several sessions decoded together on the GPU (gpu_decode_batch) against each one decoded alone
 // on the CPU reference path: 1-8 sequences of different lengths and members leaving and joining
-// between steps, with every expert in VRAM (the members' steps on their own streams) and with a
+// between steps, with every expert in VRAM (the one-token kernels over the rows) and with a
 // VRAM cache of one layer's experts (the batch layer by layer); the runtime Batch with GPU sessions;
 // bad batches refused without a change. Skipped where there is no usable GPU.
 #include "model/gpu_forward.h"
@@ -97,7 +97,7 @@ void expect_matches_cpu(const Model& m, const Seq& s, float tol, const std::stri
   }
 }
 
-// Every expert in VRAM (the members' steps run at once on their streams), or with layer_cache a
+// Every expert in VRAM (the one-token kernels over the members' rows), or with layer_cache a
 // VRAM cache of one layer's experts (the batch goes layer by layer over the members' rows).
 std::shared_ptr<GpuModel> gpu_model(const Model& m, bool layer_cache = false) {
   GpuOptions o;
