@@ -128,27 +128,26 @@ __device__ __forceinline__ void tc_fold(const TcFrags& fr, const float (&dot)[2]
   }
 }
 
-// A warp's share of every tile of a tensor-core kernel: column part `it` of 16-row block `rbk`
-// (busy: the tiles have that block), the lane's group G and row n, and its B fragments, loaded
-// once a kernel from x staged in xt.
-struct TcWarp {
+// A warp's share of every tile of a tensor-core kernel (TcPlace): column part `it` of 16-row block
+// `rbk` (busy: the tiles have that block), the lane's group G and row n; TcWarp adds its B
+// fragments, loaded once a kernel from x staged in xt.
+struct TcPlace {
   int it, rbk, G, n;
   bool busy;
-  TcFrags fr;
-  __device__ TcWarp(const unsigned char* xt, const TcGeom& tg) {
+  __device__ explicit TcPlace(const TcGeom& tg) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     it = warp % tg.iters;
     rbk = warp / tg.iters;
     G = it * 4 + (lane & 3);
     n = lane >> 2;
     busy = rbk < tg.rbt;
-    tc_load(xt, tg.groups, G, G < tg.groups, fr);
   }
-  // The warp's 16 rows of the stage `st` (rows rb bytes apart) times its columns of x, scaled
-  // (tc_fold: the lane's rows are rows[k] of scales sc[k] / biases bi[k]), into part[warp 16 + r].
+  // The warp's 16 rows of the stage `st` (rows rb bytes apart) times its columns of the x staged
+  // as fr, scaled (tc_fold: the lane's rows are rows[k] of scales sc[k] / biases bi[k]), into
+  // part[warp 16 + r].
   template <int BITS>
-  __device__ void rows(const unsigned char* st, uint32_t rb, const void* const (&sc)[2], const void* const (&bi)[2],
-                       const int (&row)[2], int groups, int st_type, float* part) const {
+  __device__ void rows(const TcFrags& fr, const unsigned char* st, uint32_t rb, const void* const (&sc)[2],
+                       const void* const (&bi)[2], const int (&row)[2], int groups, int st_type, float* part) const {
     float dot[2], v[2];
     tc_rows<BITS>(st + size_t(rbk) * 16 * rb, rb, fr, G, dot);
     tc_fold(fr, dot, sc, bi, row, groups, G, st_type, v);
@@ -156,6 +155,18 @@ struct TcWarp {
       part[(threadIdx.x >> 5) * 16 + n] = v[0];
       part[(threadIdx.x >> 5) * 16 + n + 8] = v[1];
     }
+  }
+};
+struct TcWarp : TcPlace {
+  TcFrags fr;
+  __device__ TcWarp(const unsigned char* xt, const TcGeom& tg) : TcPlace(tg) {
+    tc_load(xt, tg.groups, G, G < tg.groups, fr);
+  }
+  // TcPlace::rows for this warp's own x.
+  template <int BITS>
+  __device__ void rows(const unsigned char* st, uint32_t rb, const void* const (&sc)[2], const void* const (&bi)[2],
+                       const int (&row)[2], int groups, int st_type, float* part) const {
+    TcPlace::rows<BITS>(fr, st, rb, sc, bi, row, groups, st_type, part);
   }
 };
 

@@ -304,38 +304,47 @@ __device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArg
   __syncthreads();
 }
 
-// y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
+// The tiles of the tensor-core matvec kernels (tc_matvec_kernel, tc_matvec_tokens_kernel): 16 rbt
+// rows of a segment, then their scales and biases (16-byte aligned), in the ring's stages; block b
+// takes tiles b, b + grid, ...
 template <int BITS, int NW>
-__global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
-  extern __shared__ float4 smem4[];
-  unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
-  unsigned char* ring = xt + a.ring_off;
-  __shared__ uint64_t bars[kMaxStages];
-  __shared__ float red[32];
-  __shared__ float part[2][NW * 16];
-  const int cols = a.cols, S = a.stages;
-  TcGeom tg = tc_geom(cols, NW);
-  tg.rbt = a.tc_rbt;
-  const int TR = 16 * tg.rbt;
-  const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
-  const uint32_t sc_off = uint32_t(TR) * rb, bi_off = sc_off + align16(uint32_t(TR) * srb);
-  const int mine = block_tiles(a.total_rg);
-  auto locate = [&](int i, int& si, int& r0) { segment_tile(a, i, TR, si, r0); };
-  auto issue = [&](int i) {  // warp 0
-    int si, r0;
-    locate(i, si, r0);
-    const Segment& sg = a.seg[si];
+struct TcMatvecTiles {
+  const MultiArgs& a;
+  unsigned char* ring;
+  uint64_t* bars;
+  TcGeom tg;
+  int TR, S, mine;
+  uint32_t rb, srb, sc_off, bi_off;
+  __device__ TcMatvecTiles(const MultiArgs& args, unsigned char* r, uint64_t* b)
+      : a(args), ring(r), bars(b), tg(tc_geom(args.cols, NW)) {
+    tg.rbt = a.tc_rbt;
+    TR = 16 * tg.rbt;
+    S = a.stages;
+    mine = block_tiles(a.total_rg);
+    rb = uint32_t(a.cols) * BITS / 8;
+    srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
+    sc_off = uint32_t(TR) * rb;
+    bi_off = sc_off + align16(uint32_t(TR) * srb);
+  }
+  // Tile i of this block: its segment and first row.
+  __device__ const Segment& locate(int i, int& r0) const {
+    int si;
+    segment_tile(a, i, TR, si, r0);
+    return a.seg[si];
+  }
+  __device__ const unsigned char* stage(int i) const { return ring + size_t(i % S) * a.stage_bytes; }
+  __device__ void issue(int i) const {  // warp 0
+    int r0;
+    const Segment& sg = locate(i, r0);
     const uint32_t nr = uint32_t(min(TR, sg.rows - r0));
     const RowSet rows{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0};
     const Range ex[2] = {{static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
                          {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
     issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, ex, 2);
-  };
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Probed: products of 300 to 1000 tiles (the 80B's in_proj_qkvz: 386), not the lm_head.
-  const bool pr = a.total_rg >= 300 && a.total_rg <= 1000;
-  if (pr) probe(kProbeProduct, 0);
-  if (warp == 0) {
+  }
+  // Warp 0, before the PDL wait (the weights do not depend on the predecessor): the first stages.
+  __device__ void start(bool pr) const {
+    const int lane = threadIdx.x & 31;
     if (lane == 0) ring_init(bars, S);
     __syncwarp();
     for (int i = 0; i < mine && i < S; ++i) {
@@ -343,36 +352,55 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
       if (pr && i == 0) probe(kProbeProduct, 1);
     }
   }
+  // The warp's rows of tile i's stage (TcPlace::rows) for the x staged as fr.
+  __device__ void rows(const TcPlace& p, const TcFrags& fr, const unsigned char* st, float* part) const {
+    const void* const sc[2] = {st + sc_off, st + sc_off};
+    const void* const bi[2] = {st + bi_off, st + bi_off};
+    const int row[2] = {p.rbk * 16 + p.n, p.rbk * 16 + p.n + 8};
+    p.rows<BITS>(fr, st, rb, sc, bi, row, tg.groups, a.st, part);
+  }
+  // Row r0 + tr of segment sg for token row y (y_stride apart): its parts' sum stored or added.
+  __device__ void store(const Segment& sg, float* y, int r0, int tr, const float* part) const {
+    const float sum = tc_row_sum(part, tr, tg.iters);
+    float* o = y + r0 + tr;
+    *o = sg.add ? *o + sum : sum;
+  }
+};
+
+// y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
+template <int BITS, int NW>
+__global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
+  extern __shared__ float4 smem4[];
+  unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
+  __shared__ uint64_t bars[kMaxStages];
+  __shared__ float red[32];
+  __shared__ float part[2][NW * 16];
+  const TcMatvecTiles<BITS, NW> tl(a, xt + a.ring_off, bars);
+  const int mine = tl.mine, S = tl.S, TR = tl.TR;
+  const int warp = threadIdx.x >> 5;
+  // Probed: products of 300 to 1000 tiles (the 80B's in_proj_qkvz: 386), not the lm_head.
+  const bool pr = a.total_rg >= 300 && a.total_rg <= 1000;
+  if (pr) probe(kProbeProduct, 0);
+  if (warp == 0) tl.start(pr);
   if (pr) probe(kProbeProduct, 2);
   pdl_wait_and_release();
   if (pr) probe(kProbeProduct, 3);
   stage_tc_input<BITS>(xt, a, token_offset(a.x_stride), red);
   if (pr) probe(kProbeProduct, 4);
-  const TcWarp tw(xt, tg);
+  const TcWarp tw(xt, tl.tg);
   for (int i = 0; i < mine; ++i) {
     stage_wait(bars + i % S, i / S);
     if (pr && i == 0) probe(kProbeProduct, 5);
     if (pr && i == mine - 1) probe(kProbeProduct, 6);
-    int si, r0;
-    locate(i, si, r0);
-    const Segment& sg = a.seg[si];
-    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
-    if (tw.busy) {
-      const void* const sc[2] = {st + sc_off, st + sc_off};
-      const void* const bi[2] = {st + bi_off, st + bi_off};
-      const int row[2] = {tw.rbk * 16 + tw.n, tw.rbk * 16 + tw.n + 8};
-      tw.rows<BITS>(st, rb, sc, bi, row, tg.groups, a.st, part[i & 1]);
-    }
+    int r0;
+    const Segment& sg = tl.locate(i, r0);
+    if (tw.busy) tl.rows(tw, tw.fr, tl.stage(i), part[i & 1]);
     __syncthreads();  // every warp is done with the stage; the parts are in
     if (warp == 0) {
-      if (i + S < mine) issue(i + S);
+      if (i + S < mine) tl.issue(i + S);
     } else {
       const int tr = int(threadIdx.x) - 32;
-      if (tr < TR && r0 + tr < sg.rows) {
-        const float sum = tc_row_sum(part[i & 1], tr, tg.iters);
-        float* y = segment_y(sg) + r0 + tr;
-        *y = sg.add ? *y + sum : sum;
-      }
+      if (tr < TR && r0 + tr < sg.rows) tl.store(sg, segment_y(sg), r0, tr, part[i & 1]);
     }
   }
   if (pr) probe(kProbeProduct, 7);
@@ -387,72 +415,36 @@ template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(const __grid_constant__ MultiArgs a) {
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
-  unsigned char* ring = xt + a.ring_off;
   __shared__ uint64_t bars[kMaxStages];
   __shared__ float red[32];
   __shared__ float part[2][kMaxBlockTokens][NW * 16];
-  const int cols = a.cols, S = a.stages;
+  const TcMatvecTiles<BITS, NW> tl(a, xt + a.ring_off, bars);
+  const int mine = tl.mine, S = tl.S, TR = tl.TR;
   const int t0 = int(blockIdx.y) * a.tpb, nt = min(a.tpb, a.tokens - t0);
-  TcGeom tg = tc_geom(cols, NW);
-  tg.rbt = a.tc_rbt;
-  const int TR = 16 * tg.rbt;
-  const uint32_t rb = uint32_t(cols) * BITS / 8, srb = uint32_t(tg.groups) * (a.st == kScaleF32 ? 4u : 2u);
-  const uint32_t sc_off = uint32_t(TR) * rb, bi_off = sc_off + align16(uint32_t(TR) * srb);
-  const int mine = block_tiles(a.total_rg);
-  auto issue = [&](int i) {  // warp 0
-    int si, r0;
-    segment_tile(a, i, TR, si, r0);
-    const Segment& sg = a.seg[si];
-    const uint32_t nr = uint32_t(min(TR, sg.rows - r0));
-    const RowSet rows{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0};
-    const Range ex[2] = {{static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
-                         {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
-    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, ex, 2);
-  };
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (warp == 0) {
-    if (lane == 0) ring_init(bars, S);
-    __syncwarp();
-    for (int i = 0; i < mine && i < S; ++i) issue(i);
-  }
+  const int warp = threadIdx.x >> 5;
+  if (warp == 0) tl.start(false);
   pdl_wait_and_release();
   for (int u = 0; u < nt; ++u)
     stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, red);
-  // The warp's place in every tile, as TcWarp's: column part it of 16-row block rbk.
-  const int it = warp % tg.iters, rbk = warp / tg.iters, G = it * 4 + (lane & 3), n = lane >> 2;
-  const bool busy = rbk < tg.rbt;
+  const TcPlace tp(tl.tg);
   for (int i = 0; i < mine; ++i) {
     stage_wait(bars + i % S, i / S);
-    int si, r0;
-    segment_tile(a, i, TR, si, r0);
-    const Segment& sg = a.seg[si];
-    const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
-    if (busy) {
-      const void* const sc[2] = {st + sc_off, st + sc_off};
-      const void* const bi[2] = {st + bi_off, st + bi_off};
-      const int row[2] = {rbk * 16 + n, rbk * 16 + n + 8};
+    int r0;
+    const Segment& sg = tl.locate(i, r0);
+    if (tp.busy) {
       for (int u = 0; u < nt; ++u) {
         TcFrags fr;
-        tc_load(xt + size_t(u) * a.xt_bytes, tg.groups, G, G < tg.groups, fr);
-        float dot[2], v[2];
-        tc_rows<BITS>(st + size_t(rbk) * 16 * rb, rb, fr, G, dot);
-        tc_fold(fr, dot, sc, bi, row, tg.groups, G, a.st, v);
-        if ((lane & 3) == 0) {
-          part[i & 1][u][warp * 16 + n] = v[0];
-          part[i & 1][u][warp * 16 + n + 8] = v[1];
-        }
+        tc_load(xt + size_t(u) * a.xt_bytes, tl.tg.groups, tp.G, tp.G < tl.tg.groups, fr);
+        tl.rows(tp, fr, tl.stage(i), part[i & 1][u]);
       }
     }
     __syncthreads();  // every warp is done with the stage; the parts are in
     if (warp == 0) {
-      if (i + S < mine) issue(i + S);
+      if (i + S < mine) tl.issue(i + S);
     } else {
       for (int k = int(threadIdx.x) - 32; k < nt * TR; k += int(blockDim.x) - 32) {
         const int u = k / TR, tr = k - u * TR;
-        if (r0 + tr >= sg.rows) continue;
-        const float sum = tc_row_sum(part[i & 1][u], tr, tg.iters);
-        float* y = sg.y + int64_t(t0 + u) * sg.y_stride + r0 + tr;
-        *y = sg.add ? *y + sum : sum;
+        if (r0 + tr < sg.rows) tl.store(sg, sg.y + int64_t(t0 + u) * sg.y_stride, r0, tr, part[i & 1][u]);
       }
     }
   }

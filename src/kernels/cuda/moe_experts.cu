@@ -927,28 +927,10 @@ void expert_act(const ExpertLayout& l, const void* const* d_table, const int32_t
 
 bool expert_act_routes(int E, int k) { return E >= 1 && E <= kActMaxE && k >= 1 && k <= kMaxTopk && k <= E; }
 
-namespace {
-// The arguments of the routed act (its own top-k of E logits; ids and weights written out).
-ExpertArgs routed_args(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
-                       bool renormalise, const SharedExpert* sh, int32_t* d_ids, float* d_w, float* d_act) {
-  ExpertArgs a = expert_args(l, d_table, nullptr, k, sh);
-  a.y = d_act;
-  a.logits = d_logits;
-  a.E = E;
-  a.renormalise = renormalise;
-  a.ids_out = d_ids;
-  a.w_out = d_w;
-  return a;
-}
-}  // namespace
-
 void expert_act_routed(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
                        bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
                        float* d_act, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(experts_fusable(l, k, sh) && expert_act_routes(E, k));
-  ExpertArgs a = routed_args(l, d_table, d_logits, E, k, renormalise, sh, d_ids, d_w, d_act);
-  a.x = d_x;
-  launch_act(a, l.gate.bits, s);
+  expert_act_routed_rows(l, d_table, d_logits, E, k, renormalise, sh, d_x, 1, d_ids, d_w, d_act, s);
 }
 
 void expert_act_routed_rows(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
@@ -956,7 +938,14 @@ void expert_act_routed_rows(const ExpertLayout& l, const void* const* d_table, c
                             float* d_w, float* d_act, GpuStream s) {
   SWIFTLET_CUDA_REQUIRE(experts_fusable(l, k, sh) && expert_act_routes(E, k));
   SWIFTLET_CUDA_REQUIRE(tokens >= 1 && tokens <= 65535);
-  ExpertArgs a = routed_args(l, d_table, d_logits, E, k, renormalise, sh, d_ids, d_w, d_act);
+  // Its own top-k of each token's E logits; ids and weights written out.
+  ExpertArgs a = expert_args(l, d_table, nullptr, k, sh);
+  a.y = d_act;
+  a.logits = d_logits;
+  a.E = E;
+  a.renormalise = renormalise;
+  a.ids_out = d_ids;
+  a.w_out = d_w;
   a.x = d_x;
   a.tokens = tokens;
   a.x_stride = a.H;
