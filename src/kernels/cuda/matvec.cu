@@ -408,9 +408,9 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
 
 constexpr int kMaxBlockTokens = 8;
 
-// tc_matvec_kernel for up to kMaxBlockTokens tokens a block (fused_matvec_rows): each tile is
-// brought in once and used for each of the block's tokens in turn, with that token's x staged at
-// xt + u xt_bytes; the same arithmetic per token as the one-token kernel, so the same results.
+// tc_matvec_kernel for up to kMaxBlockTokens tokens a block (fused_matvec_rows): the tokens are
+// the MMAs' columns (tc_col_rows), each tile brought in once and multiplied once for all of them,
+// token u's x staged at xt + u xt_bytes; each token's results equal its one-token kernel's.
 template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(const __grid_constant__ MultiArgs a) {
   extern __shared__ float4 smem4[];
@@ -421,21 +421,27 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(cons
   const TcMatvecTiles<BITS, NW> tl(a, xt + a.ring_off, bars);
   const int mine = tl.mine, S = tl.S, TR = tl.TR;
   const int t0 = int(blockIdx.y) * a.tpb, nt = min(a.tpb, a.tokens - t0);
-  const int warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == 0) tl.start(false);
   pdl_wait_and_release();
   for (int u = 0; u < nt; ++u)
     stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, red);
   const TcPlace tp(tl.tg);
+  TcColFrags fr;
+  tc_col_load(xt, a.xt_bytes, nt, tl.tg.groups, tp.it, fr);
   for (int i = 0; i < mine; ++i) {
     stage_wait(bars + i % S, i / S);
     int r0;
     const Segment& sg = tl.locate(i, r0);
     if (tp.busy) {
-      for (int u = 0; u < nt; ++u) {
-        TcFrags fr;
-        tc_load(xt + size_t(u) * a.xt_bytes, tl.tg.groups, tp.G, tp.G < tl.tg.groups, fr);
-        tl.rows(tp, fr, tl.stage(i), part[i & 1][u]);
+      const unsigned char* st = tl.stage(i);
+      float out[4];
+      tc_col_rows<BITS>(st + size_t(tp.rbk) * 16 * tl.rb, tl.rb, fr, tp.it, tl.tg.groups, st + tl.sc_off,
+                        st + tl.bi_off, tp.rbk * 16, a.st, out);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int u = 2 * (lane & 3) + (e & 1);
+        if (u < nt) part[i & 1][u][warp * 16 + (lane >> 2) + 8 * (e >> 1)] = out[e];
       }
     }
     __syncthreads();  // every warp is done with the stage; the parts are in

@@ -464,6 +464,130 @@ __device__ __forceinline__ void tc_rows(const unsigned char* rows, uint32_t rb, 
   tc_mma<BITS>(w0, w8, fr, dot);
 }
 
+// The tensor-core product of up to 8 tokens at once: a column of B is a token, and the 32 k slots
+// of each MMA come from one group of the row, lane (n, t) giving the group's 8-value steps 2t and
+// 2t + 1 (4-bit: the row's 8 bytes from 8t on in the group; 8-bit: 16 bytes from 16t), B the
+// token's digits of those values as staged by stage_tc_group. A group is two MMAs a digit; C's
+// entries on lane (n, t) are rows n and n + 8 times tokens 2t and 2t + 1, the same exact digit sums
+// as the one-token form's, folded and summed over the part's 4 groups with its arithmetic in its
+// order (tc_fold), so each token's products equal its one-token ones bit for bit. A 16-row block
+// of a 4-group part costs 24 MMAs for all 8 tokens, against 16 a token in the one-token form.
+//
+// Bank conflicts: the rows of a stage lie rb bytes apart (a multiple of 128), so the lanes of rows
+// n = 0..3 (a half warp's 8-byte loads, 4-bit) read their group at the same banks; row n reads the
+// part's groups rotated by n & 3 instead (8-bit: 16-byte loads, a quarter warp's rows n, n + 1:
+// odd rows swap group pairs) and the registers are put back in order with selects.
+struct TcColFrags {
+  uint32_t b[4][2][3][2];  // the part's group g, step s, digit (d0, d1, d2), k slots (lo, hi)
+  const float2* info[2];   // the lane's tokens 2t + c: their groups' (2^-e, sum x); null where absent
+};
+// Token u's x staged (stage_tc) at xt + u xt_bytes, nt tokens; it: the warp's column part.
+__device__ __forceinline__ void tc_col_load(const unsigned char* xt, int xt_bytes, int nt, int groups, int it,
+                                            TcColFrags& f) {
+  const int lane = threadIdx.x & 31, t = lane & 3, n = lane >> 2;
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    const int G = 4 * it + g;
+    const bool mine = G < groups && n < nt;
+    const uint4* src = reinterpret_cast<const uint4*>(xt + size_t(mine ? n : 0) * xt_bytes) +
+                       (size_t(mine ? G : 0) * 8 + 2 * size_t(t)) * 2;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint4 p0 = mine ? src[2 * s] : make_uint4(0, 0, 0, 0), p1 = mine ? src[2 * s + 1] : make_uint4(0, 0, 0, 0);
+      f.b[g][s][0][0] = p0.x, f.b[g][s][0][1] = p0.y;
+      f.b[g][s][1][0] = p1.x, f.b[g][s][1][1] = p1.y;
+      f.b[g][s][2][0] = p0.z, f.b[g][s][2][1] = p0.w;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int u = 2 * t + c;
+    f.info[c] = u < nt ? reinterpret_cast<const float2*>(xt + size_t(u) * xt_bytes + size_t(groups) * 256) : nullptr;
+  }
+}
+
+// The warp's 16-row block at `rows` (rows rb bytes apart) of column part `it` times the tokens of f:
+// out[2 k + c] is row n + 8 k (of the block) for token 2t + c, scaled with the scales and biases of
+// type st at sc / bi (row r's group G at r groups + G; the block's first row there: row0).
+template <int BITS>
+__device__ __forceinline__ void tc_col_rows(const unsigned char* rows, uint32_t rb, const TcColFrags& f, int it,
+                                            int groups, const void* sc, const void* bi, int row0, int st,
+                                            float (&out)[4]) {
+  constexpr int kW = BITS / 2;  // words of a lane's share of a group's row
+  const int lane = threadIdx.x & 31, t = lane & 3, n = lane >> 2;
+  uint32_t w[2][4][kW];  // row n + 8 k, group g, word
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const unsigned char* r = rows + size_t(n + 8 * k) * rb + size_t(4 * it) * (kTcGs * BITS / 8) + t * (2 * BITS);
+    uint32_t raw[4][kW];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // load q reads group (q + n) & 3 (4-bit), q ^ (n & 1) (8-bit)
+      const int g = BITS == 4 ? (q + n) & 3 : q ^ (n & 1);
+      const bool ok = 4 * it + g < groups;
+      if constexpr (BITS == 4) {
+        const uint2 v = ok ? *reinterpret_cast<const uint2*>(r + g * 32) : make_uint2(0, 0);
+        raw[q][0] = v.x, raw[q][1] = v.y;
+      } else {
+        const uint4 v = ok ? *reinterpret_cast<const uint4*>(r + g * 64) : make_uint4(0, 0, 0, 0);
+        raw[q][0] = v.x, raw[q][1] = v.y, raw[q][2] = v.z, raw[q][3] = v.w;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+#pragma unroll
+      for (int j = 0; j < kW; ++j) {
+        if constexpr (BITS == 4) {  // group g came with load (g - n) & 3
+          const uint32_t h = (n & 1) ? raw[(g + 3) & 3][j] : raw[g][j];
+          const uint32_t h2 = (n & 1) ? raw[(g + 1) & 3][j] : raw[(g + 2) & 3][j];
+          w[k][g][j] = (n & 2) ? h2 : h;
+        } else {
+          w[k][g][j] = (n & 1) ? raw[g ^ 1][j] : raw[g][j];
+        }
+      }
+  }
+  float v[4][4];
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    int d[3][4] = {};
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      uint32_t a0, a1, a2, a3;
+      if constexpr (BITS == 4) {
+        const uint32_t u = w[0][g][s], x8 = w[1][g][s];
+        a0 = u & 0x0F0F0F0Fu;
+        a2 = (u >> 4) & 0x0F0F0F0Fu;
+        a1 = x8 & 0x0F0F0F0Fu;
+        a3 = (x8 >> 4) & 0x0F0F0F0Fu;
+      } else {
+        a0 = w[0][g][2 * s];
+        a2 = w[0][g][2 * s + 1];
+        a1 = w[1][g][2 * s];
+        a3 = w[1][g][2 * s + 1];
+      }
+#pragma unroll
+      for (int q = 0; q < 3; ++q) mma_u8s8(d[q], a0, a1, a2, a3, f.b[g][s][q][0], f.b[g][s][q][1]);
+    }
+    const int G = 4 * it + g;
+    float2 info[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) info[c] = G < groups && f.info[c] ? f.info[c][G] : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t i = int64_t(row0 + n + 8 * k) * groups + G;
+      const float scale = G < groups ? smem_scale(sc, i, st) : 0.0f, bias = G < groups ? smem_scale(bi, i, st) : 0.0f;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int e = 2 * k + c;
+        // d0 + 256 d1 is exact in int32 (|d0|, |d1| < 2^21) and rounds once, as tc_mma's fmaf does
+        const float dot = fmaf(65536.0f, float(d[2][e]), float(d[0][e] + 256 * d[1][e])) * info[c].x;
+        v[g][e] = G < groups ? fmaf(scale, dot, bias * info[c].y) : 0.0f;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) out[e] = (v[0][e] + v[1][e]) + (v[2][e] + v[3][e]);
+}
+
 // Rows of a tile for tc_rows: nr rows of rb bytes from src to dst_off (contiguous in both).
 struct RowSet {
   const char* src;
