@@ -1,8 +1,9 @@
 // CUDA backend bandwidth: 4-bit (and 8-bit, bf16) matvec GB/s on matrices larger than the L2,
 // against a device-to-device copy measured in the same run (the practical HBM ceiling), and
 // host-to-device upload GB/s from pinned and pageable memory (the expert-streaming path), and a
-// prompt's products on the tensor cores in TFLOP/s.
-// Usage: swiftlet_bench_cuda [iterations]
+// prompt's products on the tensor cores in TFLOP/s, and a decode batch's products (the rows forms).
+// Usage: swiftlet_bench_cuda [iterations] [--rows [T]] (--rows: the copy and the batch's products
+// alone, T tokens only when given: short enough for a profiler)
 #include "bench/cuda/measure.h"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -263,6 +264,119 @@ void bench_fused(int iters, double copy_gbs) {
     gpu_free(p);
 }
 
+// A decode batch's products with every expert in VRAM, at the 80B's shapes (4-bit; the router
+// 8-bit): the rows forms for T tokens (fused_matvec_rows over the DeltaNet's qkvz+ba and over the
+// router with the shared expert's gate, expert_act_routed_rows with each
+// token's own top 10 of 512 random logits plus the shared expert, expert_down_add_rows on them), us
+// a call and GB/s: the projections' weights read once; the experts' bytes as the kernels read
+// them, per token (10 + 1 experts a token, so 8 tokens read ~8x one token's). `copies` of the
+// dense matrices and 16 sets of logits keep the bytes out of the L2. only_t > 0: that T alone (for a
+// profiler).
+void bench_batch_rows(int iters, double copy_gbs, int only_t) {
+  const int64_t H = 2048, I = 512;
+  const int E = 512, k = 10, sets = 16;
+  Matrix qkvz = make_matrix(WeightFormat::Affine, 4, 12288, H), ba = make_matrix(WeightFormat::Affine, 4, 64, H);
+  const double pbytes = double(qkvz.data.size() + 2 * qkvz.scales.size() + ba.data.size() + 2 * ba.scales.size());
+  const int copies = 8;
+  std::vector<void*> owners;
+  std::vector<std::vector<MatvecSegment>> segs(copies);
+  float* dy = static_cast<float*>(gpu_alloc(size_t(8) * (12288 + 64) * 4));
+  for (int c = 0; c < copies; ++c)
+    for (const Matrix* m : {&qkvz, &ba}) {
+      void* o = nullptr;
+      const bool first = m == &qkvz;
+      segs[size_t(c)].push_back({upload_matrix(m->m, &o), first ? dy : dy + 8 * 12288, false, first ? 12288 : 64});
+      owners.push_back(o);
+    }
+  // The router and the shared expert's gate (8-bit, 512 + 1 rows), on the same normed x.
+  Matrix router = make_matrix(WeightFormat::Affine, 8, E, H), sgate = make_matrix(WeightFormat::Affine, 8, 1, H);
+  const double rbytes =
+      double(router.data.size() + 2 * router.scales.size() + sgate.data.size() + 2 * sgate.scales.size());
+  std::vector<std::vector<MatvecSegment>> rsegs(copies);
+  float* dr = static_cast<float*>(gpu_alloc(size_t(8) * (E + 1) * 4));
+  for (int c = 0; c < copies; ++c)
+    for (const Matrix* m : {&router, &sgate}) {
+      void* o = nullptr;
+      const bool first = m == &router;
+      rsegs[size_t(c)].push_back({upload_matrix(m->m, &o), first ? dr : dr + 8 * E, false, first ? E : 1});
+      owners.push_back(o);
+    }
+  Matrix gate = make_matrix(WeightFormat::Affine, 4, I, H), down = make_matrix(WeightFormat::Affine, 4, H, I);
+  const ExpertPool experts(gate, down, E);
+  void *og = nullptr, *ou = nullptr, *od = nullptr;
+  float* dgl = static_cast<float*>(gpu_alloc(8 * 4));
+  gpu_memset(dgl, 0, 8 * 4);
+  const SharedExpert shared{upload_matrix(gate.m, &og), upload_matrix(gate.m, &ou), upload_matrix(down.m, &od), dgl};
+  std::vector<float> logits(size_t(sets) * 8 * E), x(size_t(8) * H);
+  uint64_t r = 88172645463325252ull;
+  for (float& v : logits) {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    v = float(r % 100000) * 1e-4f;
+  }
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 2654435761u % 1000) - 500) * 1e-3f;
+  float* dlog = static_cast<float*>(gpu_alloc(logits.size() * 4));
+  float* dx = static_cast<float*>(gpu_alloc(x.size() * 4));
+  float* dxo = static_cast<float*>(gpu_alloc(x.size() * 4));
+  float* dnw = static_cast<float*>(gpu_alloc(size_t(H) * 4));
+  auto* dids = static_cast<int32_t*>(gpu_alloc(size_t(sets) * 8 * k * 4));
+  float* dw = static_cast<float*>(gpu_alloc(size_t(sets) * 8 * k * 4));
+  float* dact = static_cast<float*>(gpu_alloc(size_t(8) * (k + 1) * I * 4));
+  float* dh = static_cast<float*>(gpu_alloc(size_t(8) * H * 4));
+  gpu_upload(dlog, logits.data(), logits.size() * 4);
+  gpu_upload(dx, x.data(), x.size() * 4);
+  gpu_upload(dnw, x.data(), size_t(H) * 4);
+  gpu_memset(dh, 0, size_t(8) * H * 4);
+  const double ebytes = double(2 * gate.data.size() + 4 * gate.scales.size() + down.data.size() + 2 * down.scales.size());
+  std::printf("\na decode batch's rows forms, 80B shapes (us a call; GB/s: qkvz+ba's %.1f MB and router+gate's %.1f MB "
+              "once, the experts' %.2f MB a token-expert, 11 a token; d2d copy %.0f GB/s):\n",
+              pbytes / 1e6, rbytes / 1e6, ebytes / 1e6, copy_gbs);
+  for (int T : {1, 2, 4, 8}) {
+    if (only_t > 0 && T != only_t) continue;
+    int call = 0;
+    const double p_ms = gpu_time_ms(
+        [&] {
+          const auto& sg = segs[size_t(call++ % copies)];
+          fused_matvec_rows(sg.data(), int(sg.size()), T, dx, H, dnw, 1e-6f, dxo);
+        },
+        iters * 5);
+    call = 0;
+    const double r_ms = gpu_time_ms(
+        [&] {
+          const auto& sg = rsegs[size_t(call++ % copies)];
+          fused_matvec_rows(sg.data(), int(sg.size()), T, dx, H, dnw, 1e-6f, dxo);
+        },
+        iters * 5);
+    call = 0;
+    const double a_ms = gpu_time_ms(
+        [&] {
+          const int c = call++ % sets;
+          expert_act_routed_rows(experts.lay, experts.d_table, dlog + size_t(c) * 8 * E, E, k, true, &shared, dx, T,
+                                 dids + size_t(c) * 8 * k, dw + size_t(c) * 8 * k, dact);
+        },
+        iters * 5);
+    call = 0;
+    const double d_ms = gpu_time_ms(
+        [&] {
+          const int c = call++ % sets;
+          expert_down_add_rows(experts.lay, experts.d_table, dids + size_t(c) * 8 * k, dw + size_t(c) * 8 * k, k,
+                               &shared, dact, T, dh);
+        },
+        iters * 5);
+    const double te = double(T) * (k + 1) * ebytes;
+    std::printf("  T=%d  qkvz+ba %6.1f us %5.0f GB/s | router+gate %5.1f us %5.0f GB/s | act %6.1f us %5.0f GB/s | "
+                "down %6.1f us %5.0f GB/s\n",
+                T, p_ms * 1e3, pbytes / (p_ms * 1e-3) / 1e9, r_ms * 1e3, rbytes / (r_ms * 1e-3) / 1e9, a_ms * 1e3,
+                te * 2 / 3 / (a_ms * 1e-3) / 1e9, d_ms * 1e3, te / 3 / (d_ms * 1e-3) / 1e9);
+  }
+  for (void* p : owners) gpu_free(p);
+  for (void* p : {static_cast<void*>(dy), static_cast<void*>(dr), og, ou, od, static_cast<void*>(dgl), static_cast<void*>(dlog),
+                  static_cast<void*>(dx), static_cast<void*>(dxo), static_cast<void*>(dnw), static_cast<void*>(dids),
+                  static_cast<void*>(dw), static_cast<void*>(dact), static_cast<void*>(dh)})
+    gpu_free(p);
+}
+
 }  // namespace
 
 // A prompt's products (matmul_rows) at the models' projection shapes (both families: hidden 2048)
@@ -388,7 +502,9 @@ int main(int argc, char** argv) {
     std::printf("no usable CUDA GPU (%s): nothing to measure\n", why.c_str());
     return 0;
   }
-  const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+  const int iters = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
+  const bool rows_only = argc > 2 && std::strcmp(argv[2], "--rows") == 0;
+  const int only_t = rows_only && argc > 3 ? std::atoi(argv[3]) : 0;
   std::printf("device: %s\n", device_description().c_str());
 
   // Device-to-device copy: 2 GiB, bandwidth counted as bytes read + bytes written.
@@ -400,6 +516,11 @@ int main(int argc, char** argv) {
   const double copy_gbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
   std::printf("d2d copy %.1f GB: %.3f ms, %.0f GB/s (read + write)\n", copy_bytes / 1e9, copy_ms, copy_gbs);
   gpu_free(b);
+  if (rows_only) {
+    gpu_free(a);
+    bench_batch_rows(iters, copy_gbs, only_t);
+    return 0;
+  }
 
   // Host-to-device, pinned and pageable, 1 GiB.
   const size_t up_bytes = size_t(1) << 30;
@@ -476,5 +597,6 @@ int main(int argc, char** argv) {
                 warps < 0 ? -warps : warps, tensor_core_products() ? ", tensor cores" : "");
     bench_fused(iters, copy_gbs);
   }
+  bench_batch_rows(iters, copy_gbs, 0);
   return 0;
 }
