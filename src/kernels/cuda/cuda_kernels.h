@@ -166,9 +166,10 @@ void fused_matvec(const MatvecSegment* segs, int n, const float* d_x, const floa
                   float* d_x_out, GpuStream s = nullptr);
 // fused_matvec for each of `tokens` inputs (token t's x and normed x at t x_stride, its y_i at
 // t y_stride_i), equal to that many fused_matvec calls bit for bit, in one launch (a decode
-// batch's dense products): on the tensor cores up to 8 tokens a block, each weight tile read once
-// and multiplied once for them all (the tokens in the MMAs' columns); else the one-token kernel
-// with a grid row a token, its blocks shared out among the tokens. 1 <= tokens <= 65535.
+// batch's dense products): on the tensor cores (16-bit scales) up to 8 tokens a block, each weight
+// tile read once and multiplied once for them all (the tokens in the MMAs' columns); else the
+// one-token kernel with a grid row a token, its blocks shared out among the tokens.
+// 1 <= tokens <= 65535.
 void fused_matvec_rows(const MatvecSegment* segs, int n, int tokens, const float* d_x, int64_t x_stride,
                        const float* d_norm_w, float eps, float* d_x_out, GpuStream s = nullptr);
 

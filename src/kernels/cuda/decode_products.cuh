@@ -142,18 +142,24 @@ struct TcPlace {
     n = lane >> 2;
     busy = rbk < tg.rbt;
   }
-  // The warp's 16 rows of the stage `st` (rows rb bytes apart) times its columns of the x staged
-  // as fr, scaled (tc_fold: the lane's rows are rows[k] of scales sc[k] / biases bi[k]), into
-  // part[warp 16 + r].
-  template <int BITS>
-  __device__ void rows(const TcFrags& fr, const unsigned char* st, uint32_t rb, const void* const (&sc)[2],
-                       const void* const (&bi)[2], const int (&row)[2], int groups, int st_type, float* part) const {
-    float dot[2], v[2];
-    tc_rows<BITS>(st + size_t(rbk) * 16 * rb, rb, fr, G, dot);
-    tc_fold(fr, dot, sc, bi, row, groups, G, st_type, v);
+  // The warp's 16 rows of the N stages st[j] (rows rb bytes apart) times its columns of the x staged
+  // as fr, scaled (tc_fold: the lane's rows are row[k] of scales sc[j][k] / biases bi[j][k]), into
+  // part[j][warp 16 + r]. With N > 1 the stages' loads and MMAs are one straight run: they overlap.
+  template <int BITS, int N>
+  __device__ __forceinline__ void rows(const TcFrags& fr, const unsigned char* const (&st)[N], uint32_t rb,
+                                       const void* const (&sc)[N][2], const void* const (&bi)[N][2],
+                                       const int (&row)[2], int groups, int st_type, float* const (&part)[N]) const {
+    float dot[N][2], v[N][2];
+#pragma unroll
+    for (int j = 0; j < N; ++j) tc_rows<BITS>(st[j] + size_t(rbk) * 16 * rb, rb, fr, G, dot[j]);
+#pragma unroll
+    for (int j = 0; j < N; ++j) tc_fold(fr, dot[j], sc[j], bi[j], row, groups, G, st_type, v[j]);
     if ((threadIdx.x & 3) == 0) {
-      part[(threadIdx.x >> 5) * 16 + n] = v[0];
-      part[(threadIdx.x >> 5) * 16 + n + 8] = v[1];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        part[j][(threadIdx.x >> 5) * 16 + n] = v[j][0];
+        part[j][(threadIdx.x >> 5) * 16 + n + 8] = v[j][1];
+      }
     }
   }
 };
@@ -163,18 +169,25 @@ struct TcWarp : TcPlace {
     tc_load(xt, tg.groups, G, G < tg.groups, fr);
   }
   // TcPlace::rows for this warp's own x.
-  template <int BITS>
-  __device__ void rows(const unsigned char* st, uint32_t rb, const void* const (&sc)[2], const void* const (&bi)[2],
-                       const int (&row)[2], int groups, int st_type, float* part) const {
-    TcPlace::rows<BITS>(fr, st, rb, sc, bi, row, groups, st_type, part);
+  template <int BITS, int N>
+  __device__ __forceinline__ void rows(const unsigned char* const (&st)[N], uint32_t rb, const void* const (&sc)[N][2],
+                                       const void* const (&bi)[N][2], const int (&row)[2], int groups, int st_type,
+                                       float* const (&part)[N]) const {
+    TcPlace::rows<BITS, N>(fr, st, rb, sc, bi, row, groups, st_type, part);
   }
 };
 
 // Tile row tr's product once every warp's rows are in `part` (TcWarp::rows): the sum of its 16-row
-// block's column parts, in order.
+// block's column parts (iters <= 16: a part a warp), in order; the loads are issued together.
 __device__ __forceinline__ float tc_row_sum(const float* part, int tr, int iters) {
+  const float* p = part + (tr >> 4) * iters * 16 + (tr & 15);
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) v[k] = k < iters ? p[k * 16] : 0.0f;
   float sum = 0.0f;
-  for (int k = 0; k < iters; ++k) sum += part[((tr >> 4) * iters + k) * 16 + (tr & 15)];
+#pragma unroll
+  for (int k = 0; k < 16; ++k)
+    if (k < iters) sum += v[k];
   return sum;
 }
 

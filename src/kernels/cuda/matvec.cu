@@ -337,10 +337,10 @@ struct TcMatvecTiles {
     int r0;
     const Segment& sg = locate(i, r0);
     const uint32_t nr = uint32_t(min(TR, sg.rows - r0));
-    const RowSet rows{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0};
+    const RowSet rows[1] = {{reinterpret_cast<const char*>(sg.data) + size_t(r0) * rb, nr, 0}};
     const Range ex[2] = {{static_cast<const char*>(sg.scales) + size_t(r0) * srb, nr * srb, sc_off},
                          {static_cast<const char*>(sg.biases) + size_t(r0) * srb, nr * srb, bi_off}};
-    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, &rows, 1, rb, ex, 2);
+    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rows, rb, ex);
   }
   // Warp 0, before the PDL wait (the weights do not depend on the predecessor): the first stages.
   __device__ void start(bool pr) const {
@@ -354,10 +354,12 @@ struct TcMatvecTiles {
   }
   // The warp's rows of tile i's stage (TcPlace::rows) for the x staged as fr.
   __device__ void rows(const TcPlace& p, const TcFrags& fr, const unsigned char* st, float* part) const {
-    const void* const sc[2] = {st + sc_off, st + sc_off};
-    const void* const bi[2] = {st + bi_off, st + bi_off};
+    const unsigned char* const sts[1] = {st};
+    const void* const sc[1][2] = {{st + sc_off, st + sc_off}};
+    const void* const bi[1][2] = {{st + bi_off, st + bi_off}};
     const int row[2] = {p.rbk * 16 + p.n, p.rbk * 16 + p.n + 8};
-    p.rows<BITS>(fr, st, rb, sc, bi, row, tg.groups, a.st, part);
+    float* const pt[1] = {part};
+    p.rows<BITS, 1>(fr, sts, rb, sc, bi, row, tg.groups, a.st, pt);
   }
   // Row r0 + tr of segment sg for token row y (y_stride apart): its parts' sum stored or added.
   __device__ void store(const Segment& sg, float* y, int r0, int tr, const float* part) const {
@@ -488,11 +490,14 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
   constexpr int NW = kTcWarps;
   if (!tc_shape(a.cols, a.gs, BITS, NW)) return false;
   // Several tokens: as many a block as fit beside two stages of the widest tiles (the tokens
-  // shared out evenly over the grid rows); one a block where not even two do.
+  // shared out evenly over the grid rows); one a block where not even two do, or where the scales
+  // do not suit tc_col_rows (tc_col_fits).
   const uint32_t rb = uint32_t(a.cols) * BITS / 8, srb = scale_row_bytes(a.cols, a.gs, a.st);
-  a.xt_bytes = (tc_staged_bytes(a.cols) + 127) & ~127;
+  // 16 bytes past a multiple of 128: tc_col_rows' lanes t = 0..3 read their tokens' group facts
+  // (tokens 2t + c) in different banks.
+  a.xt_bytes = ((tc_staged_bytes(a.cols) + 127) & ~127) + 16;
   a.tpb = 1;
-  if (a.tokens > 1) {
+  if (a.tokens > 1 && tc_col_fits(a.cols / a.gs, a.st)) {
     const size_t stage = size_t(16 * tc_geom(a.cols, NW).rbt) * rb + 2 * align16(uint32_t(16 * tc_geom(a.cols, NW).rbt) * srb);
     const size_t fit = kTcSmem > 2 * stage ? (kTcSmem - 2 * stage) / size_t(a.xt_bytes) : 0;
     const int most = int(std::min<size_t>(fit, kMaxBlockTokens));

@@ -507,7 +507,7 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
   using Base = ActTiles<ActStreamTc<BITS, NW>>;
   using Base::a, Base::ring, Base::bars, Base::S, Base::mine, Base::rb, Base::kR, Base::gs_off,
       Base::gb_off, Base::us_off, Base::ub_off, Base::locate, Base::issue_upto;
-  float (*part)[NW * 16];
+  float (*part)[NW * 16];  // [4]
   TcGeom tg;
 
   __device__ ActStreamTc(const ExpertArgs& args, unsigned char* r, uint64_t* b, const size_t* bs,
@@ -517,7 +517,7 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
     RowSet rows[2];
     Range ex[4];
     this->sources(i, rows, ex);
-    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rows, 2, rb, ex, 4);
+    issue_rows(ring + size_t(i % S) * a.stage_bytes, bars + i % S, rows, rb, ex);
   }
   // Warp 0, before the ids are known: init, then the shared expert's first tiles.
   __device__ void start() {
@@ -525,49 +525,71 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
     __syncwarp();
     this->issue_shared();
   }
-  // Every thread: the block's tiles, x staged in xt (stage_tc); act[p][r] into a.y.
+  // Every thread: the block's tiles, x staged in xt (stage_tc); act[p][r] into a.y. Two tiles a
+  // round (one when a single one is left): each warp's products of the two are independent
+  // instruction streams, and the round ends with one barrier, after which warp 0 issues the next
+  // tiles and warp 1 + j sums tile j's rows. part holds four tiles' sums (a round's readers are
+  // done before the round after next writes them).
   __device__ void compute(const unsigned char* xt) {
-    const int warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = warp - 1;
     const TcWarp tw(xt, tg);
-    for (int i = 0; i < mine; ++i) {
+    for (int i = 0; i < mine; i += 2) {
+      const int nt = min(2, mine - i);
       stage_wait(bars + i % S, i / S);
+      if (nt == 2) stage_wait(bars + (i + 1) % S, (i + 1) / S);
       if (i == 0) probe(kProbeAct, 7);
-      if (i == mine - 1) probe(kProbeAct, 8);
-      int q, r0;
-      locate(i, q, r0);
-      const int p = part_at(a, q);
-      const unsigned char* st = ring + size_t(i % S) * a.stage_bytes;
+      if (i + nt == mine) probe(kProbeAct, 8);
       if (tw.busy) {
-        const void* sc[2];
-        const void* bi[2];
-        int row[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {  // tile row rbk 16 + n + 8 k: gate's below kR, then up's
-          const int tr = tw.rbk * 16 + tw.n + 8 * k;
-          const bool gate = tr < kR;
-          sc[k] = st + (gate ? gs_off : us_off);
-          bi[k] = st + (gate ? gb_off : ub_off);
-          row[k] = gate ? tr : tr - kR;
-        }
-        tw.rows<BITS>(st, rb, sc, bi, row, tg.groups, a.st_in, part[i & 1]);
+        if (nt == 2) tile_rows<2>(tw, i);
+        else tile_rows<1>(tw, i);
       }
-      __syncthreads();  // every warp is done with the stage; the parts are in
+      int q = 0, r0 = 0;
+      if (j >= 0 && j < nt) locate(i + j, q, r0);  // before the barrier, off the summing warp's path
+      __syncthreads();  // every warp is done with the stages; the parts are in
       if (warp == 0) {
-        issue_upto(i + 1 + S);
-      } else {
-        const int tr = int(threadIdx.x) - 32;
-        if (tr < kR && r0 + tr < a.I) {  // gate's row tr, up's row kR + tr
-          const float g = tc_row_sum(part[i & 1], tr, tg.iters), u = tc_row_sum(part[i & 1], kR + tr, tg.iters);
-          tok_y(a)[int64_t(p) * a.I + r0 + tr] = siluf_(g) * u;
+        issue_upto(i + nt + S);
+      } else if (j < nt) {
+        const float* pt = part[(i + j) & 3];
+        float* y = tok_y(a) + int64_t(part_at(a, q)) * a.I + r0;
+        for (int tr = lane; tr < kR && r0 + tr < a.I; tr += 32) {  // gate's row tr, up's row kR + tr
+          const float g = tc_row_sum(pt, tr, tg.iters), u = tc_row_sum(pt, kR + tr, tg.iters);
+          y[tr] = siluf_(g) * u;
         }
       }
     }
   }
+  // The warp's rows of tiles i .. i + N - 1 into part[(i + j) & 3] (TcPlace::rows).
+  template <int N>
+  __device__ __forceinline__ void tile_rows(const TcWarp& tw, int i) const {
+    const unsigned char* st[N];
+    const void* sc[N][2];
+    const void* bi[N][2];
+    float* pt[N];
+    int row[2];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      st[j] = ring + size_t((i + j) % S) * a.stage_bytes;
+      pt[j] = part[(i + j) & 3];
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {  // tile row rbk 16 + n + 8 k: gate's below kR, then up's
+      const int tr = tw.rbk * 16 + tw.n + 8 * k;
+      const bool gate = tr < kR;
+      row[k] = gate ? tr : tr - kR;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        sc[j][k] = st[j] + (gate ? gs_off : us_off);
+        bi[j][k] = st[j] + (gate ? gb_off : ub_off);
+      }
+    }
+    tw.rows<BITS, N>(st, rb, sc, bi, row, tg.groups, a.st_in, pt);
+  }
 };
 
 // The end of a tc_down row block: each warp's sums for rows n and n + 8 of the block (lanes 4n)
-// over its items, then h[16 rbk + r] += the warps' sums in order (deterministic). red: 16 floats a
-// warp; synchronises the block twice.
+// over its items, then warp 1 adds the warps' sums in order into h[16 rbk + r] (deterministic).
+// red: 16 floats a warp, alternating between two by row block, so one barrier does: the next
+// block's writes go to the other half, and the one after waits for warp 1 at the next barrier.
 __device__ __forceinline__ void tc_down_finish(float (&acc)[2], float* red, float* h, int rbk, int H) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = int(blockDim.x) >> 5, n = lane >> 2;
 #pragma unroll
@@ -580,12 +602,16 @@ __device__ __forceinline__ void tc_down_finish(float (&acc)[2], float* red, floa
     red[warp * 16 + n + 8] = acc[1];
   }
   __syncthreads();
-  if (threadIdx.x < 16 && rbk * 16 + int(threadIdx.x) < H) {
+  if (warp == 1 && lane < 16 && rbk * 16 + lane < H) {  // nw <= 16; the loads issued together
+    float v[16];
+#pragma unroll
+    for (int w = 0; w < 16; ++w) v[w] = w < nw ? red[w * 16 + lane] : 0.0f;
     float sum = 0.0f;
-    for (int w = 0; w < nw; ++w) sum += red[w * 16 + threadIdx.x];
-    h[rbk * 16 + threadIdx.x] += sum;
+#pragma unroll
+    for (int w = 0; w < 16; ++w)
+      if (w < nw) sum += v[w];
+    h[rbk * 16 + lane] += sum;
   }
-  __syncthreads();
 }
 
 // expert_down_add on the tensor cores, a block per 16 output rows (grid-stride). Each part's 16 rows
@@ -605,7 +631,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
   __shared__ uint64_t bars[4];  // a buffer's shared expert's rows, its routed experts': 2 b, 2 b + 1
   __shared__ size_t bases[kMaxParts];
   __shared__ float coefs[kMaxParts];
-  __shared__ float red[NW * 16];
+  __shared__ float red[2][NW * 16];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = NW;
   const int t = lane & 3, n = lane >> 2;
   const uint32_t rb = uint32_t(a.I) * BITS / 8, srb = uint32_t(a.I / a.gs_out) * (a.st_out == kScaleF32 ? 4u : 2u);
@@ -685,7 +711,9 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
         issue_shared(use + nbuf - 1);
         issue_routed(use + nbuf - 1, lane < a.n ? bases[lane] : size_t(0));
       }
-      __syncthreads();  // copy_range's tail bytes (stored by their lane)
+      // copy_range's tail bytes (stored by their lane): with two buffers the row block's barrier
+      // comes before they are read.
+      if (nbuf == 1) __syncthreads();
     }
     if (sh) stage_wait(&bars[2 * b], use / nbuf);
     if (a.n > 0) stage_wait(&bars[2 * b + 1], use / nbuf);
@@ -708,7 +736,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
         }
       }
     }
-    tc_down_finish(acc, red, tok_y(a), rbk, a.H);
+    tc_down_finish(acc, red[use & 1], tok_y(a), rbk, a.H);
   }
   probe(kProbeDown, 5);
 }
@@ -721,7 +749,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_act_kernel(const __grid_c
   __shared__ int32_t ids[kMaxTopk];
   __shared__ float wts[kMaxTopk];
   __shared__ size_t bases[kMaxParts];
-  __shared__ float part[2][NW * 16];
+  __shared__ float part[4][NW * 16];
   ActStreamTc<BITS, NW> act(a, xt + a.ring_off, bars, bases, part);
   probe(kProbeAct, 0);
   if (threadIdx.x < 32) act.start();

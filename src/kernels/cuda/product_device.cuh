@@ -479,7 +479,9 @@ __device__ __forceinline__ void tc_rows(const unsigned char* rows, uint32_t rb, 
 // odd rows swap group pairs) and the registers are put back in order with selects.
 struct TcColFrags {
   uint32_t b[4][2][3][2];  // the part's group g, step s, digit (d0, d1, d2), k slots (lo, hi)
-  const float2* info[2];   // the lane's tokens 2t + c: their groups' (2^-e, sum x); null where absent
+  // The lane's tokens 2t + c: their groups' (2^-e, sum x) at info + c step, for c < present.
+  const float2* info;
+  uint32_t step, present;
 };
 // Token u's x staged (stage_tc) at xt + u xt_bytes, nt tokens; it: the warp's column part.
 __device__ __forceinline__ void tc_col_load(const unsigned char* xt, int xt_bytes, int nt, int groups, int it,
@@ -499,22 +501,31 @@ __device__ __forceinline__ void tc_col_load(const unsigned char* xt, int xt_byte
       f.b[g][s][2][0] = p0.z, f.b[g][s][2][1] = p0.w;
     }
   }
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const int u = 2 * t + c;
-    f.info[c] = u < nt ? reinterpret_cast<const float2*>(xt + size_t(u) * xt_bytes + size_t(groups) * 256) : nullptr;
-  }
+  f.info = reinterpret_cast<const float2*>(xt + size_t(2 * t) * xt_bytes + size_t(groups) * 256);
+  f.step = uint32_t(xt_bytes) / 8;
+  f.present = uint32_t(min(max(nt - 2 * t, 0), 2));
+}
+
+// Half h of a word of two 16-bit scales (or biases) of type st.
+__device__ __forceinline__ float scale_of2(uint32_t word, int h, int st) {
+  const uint32_t v = h ? word >> 16 : word & 0xffffu;
+  return st == kScaleBF16 ? __uint_as_float(v << 16) : __half2float(__ushort_as_half(static_cast<unsigned short>(v)));
 }
 
 // The warp's 16-row block at `rows` (rows rb bytes apart) of column part `it` times the tokens of f:
 // out[2 k + c] is row n + 8 k (of the block) for token 2t + c, scaled with the scales and biases of
-// type st at sc / bi (row r's group G at r groups + G; the block's first row there: row0).
+// type st at sc / bi (row r's group G at r groups + G; the block's first row there: row0). Needs
+// 16-bit scales and groups % 4 == 0 (tc_col_fits): a row's scales of groups 2h and 2h + 1 of the
+// part are one 4-byte load (shared-memory loads that meet in a bank: rows n, n + 2, ... 64 bytes
+// apart; a load a pair halves them).
+__host__ __device__ constexpr bool tc_col_fits(int groups, int st) { return st != kScaleF32 && groups % 4 == 0; }
 template <int BITS>
 __device__ __forceinline__ void tc_col_rows(const unsigned char* rows, uint32_t rb, const TcColFrags& f, int it,
                                             int groups, const void* sc, const void* bi, int row0, int st,
                                             float (&out)[4]) {
   constexpr int kW = BITS / 2;  // words of a lane's share of a group's row
   const int lane = threadIdx.x & 31, t = lane & 3, n = lane >> 2;
+  const bool in = 4 * it < groups;
   uint32_t w[2][4][kW];  // row n + 8 k, group g, word
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
@@ -545,9 +556,18 @@ __device__ __forceinline__ void tc_col_rows(const unsigned char* rows, uint32_t 
         }
       }
   }
-  float v[4][4];
+  float pair[4], half[2][4];  // group 2h's products, then groups 2h and 2h + 1 summed
+  uint32_t scw[2], biw[2];     // rows n and n + 8: the scales and biases of groups 2h, 2h + 1
 #pragma unroll
   for (int g = 0; g < 4; ++g) {
+    if ((g & 1) == 0) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int64_t i = int64_t(row0 + n + 8 * k) * groups + 4 * it + g;
+        scw[k] = in ? *reinterpret_cast<const uint32_t*>(static_cast<const unsigned short*>(sc) + i) : 0u;
+        biw[k] = in ? *reinterpret_cast<const uint32_t*>(static_cast<const unsigned short*>(bi) + i) : 0u;
+      }
+    }
     int d[3][4] = {};
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
@@ -570,22 +590,24 @@ __device__ __forceinline__ void tc_col_rows(const unsigned char* rows, uint32_t 
     const int G = 4 * it + g;
     float2 info[2];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) info[c] = G < groups && f.info[c] ? f.info[c][G] : make_float2(0.0f, 0.0f);
+    for (int c = 0; c < 2; ++c)
+      info[c] = G < groups && uint32_t(c) < f.present ? f.info[c * f.step + G] : make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int64_t i = int64_t(row0 + n + 8 * k) * groups + G;
-      const float scale = G < groups ? smem_scale(sc, i, st) : 0.0f, bias = G < groups ? smem_scale(bi, i, st) : 0.0f;
+      const float scale = scale_of2(scw[k], g & 1, st), bias = scale_of2(biw[k], g & 1, st);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int e = 2 * k + c;
         // d0 + 256 d1 is exact in int32 (|d0|, |d1| < 2^21) and rounds once, as tc_mma's fmaf does
         const float dot = fmaf(65536.0f, float(d[2][e]), float(d[0][e] + 256 * d[1][e])) * info[c].x;
-        v[g][e] = G < groups ? fmaf(scale, dot, bias * info[c].y) : 0.0f;
+        const float v = G < groups ? fmaf(scale, dot, bias * info[c].y) : 0.0f;
+        if (g & 1) half[g >> 1][e] = pair[e] + v;
+        else pair[e] = v;
       }
     }
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) out[e] = (v[0][e] + v[1][e]) + (v[2][e] + v[3][e]);
+  for (int e = 0; e < 4; ++e) out[e] = half[0][e] + half[1][e];
 }
 
 // Rows of a tile for tc_rows: nr rows of rb bytes from src to dst_off (contiguous in both).
@@ -595,23 +617,32 @@ struct RowSet {
 };
 
 // Warp 0, every lane: the row sets into `stage`, one bulk copy a set (lane k takes set k), and the
-// ranges `extra` (lane 0), completing `bar`'s current phase when all have landed.
-__device__ __forceinline__ void issue_rows(unsigned char* stage, uint64_t* bar, const RowSet* sets, int n_sets,
-                                           uint32_t rb, const Range* extra, int n_extra) {
+// ranges `extra` (lane 0), completing `bar`'s current phase when all have landed. The counts are
+// compile-time, so the lane's set is picked from registers, not from a local array.
+template <int NS, int NE>
+__device__ __forceinline__ void issue_rows(unsigned char* stage, uint64_t* bar, const RowSet (&sets)[NS], uint32_t rb,
+                                           const Range (&extra)[NE]) {
+  static_assert(NS <= 32, "a lane a set");
   const int lane = threadIdx.x & 31;
   if (lane == 0) {
     uint32_t total = 0;
-    for (int k = 0; k < n_sets; ++k) total += sets[k].nr * rb;
-    for (int k = 0; k < n_extra; ++k) total += extra[k].bytes & ~15u;
+#pragma unroll
+    for (int k = 0; k < NS; ++k) total += sets[k].nr * rb;
+#pragma unroll
+    for (int k = 0; k < NE; ++k) total += extra[k].bytes & ~15u;
     expect_bytes(bar, total);
-    for (int k = 0; k < n_extra; ++k) copy_range(stage, bar, extra[k]);
+#pragma unroll
+    for (int k = 0; k < NE; ++k) copy_range(stage, bar, extra[k]);
   }
   __syncwarp();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
-  if (lane < n_sets && sets[lane].nr > 0)
-    bulk_copy(stage + sets[lane].dst_off, sets[lane].src, sets[lane].nr * rb, bar);
+  RowSet mine = sets[0];
+#pragma unroll
+  for (int k = 1; k < NS; ++k)
+    if (lane == k) mine = sets[k];
+  if (lane < NS && mine.nr > 0) bulk_copy(stage + mine.dst_off, mine.src, mine.nr * rb, bar);
 }
 
 }  // namespace swiftlet::cuda::detail
