@@ -177,18 +177,23 @@ struct TcWarp : TcPlace {
   }
 };
 
-// Tile row tr's product once every warp's rows are in `part` (TcWarp::rows): the sum of its 16-row
-// block's column parts (iters <= 16: a part a warp), in order; the loads are issued together.
-__device__ __forceinline__ float tc_row_sum(const float* part, int tr, int iters) {
-  const float* p = part + (tr >> 4) * iters * 16 + (tr & 15);
+// p[0] + p[16] + ... + p[16 (n - 1)] in that order, n <= 16 (a value a warp of a block), the
+// loads issued together.
+__device__ __forceinline__ float sum_by16(const float* p, int n) {
   float v[16];
 #pragma unroll
-  for (int k = 0; k < 16; ++k) v[k] = k < iters ? p[k * 16] : 0.0f;
+  for (int k = 0; k < 16; ++k) v[k] = k < n ? p[k * 16] : 0.0f;
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < 16; ++k)
-    if (k < iters) sum += v[k];
+    if (k < n) sum += v[k];
   return sum;
+}
+
+// Tile row tr's product once every warp's rows are in `part` (TcWarp::rows): the sum of its 16-row
+// block's column parts (iters <= 16: a part a warp), in order.
+__device__ __forceinline__ float tc_row_sum(const float* part, int tr, int iters) {
+  return sum_by16(part + (tr >> 4) * iters * 16 + (tr & 15), iters);
 }
 
 // Shared memory a streamed kernel may take (beyond the default 48 KB), granted once per kernel.

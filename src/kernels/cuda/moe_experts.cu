@@ -602,16 +602,7 @@ __device__ __forceinline__ void tc_down_finish(float (&acc)[2], float* red, floa
     red[warp * 16 + n + 8] = acc[1];
   }
   __syncthreads();
-  if (warp == 1 && lane < 16 && rbk * 16 + lane < H) {  // nw <= 16; the loads issued together
-    float v[16];
-#pragma unroll
-    for (int w = 0; w < 16; ++w) v[w] = w < nw ? red[w * 16 + lane] : 0.0f;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 16; ++w)
-      if (w < nw) sum += v[w];
-    h[rbk * 16 + lane] += sum;
-  }
+  if (warp == 1 && lane < 16 && rbk * 16 + lane < H) h[rbk * 16 + lane] += sum_by16(red + lane, nw);
 }
 
 // expert_down_add on the tensor cores, a block per 16 output rows (grid-stride). Each part's 16 rows
