@@ -1,4 +1,4 @@
-// The decode products' shared code (matvec.cu: fused_matvec; moe_experts.cu: the routed experts):
+// The decode products' shared code (matvec.cu: fused_matvec; moe_experts*.cu: the routed experts):
 // launch shapes, the streamed products' ring of bulk copies, and the tensor-core warp. Three
 // generations of each product live side by side, chosen per call by device and shape: the FP32
 // register kernels (any sm_80+), the streamed FP32 kernels (sm_90, bulk copies into shared

@@ -14,7 +14,7 @@ enum ProbeKind { kProbeAct, kProbeDown, kProbeProduct, kProbeDeltaNet, kProbeKin
 #ifdef SWIFTLET_GPU_PROBE
 constexpr int kProbeBlocks = 256, kProbeMarks = 16;
 void probe_install_deltanet(unsigned long long* buf);  // deltanet.cu
-void probe_install_experts(unsigned long long* buf);   // moe_experts.cu
+void probe_install_experts(unsigned long long* buf);   // moe_experts_sm90.cu
 namespace {
 __device__ unsigned long long* g_probe;  // [kind][block][kProbeMarks timers, kProbeMarks clocks]
 __device__ __forceinline__ void probe(int kind, int mark) {

@@ -1,7 +1,7 @@
 // The router's top-k for any number of tokens (router_topk, model-math.md 6): softmax over the
 // E logits, then a bitonic sort of (probability, index) in shared memory, a block per token. The
 // decode with every expert resident takes its top-k inside the experts' act kernel instead
-// (warp_topk in moe_experts.cu).
+// (warp_topk in expert_device.cuh).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.cuh"
