@@ -338,6 +338,63 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
   }
 }
 
+// deltanet_step_rows (a decode batch's DeltaNet step: every sequence's heads in one launch, each
+// sequence's states from a table) equals deltanet_step on each sequence alone, bit for bit, over a
+// few steps from random states, for batches whose blocks fit on the device at once and batches
+// whose blocks do not.
+TEST(CudaKernels, DeltaNetStepRowsEqualOneSequenceSteps) {
+  REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (const DeltaShape& sh : {DeltaShape{16, 32, 128, 128, 4}, DeltaShape{2, 6, 96, 80, 4}, DeltaShape{1, 1, 256, 40, 2}}) {
+    for (const int n : {1, 5, 9}) {
+      const int64_t kd = int64_t(sh.hk) * sh.dk, vd = int64_t(sh.hv) * sh.dv, C = 2 * kd + vd;
+      const int K = sh.K;
+      const size_t conv_n = size_t((K - 1) * C), S_n = size_t(sh.hv) * sh.dk * sh.dv;
+      const float q_scale = 1.0f / std::sqrt(float(sh.dk)), eps = 1e-6f;
+      const std::vector<float> conv_w = randn(rng, size_t(C * K), 0.5f), norm_w = randn(rng, size_t(sh.dv), 0.3f),
+                               A_log = randn(rng, size_t(sh.hv), 0.5f), dt_bias = randn(rng, size_t(sh.hv), 0.5f);
+      DevBuf<float> d_conv_w(conv_w), d_norm_w(norm_w), d_A(A_log), d_dt(dt_bias);
+      // Each sequence's states twice: the batch's and its own.
+      std::vector<std::unique_ptr<DevBuf<float>>> batch_st, own_st;
+      std::vector<float*> table;
+      for (int i = 0; i < n; ++i)
+        for (int c = 0; c < 2; ++c) {
+          const std::vector<float> init = randn(rng, c == 0 ? conv_n : S_n, 0.3f);
+          batch_st.push_back(std::make_unique<DevBuf<float>>(init));
+          own_st.push_back(std::make_unique<DevBuf<float>>(init));
+          table.push_back(batch_st.back()->p);
+        }
+      DevBuf<float*> d_table(table);
+      DevBuf<float> d_o(size_t(n) * size_t(vd)), own_o(static_cast<size_t>(vd));
+      const std::string what = "deltanet rows hk=" + std::to_string(sh.hk) + " hv=" + std::to_string(sh.hv) +
+                               " dk=" + std::to_string(sh.dk) + " dv=" + std::to_string(sh.dv) + " n=" + std::to_string(n);
+      for (int step = 0; step < 3; ++step) {
+        const std::vector<float> x = randn(rng, size_t(n * C)), z = randn(rng, size_t(n * vd)),
+                                 b = randn(rng, size_t(n * sh.hv)), a = randn(rng, size_t(n * sh.hv));
+        DevBuf<float> dx(x), dz(z), db(b), da(a);
+        const cuda::DeltaNetIn rows_in{dx.p, dz.p, db.p, da.p};
+        if (!cuda::deltanet_step_rows(rows_in, n, C, vd, sh.hv, d_conv_w.p, d_table.p, d_A.p, d_dt.p, d_norm_w.p, eps,
+                                      q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, d_o.p, vd))
+          GTEST_SKIP() << "deltanet_step_rows needs sm_90";
+        const std::vector<float> o = d_o.get();
+        for (int i = 0; i < n; ++i) {
+          const cuda::DeltaNetIn in{dx.p + i * C, dz.p + i * vd, db.p + i * sh.hv, da.p + i * sh.hv};
+          ASSERT_TRUE(cuda::deltanet_step(in, d_conv_w.p, own_st[size_t(2 * i)]->p, d_A.p, d_dt.p,
+                                          own_st[size_t(2 * i + 1)]->p, d_norm_w.p, eps, q_scale, eps, sh.hk, sh.hv,
+                                          sh.dk, sh.dv, K, own_o.p, nullptr, /*state_early=*/false));
+          const std::string who = what + " sequence " + std::to_string(i) + " step " + std::to_string(step);
+          const std::vector<float> want_o = own_o.get();
+          expect_close(std::vector<float>(o.begin() + i * vd, o.begin() + (i + 1) * vd), want_o, 0.0f, 0.0f,
+                       who + " output");
+          expect_close(batch_st[size_t(2 * i)]->get(), own_st[size_t(2 * i)]->get(), 0.0f, 0.0f, who + " conv state");
+          expect_close(batch_st[size_t(2 * i + 1)]->get(), own_st[size_t(2 * i + 1)]->get(), 0.0f, 0.0f,
+                       who + " state");
+        }
+      }
+    }
+  }
+}
+
 // The routed experts of one token in one launch per stage (expert_gate_up, expert_down,
 // moe_combine) against per-expert reference products, experts in slots found through a table.
 TEST(CudaKernels, GroupedExpertsMatchReference) {
