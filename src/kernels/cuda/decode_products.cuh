@@ -238,14 +238,20 @@ bool tc_shape(int cols, int gs, int bits, int nw) {
 }
 uint32_t scale_row_bytes(int cols, int gs, int st) { return uint32_t(cols / gs) * (st == kScaleF32 ? 4u : 2u); }
 
-// Launches a tensor-core kernel: kTcWarps warps a block, at most one block an SM; `tokens` of them
-// (gridDim.y, token_blocks).
+// Launches a streamed or tensor-core kernel: `warps` warps a block (its shared memory granted up to
+// `opt_in` bytes), at most one block an SM for `blocks` of work; `tokens` of them (gridDim.y,
+// token_blocks).
+template <typename Args>
+void launch_streamed(void (*kernel)(Args), int warps, size_t opt_in, int blocks, int tokens, size_t smem,
+                     cudaStream_t s, const Args& a) {
+  stream_opt_in(reinterpret_cast<const void*>(kernel), opt_in);
+  launch(kernel, dim3(token_blocks(std::min(blocks, sm_count()), tokens), unsigned(tokens)), warps * 32, smem, s, a);
+  SWIFTLET_CUDA_LAUNCHED();
+}
+// A tensor-core kernel: kTcWarps warps a block, kTcSmem granted.
 template <typename Args>
 void launch_tc(void (*kernel)(Args), int blocks, int tokens, size_t smem, cudaStream_t s, const Args& a) {
-  stream_opt_in(reinterpret_cast<const void*>(kernel), kTcSmem);
-  launch(kernel, dim3(token_blocks(std::min(blocks, sm_count()), tokens), unsigned(tokens)), kTcWarps * 32, smem, s,
-         a);
-  SWIFTLET_CUDA_LAUNCHED();
+  launch_streamed(kernel, kTcWarps, kTcSmem, blocks, tokens, smem, s, a);
 }
 
 }  // namespace

@@ -470,11 +470,7 @@ bool stream_multi_nw(MultiArgs a, cudaStream_t s) {
     tiles += (a.seg[i].rows + int(kTileRows) - 1) / int(kTileRows);
   }
   a.total_rg = tiles;
-  const auto kernel = stream_matvec_kernel<BITS, NW>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel));
-  launch(kernel, dim3(token_blocks(std::min(tiles, sm_count()), a.tokens), unsigned(a.tokens)), NW * 32, ring_smem(a),
-         s, a);
-  SWIFTLET_CUDA_LAUNCHED();
+  launch_streamed(stream_matvec_kernel<BITS, NW>, NW, kStreamSmem, tiles, a.tokens, ring_smem(a), s, a);
   return true;
 }
 

@@ -7,8 +7,6 @@
 // expert) are in matmul.cu.
 #include "kernels/cuda/expert_device.cuh"
 
-#include <algorithm>
-
 namespace swiftlet::cuda {
 
 namespace {

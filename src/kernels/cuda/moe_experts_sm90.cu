@@ -4,8 +4,6 @@
 // tensor-core act and down (decode_products.cuh's TcWarp). Not part of the API.
 #include "kernels/cuda/expert_device.cuh"
 
-#include <algorithm>
-
 namespace swiftlet::cuda {
 
 namespace {
@@ -458,11 +456,7 @@ bool stream_act_nw(ExpertArgs a, cudaStream_t s) {
   if (!experts_aligned(a)) return false;
   if (!plan_ring(a, size_t(staged_floats<BITS>(a.H)) * 4, act_stage_bytes(a, BITS, NW))) return false;
   const int tiles = a.parts * ((a.I + NW - 1) / NW);
-  const auto kernel = stream_act_kernel<BITS, NW>;
-  stream_opt_in(reinterpret_cast<const void*>(kernel));
-  launch(kernel, dim3(token_blocks(std::min(tiles, sm_count()), a.tokens), unsigned(a.tokens)), NW * 32, ring_smem(a),
-         s, a);
-  SWIFTLET_CUDA_LAUNCHED();
+  launch_streamed(stream_act_kernel<BITS, NW>, NW, kStreamSmem, tiles, a.tokens, ring_smem(a), s, a);
   return true;
 }
 
