@@ -830,7 +830,7 @@ TEST(CudaKernels, FusedMatvecRowsEqualOneTokenCalls) {
       }
       const std::vector<float> nw = randn(rng, size_t(c.cols));
       DevBuf<float> dnw(nw);
-      for (int T : {1, 2, 3, 8}) {
+      for (int T : {1, 2, 3, 5, 8}) {
         for (bool norm : {false, true}) {
           const bool add = norm;  // both forms of each
           const int64_t xs = c.cols + 64;
