@@ -240,13 +240,27 @@ uint32_t scale_row_bytes(int cols, int gs, int st) { return uint32_t(cols / gs) 
 
 // Launches a streamed or tensor-core kernel: `warps` warps a block (its shared memory granted up to
 // `opt_in` bytes), at most one block an SM for `blocks` of work; `tokens` of them (gridDim.y,
-// token_blocks).
+// token_blocks); in thread-block clusters of `cluster` blocks along x where cluster > 0 (the
+// caller's blocks a multiple of it: cluster_blocks).
 template <typename Args>
 void launch_streamed(void (*kernel)(Args), int warps, size_t opt_in, int blocks, int tokens, size_t smem,
-                     cudaStream_t s, const Args& a) {
+                     cudaStream_t s, const Args& a, unsigned cluster = 0) {
   stream_opt_in(reinterpret_cast<const void*>(kernel), opt_in);
-  launch(kernel, dim3(token_blocks(std::min(blocks, sm_count()), tokens), unsigned(tokens)), warps * 32, smem, s, a);
+  launch_cluster(kernel, dim3(token_blocks(std::min(blocks, sm_count()), tokens), unsigned(tokens)),
+                 dim3(unsigned(warps) * 32), smem, s, false, cluster, a);
   SWIFTLET_CUDA_LAUNCHED();
+}
+// launch_streamed's blocks for clusters of `cluster` blocks: a multiple of `cluster` a grid row
+// (of `tokens` rows) that the device holds at once, at most launch_streamed's own; 0 where fewer
+// than two clusters a row would run.
+template <typename Args>
+int cluster_blocks(void (*kernel)(Args), int warps, size_t opt_in, int blocks, int tokens, size_t smem,
+                   unsigned cluster) {
+  stream_opt_in(reinterpret_cast<const void*>(kernel), opt_in);
+  const int C = int(cluster), row = int(token_blocks(std::min(blocks, sm_count()), tokens));
+  const int held = max_active_clusters(reinterpret_cast<const void*>(kernel), cluster, warps * 32, smem) / tokens;
+  const int per_row = std::min(row / C, held) * C;
+  return per_row >= 2 * C ? per_row * tokens : 0;
 }
 // A tensor-core kernel: kTcWarps warps a block, kTcSmem granted.
 template <typename Args>

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -61,18 +62,46 @@ inline Tuning& tuning() {
   return t;
 }
 
+// ask() for `key`, asked once: later calls with an equal key get the first answer (each call site
+// its own cache: Ask is the site's lambda type).
+template <typename Key, typename Ask>
+int ask_once(const Key& key, Ask ask) {
+  static std::mutex mu;
+  static std::vector<std::pair<Key, int>> known;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [k, n] : known)
+    if (k == key) return n;
+  known.emplace_back(key, ask());
+  return known.back().second;
+}
+
 // Blocks of `kernel` (`threads` a block, `smem` dynamic shared memory) that fit on one SM, asked
 // once per kernel.
 inline int occupancy(const void* kernel, size_t smem, int threads = 256) {
-  static std::mutex mu;
-  static std::vector<std::pair<const void*, int>> known;
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [k, n] : known)
-    if (k == kernel) return n;
-  int n = 0;
-  SWIFTLET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
-  known.emplace_back(kernel, n > 0 ? n : 1);
-  return known.back().second;
+  return ask_once(kernel, [&] {
+    int n = 0;
+    SWIFTLET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    return n > 0 ? n : 1;
+  });
+}
+
+// Thread-block clusters of `cluster` blocks of `kernel` (`threads` a block, `smem` dynamic shared
+// memory) that the device holds at once, asked once per (kernel, cluster, smem).
+inline int max_active_clusters(const void* kernel, unsigned cluster, int threads, size_t smem) {
+  return ask_once(std::tuple(kernel, cluster, smem), [&] {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(cluster);
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim = {cluster, 1, 1};
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    SWIFTLET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+    return n;
+  });
 }
 
 // Launches kernel<<<grid, block, smem, s>>>(args...), with the PDL attribute when enabled. A

@@ -6,6 +6,8 @@
 #include "kernels/cuda/decode_products.cuh"
 #include "kernels/cuda/probe.cuh"
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -43,6 +45,7 @@ struct MultiArgs {
   int tc_rbt;  // the tensor-core kernel's 16-row blocks a tile (fewer than tc_geom's for small matrices)
   int tpb;     // tc_matvec_tokens_kernel: tokens a block (grid row y: tokens y tpb ..), each tile used for all
   int xt_bytes;  // the bytes of one token's staged x there
+  int cluster;   // tc_matvec_tokens_kernel: blocks a thread-block cluster that share the staging (1: none)
 };
 
 // 1 / sqrt(mean(x^2) + eps) over x[0..n), by the whole block (any size); synchronises it.
@@ -64,12 +67,12 @@ __device__ __forceinline__ void segment_tile(const MultiArgs& a, int i, int rows
 }
 
 // The products' input value i: a.x[xo + i] (xo: the token's offset), or RMSNorm of that row when
-// a.norm_w (inv: 1 / its rms), which block 0 also writes to a.x_out.
-__device__ __forceinline__ float input_value(const MultiArgs& a, int64_t xo, float inv, int i) {
+// a.norm_w (inv: 1 / its rms), also written to a.x_out where `out`.
+__device__ __forceinline__ float input_value(const MultiArgs& a, int64_t xo, float inv, int i, bool out) {
   float v = a.x[xo + i];
   if (a.norm_w) {
     v = v * inv * a.norm_w[i];
-    if (blockIdx.x == 0 && a.x_out) a.x_out[xo + i] = v;
+    if (out && a.x_out) a.x_out[xo + i] = v;
   }
   return v;
 }
@@ -85,7 +88,7 @@ template <int BITS>
 __device__ __forceinline__ void stage_input(float* xs, const MultiArgs& a, float* red) {
   const int64_t xo = token_offset(a.x_stride);
   const float inv = input_rms_inv(a, xo, red);
-  stage<BITS>(xs, a.cols, [&](int i) { return input_value(a, xo, inv, i); });
+  stage<BITS>(xs, a.cols, [&](int i) { return input_value(a, xo, inv, i, blockIdx.x == 0); });
 }
 
 template <int BITS, int R, int J>
@@ -267,16 +270,18 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) stream_matvec_kernel(const _
   }
 }
 
-// stage_tc of the products' input (input_value). With a norm, where each warp's groups fit in one
-// batch (a row of up to 4 groups a warp), x and the norm's weights are read once, into registers,
-// for both the sum of squares and the staging: one round of reads after the PDL wait, not two.
+// stage_tc of the products' input (input_value; the normed x written to a.x_out where `out`).
+// With a norm, where each warp's groups fit in one batch (a row of up to 4 groups a warp), x and
+// the norm's weights are read once, into registers, for both the sum of squares and the staging:
+// one round of reads after the PDL wait, not two.
 template <int BITS>
-__device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArgs& a, int64_t xo, float* red) {
+__device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArgs& a, int64_t xo, float* red,
+                                               bool out) {
   constexpr int kBatch = 4;
   const int groups = a.cols / kTcGs, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   if (!a.norm_w || groups > kBatch * nw) {
     const float inv = input_rms_inv(a, xo, red);
-    stage_tc<BITS>(xt, a.cols, [&](int i) { return input_value(a, xo, inv, i); });
+    stage_tc<BITS>(xt, a.cols, [&](int i) { return input_value(a, xo, inv, i, out); });
     return;
   }
   float v[kBatch][2], w[kBatch][2], ss = 0.0f;
@@ -297,7 +302,7 @@ __device__ __forceinline__ void stage_tc_input(unsigned char* xt, const MultiArg
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       v[u][h] = v[u][h] * inv * w[u][h];
-      if (blockIdx.x == 0 && a.x_out) a.x_out[xo + G * kTcGs + 32 * h + lane] = v[u][h];
+      if (out && a.x_out) a.x_out[xo + G * kTcGs + 32 * h + lane] = v[u][h];
     }
     stage_tc_group<BITS>(xt, tc_info(xt, a.cols), G, v[u]);
   }
@@ -387,7 +392,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
   if (pr) probe(kProbeProduct, 2);
   pdl_wait_and_release();
   if (pr) probe(kProbeProduct, 3);
-  stage_tc_input<BITS>(xt, a, token_offset(a.x_stride), red);
+  stage_tc_input<BITS>(xt, a, token_offset(a.x_stride), red, blockIdx.x == 0);
   if (pr) probe(kProbeProduct, 4);
   const TcWarp tw(xt, tl.tg);
   for (int i = 0; i < mine; ++i) {
@@ -409,6 +414,35 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
 }
 
 constexpr int kMaxBlockTokens = 8;
+// Blocks of a thread-block cluster that share the tokens kernel's staging (stage_tc_shared).
+constexpr int kStageCluster = 4;
+
+// The block's nt tokens t0.. staged (stage_tc_input) by the a.cluster blocks of its thread-block
+// cluster together: rank r stages tokens r, r + cluster, ..., then every block copies the others'
+// from their shared memory. Each token's x (and the norm's weights) is read from L2 once a
+// cluster, not once a block: at 8 tokens, 132 blocks would read ~17 MB a product where its weights
+// are 1-14 MB. Cluster 0 writes the normed x. Ends with a cluster barrier (no block leaves while
+// another reads its shared memory). sm_90 only, as are the tensor-core products.
+template <int BITS>
+__device__ __forceinline__ void stage_tc_shared(unsigned char* xt, const MultiArgs& a, int t0, int nt, float* red) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+  const int C = a.cluster, rank = int(cl.block_rank());
+  for (int u = rank; u < nt; u += C)
+    stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, red, int(blockIdx.x) < C);
+  cl.sync();
+  const int per = a.xt_bytes / 16;  // xt_bytes: a multiple of 16
+#pragma unroll 4
+  for (int k = int(threadIdx.x); k < nt * per; k += int(blockDim.x)) {
+    const int u = k / per;
+    if (u % C == rank) continue;
+    uint4* mine = reinterpret_cast<uint4*>(xt + size_t(u) * a.xt_bytes) + (k - u * per);
+    *mine = *cl.map_shared_rank(mine, u % C);
+  }
+  cl.sync();
+#endif
+}
 
 // tc_matvec_kernel for up to kMaxBlockTokens tokens a block (fused_matvec_rows): the tokens are
 // the MMAs' columns (tc_col_rows), each tile brought in once and multiplied once for all of them,
@@ -426,8 +460,11 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(cons
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == 0) tl.start(false);
   pdl_wait_and_release();
-  for (int u = 0; u < nt; ++u)
-    stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, red);
+  if (a.cluster > 1)
+    stage_tc_shared<BITS>(xt, a, t0, nt, red);
+  else
+    for (int u = 0; u < nt; ++u)
+      stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, red, blockIdx.x == 0);
   const TcPlace tp(tl.tg);
   TcColFrags fr;
   tc_col_load(xt, a.xt_bytes, nt, tl.tg.groups, tp.it, fr);
@@ -523,9 +560,18 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
     tiles += (a.seg[i].rows + TR - 1) / TR;
   }
   a.total_rg = tiles;
-  if (a.tpb > 1)
-    launch_tc(tc_matvec_tokens_kernel<BITS, NW>, tiles, grid_rows, ring_smem(a), s, a);
-  else
+  if (a.tpb > 1) {
+    // A normed input's staging shared by clusters of kStageCluster blocks (stage_tc_shared) where a
+    // block has a token for each of them and a grid row holds two or more clusters (docs/batching.md:
+    // fewer tokens, or an input without a norm, do not gain).
+    const bool share = a.norm_w && a.tpb >= kStageCluster;
+    const auto kernel = tc_matvec_tokens_kernel<BITS, NW>;
+    const int clustered =
+        share ? cluster_blocks(kernel, NW, kTcSmem, tiles, grid_rows, ring_smem(a), kStageCluster) : 0;
+    a.cluster = clustered > 0 ? kStageCluster : 1;
+    launch_streamed(kernel, NW, kTcSmem, clustered > 0 ? clustered : tiles, grid_rows, ring_smem(a), s, a,
+                    clustered > 0 ? unsigned(kStageCluster) : 0u);
+  } else
     launch_tc(tc_matvec_kernel<BITS, NW>, tiles, a.tokens, ring_smem(a), s, a);
   return true;
 }
