@@ -262,10 +262,11 @@ int cluster_blocks(void (*kernel)(Args), int warps, size_t opt_in, int blocks, i
   const int per_row = std::min(row / C, held) * C;
   return per_row >= 2 * C ? per_row * tokens : 0;
 }
-// A tensor-core kernel: kTcWarps warps a block, kTcSmem granted.
+// A tensor-core kernel: kTcWarps warps a block, kTcSmem granted (launch_streamed).
 template <typename Args>
-void launch_tc(void (*kernel)(Args), int blocks, int tokens, size_t smem, cudaStream_t s, const Args& a) {
-  launch_streamed(kernel, kTcWarps, kTcSmem, blocks, tokens, smem, s, a);
+void launch_tc(void (*kernel)(Args), int blocks, int tokens, size_t smem, cudaStream_t s, const Args& a,
+               unsigned cluster = 0) {
+  launch_streamed(kernel, kTcWarps, kTcSmem, blocks, tokens, smem, s, a, cluster);
 }
 
 }  // namespace

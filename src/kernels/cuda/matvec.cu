@@ -569,8 +569,8 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
     const int clustered =
         share ? cluster_blocks(kernel, NW, kTcSmem, tiles, grid_rows, ring_smem(a), kStageCluster) : 0;
     a.cluster = clustered > 0 ? kStageCluster : 1;
-    launch_streamed(kernel, NW, kTcSmem, clustered > 0 ? clustered : tiles, grid_rows, ring_smem(a), s, a,
-                    clustered > 0 ? unsigned(kStageCluster) : 0u);
+    launch_tc(kernel, clustered > 0 ? clustered : tiles, grid_rows, ring_smem(a), s, a,
+              clustered > 0 ? unsigned(kStageCluster) : 0u);
   } else
     launch_tc(tc_matvec_kernel<BITS, NW>, tiles, a.tokens, ring_smem(a), s, a);
   return true;
