@@ -213,16 +213,23 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
   __device__ void compute(const unsigned char* xt) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, j = warp - 1;
     const TcWarp tw(xt, tg);
+    int s0 = 0, u0 = 0;  // tile i's stage and its use of it (i % S, i / S, kept without dividing)
     for (int i = 0; i < mine; i += 2) {
       const int nt = min(2, mine - i);
-      stage_wait(bars + i % S, i / S);
-      if (nt == 2) stage_wait(bars + (i + 1) % S, (i + 1) / S);
+      int s1 = s0 + 1, u1 = u0;  // tile i + 1's
+      if (s1 == S) s1 = 0, ++u1;
+      stage_wait(bars + s0, u0);
+      if (nt == 2) stage_wait(bars + s1, u1);
       if (i == 0) probe(kProbeAct, 7);
       if (i + nt == mine) probe(kProbeAct, 8);
       if (tw.busy) {
-        if (nt == 2) tile_rows<2>(tw, i);
-        else tile_rows<1>(tw, i);
+        if (nt == 2)
+          tile_rows<2>(tw, i, s0, s1);
+        else
+          tile_rows<1>(tw, i, s0, s1);
       }
+      s0 = s1 + 1, u0 = u1;
+      if (s0 == S) s0 = 0, ++u0;
       int q = 0, r0 = 0;
       if (j >= 0 && j < nt) locate(i + j, q, r0);  // before the barrier, off the summing warp's path
       __syncthreads();  // every warp is done with the stages; the parts are in
@@ -238,9 +245,10 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
       }
     }
   }
-  // The warp's rows of tiles i .. i + N - 1 into part[(i + j) & 3] (TcPlace::rows).
+  // The warp's rows of the tiles in stages s0 (and s1 where N = 2), tiles i and i + 1, into
+  // part[(i + j) & 3] (TcPlace::rows).
   template <int N>
-  __device__ __forceinline__ void tile_rows(const TcWarp& tw, int i) const {
+  __device__ __forceinline__ void tile_rows(const TcWarp& tw, int i, int s0, int s1) const {
     const unsigned char* st[N];
     const void* sc[N][2];
     const void* bi[N][2];
@@ -248,7 +256,7 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
     int row[2];
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      st[j] = ring + size_t((i + j) % S) * a.stage_bytes;
+      st[j] = ring + size_t(j == 0 ? s0 : s1) * a.stage_bytes;
       pt[j] = part[(i + j) & 3];
     }
 #pragma unroll
