@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_down_kernel(const __grid_
       tc_load(xt, groups, p * gpp + gi, v, fr);
       const unsigned char* rows = st + size_t(b * a.parts + p) * uint32_t(a.stage_bytes);
       float dot[2];
-      tc_rows<BITS>(rows, rb, fr, gi, dot);
+      tc_rows<BITS, 2>(rows, rb, fr, gi, dot);  // two accumulator chains: one item in flight a warp
       if (v) {
         const float c = coefs[p];
 #pragma unroll

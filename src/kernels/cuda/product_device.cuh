@@ -414,13 +414,18 @@ template <int BITS>
 __host__ __device__ constexpr int tc_loads() { return kTcGs * BITS / 128; }
 
 // sum_k q x over the lane's group for rows n and n + 8 (the group's codes of those rows in w0, w8)
-// into dot[0], dot[1], the scale and bias not applied. Every lane of the warp calls it.
-template <int BITS>
+// into dot[0], dot[1], the scale and bias not applied. Every lane of the warp calls it. The eight
+// steps' MMAs add into C independent accumulators (step j into j % C), summed at the end: exact
+// integers, so the same digit sums for any C, and with C = 2 a chain of 4 dependent MMAs instead
+// of 8 for a warp that has no other block's products to overlap them with (tc_down_kernel).
+template <int BITS, int C = 1>
 __device__ __forceinline__ void tc_mma(const uint4 (&w0)[tc_loads<BITS>()], const uint4 (&w8)[tc_loads<BITS>()],
                                        const TcFrags& fr, float (&dot)[2]) {
-  int c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+  int c1s[C][4] = {}, c2s[C][4] = {};
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
+    int(&c1)[4] = c1s[j % C];
+    int(&c2)[4] = c2s[j % C];
     uint32_t a0, a1, a2, a3;
     if constexpr (BITS == 4) {
       const uint32_t u = word_of(w0, j), v = word_of(w8, j);
@@ -437,13 +442,21 @@ __device__ __forceinline__ void tc_mma(const uint4 (&w0)[tc_loads<BITS>()], cons
     mma_u8s8(c1, a0, a1, a2, a3, fr.f[j].x, fr.f[j].y);
     mma_u8s8(c2, a0, a1, a2, a3, fr.f[j].z, fr.f[j].w);
   }
+  int c1[4], c2[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    c1[e] = c1s[0][e];
+    c2[e] = c2s[0][e];
+#pragma unroll
+    for (int k = 1; k < C; ++k) c1[e] += c1s[k][e], c2[e] += c2s[k][e];
+  }
   dot[0] = fmaf(65536.0f, float(c2[0]), fmaf(256.0f, float(c1[1]), float(c1[0]))) * fr.xinv;
   dot[1] = fmaf(65536.0f, float(c2[2]), fmaf(256.0f, float(c1[3]), float(c1[2]))) * fr.xinv;
 }
 
 // tc_mma for the lane's group G of the 16-row block at `rows` in shared memory (rb bytes apart).
 // Odd rows load chunk q ^ 1 at step q and swap the pair back (see the row layout above).
-template <int BITS>
+template <int BITS, int C = 1>
 __device__ __forceinline__ void tc_rows(const unsigned char* rows, uint32_t rb, const TcFrags& fr, int G,
                                         float (&dot)[2]) {
   constexpr int kQ = tc_loads<BITS>();
@@ -461,7 +474,7 @@ __device__ __forceinline__ void tc_rows(const unsigned char* rows, uint32_t rb, 
     w0[q] = odd ? r0[q ^ 1] : r0[q];
     w8[q] = odd ? r8[q ^ 1] : r8[q];
   }
-  tc_mma<BITS>(w0, w8, fr, dot);
+  tc_mma<BITS, C>(w0, w8, fr, dot);
 }
 
 // The tensor-core product of up to 8 tokens at once: a column of B is a token, and the 32 k slots
