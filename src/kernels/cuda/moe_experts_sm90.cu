@@ -216,8 +216,8 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
     int s0 = 0, u0 = 0;  // tile i's stage and its use of it (i % S, i / S, kept without dividing)
     for (int i = 0; i < mine; i += 2) {
       const int nt = min(2, mine - i);
-      int s1 = s0 + 1, u1 = u0;  // tile i + 1's
-      if (s1 == S) s1 = 0, ++u1;
+      int s1 = s0, u1 = u0;  // tile i + 1's
+      next_stage(s1, u1);
       stage_wait(bars + s0, u0);
       if (nt == 2) stage_wait(bars + s1, u1);
       if (i == 0) probe(kProbeAct, 7);
@@ -228,8 +228,8 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
         else
           tile_rows<1>(tw, i, s0, s1);
       }
-      s0 = s1 + 1, u0 = u1;
-      if (s0 == S) s0 = 0, ++u0;
+      s0 = s1, u0 = u1;  // the next round's first tile
+      next_stage(s0, u0);
       int q = 0, r0 = 0;
       if (j >= 0 && j < nt) locate(i + j, q, r0);  // before the barrier, off the summing warp's path
       __syncthreads();  // every warp is done with the stages; the parts are in
@@ -244,6 +244,10 @@ struct ActStreamTc : ActTiles<ActStreamTc<BITS, NW>> {
         }
       }
     }
+  }
+  // The ring's stage after stage s, whose use count u goes up where it wraps.
+  __device__ __forceinline__ void next_stage(int& s, int& u) const {
+    if (++s == S) s = 0, ++u;
   }
   // The warp's rows of the tiles in stages s0 (and s1 where N = 2), tiles i and i + 1, into
   // part[(i + j) & 3] (TcPlace::rows).
