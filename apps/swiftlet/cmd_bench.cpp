@@ -14,7 +14,7 @@
 // the cache holds every expert); it prints aggregate and per-stream decode tok/s, the experts a
 // step acquires and the time per step by part. With --gpu the batches run on the GPU
 // (gpu_decode_batch; each batch size prefills its own streams, whose states live in their passes;
-// the largest batch's step is also profiled by part).
+// a step of one stream and one of the largest batch are also profiled by part).
 #include "cli_util.h"
 #include "commands.h"
 
@@ -425,8 +425,20 @@ void run_streams_child(const BenchOptions& o) {
   }
   json rows = json::array();
   for (const Run& r : runs) rows.push_back(result(r));
-  // On the GPU, where the largest batch's step goes (its batch goes layer by layer): a few more of
-  // its steps with a timing event after each part (stderr).
+  // On the GPU, where a step goes, part by part, for one stream (a pass of its own, prefilled again)
+  // and for the largest batch (a few more of its steps, layer by layer): a few steps with a timing
+  // event after each part (stderr), so each part's time at N streams can be set against one's.
+  if (gpu && std::find(sizes.begin(), sizes.end(), 1) != sizes.end()) {
+    std::unique_ptr<ForwardPass> one = make_gpu_forward(gpu, /*profile=*/true);
+    SessionState st = SessionState::create(c);
+    one->run(st, prompts[0], LogitsMode::Last, logits);
+    for (int s = 0; s < std::min(o.decode, 8); ++s) {
+      const int32_t next = argmax_of(logits.data(), V);
+      one->run(st, std::span(&next, 1), LogitsMode::Last, logits);
+    }
+    std::fprintf(stderr, "GPU time of a 1-stream step by part (profiled, launch by launch):\n%s\n",
+                 gpu_decode_profile(*one).c_str());
+  }
   if (gpu && !runs.empty() && runs.back().n > 1) {
     Run& r = runs.back();
     r.runner = make_gpu_forward(gpu, /*profile=*/true);
