@@ -38,7 +38,9 @@ using q8::kPrefetch;
 
 // Row r x tokens [t, t + T). Per token: two accumulators of 16 lanes for even and odd blocks and
 // one of 8 for the bias terms, summed in the same order whatever T is, so a token's result is
-// the same bit for bit in decode and in any batch.
+// the same bit for bit in decode and in any batch. 4-bit rows prefetch their codes kPrefetch
+// bytes ahead whatever T is: a tile's rows follow one another as decode's do (lm_head for 4
+// tokens on the GPU machine's 16-core Xeon: 2.0x one token's time without, 1.5x with).
 template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   const QMatrix& w = c.w;
@@ -70,7 +72,7 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
       const int64_t b = b0 + k;
       __m512i codes;
       if constexpr (Bits == 4) {
-        if constexpr (T == 1 && a == 0)  // one prefetch per 64-byte line
+        if constexpr (a == 0)  // one prefetch per 64-byte line, in token tiles too
           _mm_prefetch(reinterpret_cast<const char*>(wrow + kPrefetch + b * kBlockBytes), _MM_HINT_T0);
         const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + b * 32));
         codes = _mm512_and_si512(

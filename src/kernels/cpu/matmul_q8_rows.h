@@ -18,11 +18,12 @@ namespace swiftlet::q8 {
 namespace {
 
 constexpr int64_t kBlock = 64;  // activations are quantised per 64 values
-// 4-bit decode prefetches the weight stream this many bytes ahead: about DRAM latency x one
-// core's bandwidth, with margin. Measured with bench/kernel_bench: on the Zen 4 dev machine it
-// lifts 4-bit decode (small rows, scales in separate streams) but slows 8-bit and dense rows,
-// which the hardware prefetcher already follows (bf16 ~100% -> ~70% of the bandwidth), so only
-// 4-bit prefetches; on a Xeon (H200 host) it helped every format (2-6 KiB alike, 1 KiB less).
+// 4-bit decode (and the AVX-512 kernel's token tiles) prefetches the weight stream this many
+// bytes ahead: about DRAM latency x one core's bandwidth, with margin. Measured with
+// bench/kernel_bench: on the Zen 4 dev machine it lifts 4-bit decode (small rows, scales in
+// separate streams) but slows 8-bit and dense rows, which the hardware prefetcher already follows
+// (bf16 ~100% -> ~70% of the bandwidth), so only 4-bit prefetches; on a Xeon (H200 host) it
+// helped every format (2-6 KiB alike, 1 KiB less).
 constexpr int64_t kPrefetch = 4096;
 
 inline int64_t pad8(int64_t v) { return (v + 7) & ~int64_t(7); }
