@@ -294,7 +294,7 @@ void Forward::attend_scalar(const LayerState& st, int64_t pos0, int64_t n_rows, 
 void Forward::gated_delta_net(int li, std::span<const SeqRows> seqs) {
   const DeltaNetWeights& w = m_.weights.layers[size_t(li)].gdn;
   const int hv = c_.linear_num_value_heads;
-  const int64_t H = c_.hidden_size, C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
+  const int64_t H = c_.hidden_size, C = c_.conv_dim(), vd = c_.linear_value_dim();
   const int64_t first = seqs.front().row0, T = seqs.back().row0 + seqs.back().n - first;
   const float* x = x_.data() + first * H;
 
