@@ -19,6 +19,7 @@ QpackExperts::QpackExperts(const QpackContainer& qc, QpackExpertsOptions opts)
              qc.config.num_experts_per_tok * qc.layout.layer_count),
       reader_(opts.reader ? std::move(opts.reader) : make_expert_reader(qc, opts.io, cache_.capacity())) {
   if (verify_) sums_ = qc.checksums->experts;
+  for (int p = 0; p < 3; ++p) views_[size_t(p)] = layout_.projection_view(p, config_);
   const int want = opts.max_batch > 0 ? opts.max_batch : 4 * std::max(1, qc.config.num_experts_per_tok);
   max_batch_ = std::max(1, std::min(want, cache_.capacity()));
   const size_t slots = size_t(cache_.capacity());
@@ -204,9 +205,9 @@ void QpackExperts::acquire(int layer, std::span<const int32_t> experts, std::spa
     }
     pinned_.push_back(s);
     const uint8_t* blob = cache_.data(s);
-    out[i].gate = layout_.view(0, config_, blob);
-    out[i].up = layout_.view(1, config_, blob);
-    out[i].down = layout_.view(2, config_, blob);
+    out[i].gate = views_[0].at(blob);
+    out[i].up = views_[1].at(blob);
+    out[i].down = views_[2].at(blob);
     out[i].blob = blob;
     out[i].blob_bytes = size_t(layout_.expert_stride);
   }

@@ -18,6 +18,7 @@
 #include "format/qpack.h"
 #include "model/expert_source.h"
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -74,6 +75,7 @@ class QpackExperts : public ExpertSource {
   std::string dir_;
   ModelConfig config_;
   QpackLayout layout_;
+  std::array<QpackLayout::ProjectionView, 3> views_;  // gate, up, down
   std::vector<std::vector<uint64_t>> sums_;  // [layer][expert], empty when not verifying
   bool verify_ = false;
   IoMode io_;

@@ -166,26 +166,37 @@ ProjectionFormat QpackLayout::projection_format(int p, const ModelConfig& c) con
   return f;
 }
 
-QMatrix QpackLayout::view(int p, const ModelConfig& c, const uint8_t* blob) const {
+QpackLayout::ProjectionView QpackLayout::projection_view(int p, const ModelConfig& c) const {
   const auto [rows, cols] = projection_shape(p, c);
   const ProjectionFormat f = projection_format(p, c);
   const std::string proj = kExpertProjections[p];
-  QMatrix m;
-  m.rows = rows;
-  m.cols = cols;
-  m.data = blob + find(proj + ".weight")->offset;
+  ProjectionView v;
+  v.m.rows = rows;
+  v.m.cols = cols;
+  v.data = find(proj + ".weight")->offset;
   if (!f.affine()) {
-    m.format = f.dtype == DType::F32 ? WeightFormat::F32
-               : f.dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F16;
-    return m;
+    v.m.format = f.dtype == DType::F32    ? WeightFormat::F32
+                 : f.dtype == DType::BF16 ? WeightFormat::BF16
+                                          : WeightFormat::F16;
+    return v;
   }
-  m.format = WeightFormat::Affine;
-  m.bits = f.bits;
-  m.group_size = f.group_size;
-  m.scale_dtype = f.dtype;
-  m.scales = blob + find(proj + ".scales")->offset;
-  m.biases = blob + find(proj + ".biases")->offset;
-  return m;
+  v.m.format = WeightFormat::Affine;
+  v.m.bits = f.bits;
+  v.m.group_size = f.group_size;
+  v.m.scale_dtype = f.dtype;
+  v.scales = find(proj + ".scales")->offset;
+  v.biases = find(proj + ".biases")->offset;
+  return v;
+}
+
+QMatrix QpackLayout::ProjectionView::at(const uint8_t* blob) const {
+  QMatrix q = m;
+  q.data = blob + data;
+  if (q.format == WeightFormat::Affine) {
+    q.scales = blob + scales;
+    q.biases = blob + biases;
+  }
+  return q;
 }
 
 ojson QpackLayout::to_json() const {

@@ -69,8 +69,16 @@ struct QpackLayout {
   const QpackSection* find(std::string_view name) const;
   // The storage format of projection p (0 gate, 1 up, 2 down), read from its sections.
   ProjectionFormat projection_format(int p, const ModelConfig& c) const;
+  // Projection p of any expert: its shape and format, and where its sections sit in a blob
+  // (looked up by name once, so that an expert's views cost three additions each).
+  struct ProjectionView {
+    QMatrix m;  // data, scales and biases null
+    uint64_t data = 0, scales = 0, biases = 0;
+    QMatrix at(const uint8_t* blob) const;
+  };
+  ProjectionView projection_view(int p, const ModelConfig& c) const;
   // A view of projection p of the expert whose blob starts at `blob`.
-  QMatrix view(int p, const ModelConfig& c, const uint8_t* blob) const;
+  QMatrix view(int p, const ModelConfig& c, const uint8_t* blob) const { return projection_view(p, c).at(blob); }
 
   nlohmann::ordered_json to_json() const;
   static QpackLayout parse(const nlohmann::json& j, const std::string& source);
