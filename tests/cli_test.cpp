@@ -1,11 +1,13 @@
 // End-to-end: the built `swiftlet` executable on the committed fixtures.
 #include "io/mapped_file.h"
+#include "kernels/cpu/kernels.h"
 #include "support/test_paths.h"
 #include "support/test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -56,6 +58,23 @@ TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
               " --max-new " + std::to_string(want.size()) + " --greedy --print-ids" + fast, true);
   ASSERT_EQ(g.status, 0) << g.out;
   EXPECT_EQ(g.out, join_ids(want, " ") + "\n");
+  // --isa: every instruction set this CPU runs gives the same greedy tokens; one it lacks is
+  // refused with what it does run.
+  const std::vector<Isa> have = available_isas();
+  for (Isa isa : {Isa::Avx2, Isa::Avx512Vnni}) {
+    const bool runs = std::find(have.begin(), have.end(), isa) != have.end();
+    CmdResult gi = run("generate " + dir + " --ids " + join_ids(ref["greedy_prompt"].get<std::vector<int32_t>>(), ",") +
+                           " --max-new " + std::to_string(want.size()) + " --greedy --print-ids" + fast + " --isa " +
+                           isa_name(isa),
+                       /*stdout_only=*/runs);
+    if (runs) {
+      ASSERT_EQ(gi.status, 0) << isa_name(isa) << ": " << gi.out;
+      EXPECT_EQ(gi.out, join_ids(want, " ") + "\n") << isa_name(isa);
+    } else {
+      EXPECT_NE(gi.status, 0) << isa_name(isa);
+      EXPECT_NE(gi.out.find("this CPU does not run it"), std::string::npos) << gi.out;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Cli, ::testing::Values("next_8l", "q35_vl", "next_mlx4"));
@@ -73,6 +92,9 @@ TEST(CliErrors, BadInputsExitNonZeroWithAMessage) {
   r = run("logits " + fixture_dir("next_8l") + " --tokens 1 --out /tmp/x.f32 --backend tpu");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("unknown backend"), std::string::npos) << r.out;
+  r = run("generate " + fixture_dir("next_8l") + " --ids 1,2 --max-new 2 --isa sse9");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("unknown instruction set 'sse9' (use 'avx2' or 'avx512-vnni')"), std::string::npos) << r.out;
 }
 
 // swiftlet-server takes the same model flags as `swiftlet` (one registration): bad values are
@@ -82,9 +104,9 @@ TEST(CliErrors, ServerRefusesBadModelFlagsBeforeListening) {
   struct Case {
     std::string args, message;
   };
-  for (const Case& c : {Case{" --gpu-cache-gb 2", "--gpu-cache-gb needs --gpu"},
-                        Case{" --io fast", "--io"}, Case{" --resident maybe", "unknown residency"},
-                        Case{" --cache-gb lots", "--cache-gb"}, Case{" --backend tpu", "unknown backend"}}) {
+  for (const Case& c : {Case{" --gpu-cache-gb 2", "--gpu-cache-gb needs --gpu"}, Case{" --io fast", "--io"},
+                        Case{" --resident maybe", "unknown residency"}, Case{" --cache-gb lots", "--cache-gb"},
+                        Case{" --backend tpu", "unknown backend"}, Case{" --isa sse9", "unknown instruction set"}}) {
     // `timeout`: a server that accepted the flags would listen until killed.
     const CmdResult r =
         swiftlet::testing::run_command("timeout 60 " + bin_path("swiftlet-server") + model + c.args + " 2>&1");

@@ -9,6 +9,8 @@ void ModelFlags::add(CLI::App* cmd, FlagSet set) {
   if (set == FlagSet::Cli) cmd->add_option("model", model, what)->required();
   else cmd->add_option("--model,-m", model, what)->required();
   cmd->add_option("--backend", backend, "cpu (fast kernels, default) or reference (scalar fp32 oracle)");
+  cmd->add_option("--isa", isa,
+                  "instruction set of the CPU kernels: auto (the best this CPU runs, default), avx2 or avx512-vnni");
   cmd->add_option("--threads", threads, "worker threads (default: one per physical core this process may use, within a cgroup CPU quota)");
   cmd->add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
   cmd->add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
@@ -35,6 +37,7 @@ EngineOptions ModelFlags::engine_options() const {
   o.model = model;
   o.tokenizer = tokenizer;
   o.backend = parse_backend(backend);
+  if (isa != "auto") o.isa = parse_isa(isa);
   o.threads = threads;
   o.load.verify_experts = !no_verify;
   apply_cache_flags(o.load, cache_gb, cache_mb, ram_budget, io, context);

@@ -16,11 +16,11 @@ namespace swiftlet::cli {
 // server sets `context` from --ctx and `sessions` from --parallel before engine_options()).
 enum class FlagSet { Cli, Server };
 
-// MODEL, --backend, --threads, --tokenizer, --no-verify; the expert cache and IO flags
+// MODEL, --backend, --isa, --threads, --tokenizer, --no-verify; the expert cache and IO flags
 // --cache-gb, --cache-mb, --ram-budget, --io, --resident, --predict-next, --chunked-prefill;
 // --gpu, --gpu-cache-gb.
 struct ModelFlags {
-  std::string model, backend = "cpu", tokenizer;
+  std::string model, backend = "cpu", isa = "auto", tokenizer;
   int threads = 0;
   bool no_verify = false;
   std::string cache_gb, cache_mb, ram_budget, io = "uring", resident = "populate";

@@ -24,6 +24,7 @@
 #include "experts/expert_reader.h"
 #include "experts/routing_trace.h"
 #include "format/qpack.h"
+#include "kernels/cpu/kernels.h"
 #include "model/qwen3_hybrid.h"
 #include "runtime/engine.h"
 
@@ -500,6 +501,12 @@ double measure_disk(const QpackContainer& qc, IoMode mode, int depth, double sec
   return double(bytes) / t / 1e9;
 }
 
+// "cpu (avx512-vnni)": the backend and, for the fast CPU kernels, the instruction set they run.
+std::string backend_name(const ModelFlags& m) {
+  if (m.backend == "reference") return m.backend;
+  return fmt::format("{} ({})", m.backend, isa_name(cpu_isa()));
+}
+
 std::string pred_name(int depth) { return depth == 0 ? "off" : fmt::format("+{}", depth); }
 
 std::string child_args(const BenchOptions& o, const std::string& cache, const std::string& io, int predict) {
@@ -507,6 +514,7 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   std::string a = fmt::format("bench '{}' --child --backend {} --io {} --prompt-tokens {} --decode {}", m.model,
                               m.backend, io, o.prompt_tokens, o.decode);
   if (m.threads > 0) a += fmt::format(" --threads {}", m.threads);
+  if (m.isa != "auto") a += " --isa " + m.isa;
   if (m.no_verify) a += " --no-verify";
   a += " --resident " + m.resident;
   a += fmt::format(" --predict-next {}", predict);
@@ -605,10 +613,11 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
   std::printf("model %s: %d layers x %d experts, top-%d, %llu bytes per expert\n", o.model.model.c_str(),
               qc.config.num_layers, qc.config.num_experts, qc.config.num_experts_per_tok,
               (unsigned long long)qc.layout.payload());
-  std::printf("batched decoding (--streams %s): stream i prefills its own prompt of %d + i tokens, then N streams "
-              "decode %d tokens each greedily, one decode_batch a step; backend %s%s\n",
-              o.streams.c_str(), o.prompt_tokens, o.decode, o.model.gpu ? "gpu" : o.model.backend.c_str(),
-              o.warm ? "; measured after a first pass of the largest batch filled the cache" : "");
+  std::printf(
+      "batched decoding (--streams %s): stream i prefills its own prompt of %d + i tokens, then N streams "
+      "decode %d tokens each greedily, one decode_batch a step; backend %s%s\n",
+      o.streams.c_str(), o.prompt_tokens, o.decode, o.model.gpu ? "gpu" : backend_name(o.model).c_str(),
+      o.warm ? "; measured after a first pass of the largest batch filled the cache" : "");
   std::printf("routing: %s%s\n", routing.c_str(),
               o.routing_trace.empty() ? "" : " (stream i replays its own region of the trace, from i / (largest N) of its length on)");
   std::printf("xagg, xper: aggregate and per-stream tok/s over the first N's of the same configuration (same process); "
@@ -637,6 +646,7 @@ void run_bench(const BenchOptions& o) {
   for (const std::string& c : split(o.cache))
     if (c != "default" && c != "all" && c.rfind("budget:", 0) != 0) parse_bytes(c, "--cache");
   for (const std::string& io : split(o.io)) parse_io_mode(io);
+  if (o.model.isa != "auto") set_cpu_isa(parse_isa(o.model.isa));  // refused here, before any run
   if (!o.streams.empty()) {
     parse_streams(o.streams);  // refused here, before any run
   }
@@ -736,8 +746,8 @@ void run_bench(const BenchOptions& o) {
   }
   std::printf("model %s: %d layers x %d experts, top-%d, %llu bytes per expert read\n", o.model.model.c_str(),
               qc.config.num_layers, qc.config.num_experts, k, (unsigned long long)stride);
-  std::printf("prompt %d tokens, then %d tokens decoded greedily; backend %s; dense weights: %s%s\n",
-              o.prompt_tokens, o.decode, o.model.backend.c_str(), o.model.resident.c_str(),
+  std::printf("prompt %d tokens, then %d tokens decoded greedily; backend %s; dense weights: %s%s\n", o.prompt_tokens,
+              o.decode, backend_name(o.model).c_str(), o.model.resident.c_str(),
               o.warm ? "; measured on a second pass (the first one filled the cache)" : "");
   std::printf("routing: %s\n", routing.c_str());
   std::printf("disk, random whole-expert reads (O_DIRECT), best of before and after the runs: %.2f GB/s one at a "

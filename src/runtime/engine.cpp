@@ -38,6 +38,7 @@ std::string chat_template_text(const std::string& dir) {
 
 Engine::Engine(const EngineOptions& opts) : opts_(opts) {
   if (opts.threads > 0) ThreadPool::set_global_threads(opts.threads);
+  if (opts.isa) set_cpu_isa(*opts.isa);
   // --gpu: the host expert cache's slots come from page-locked memory, so the VRAM cache's
   // misses upload by DMA straight from them.
   std::string no_gpu;

@@ -20,6 +20,7 @@ struct EngineOptions {
   std::string model;      // checkpoint directory or .qpack
   std::string tokenizer;  // a tokenizer.json to use instead of the model's own
   Backend backend = Backend::Cpu;
+  std::optional<Isa> isa;  // the CPU kernels' instruction set (set_cpu_isa); none: the best there is
   LoadOptions load;
   int threads = 0;        // 0: default_thread_count() (physical cores allowed, cgroup quota)
   int predict_next = 1;  // see SessionOptions::predict_next

@@ -7,6 +7,7 @@
 #include "kernels/cpu/ops_ref.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace swiftlet {
 
@@ -150,10 +151,34 @@ const Kernels& kernels_for(Backend b, Isa isa) {
   return reference;
 }
 
+namespace {
+// set_cpu_isa's choice; -1: none.
+std::atomic<int> g_isa{-1};
+}  // namespace
+
+void set_cpu_isa(Isa isa) {
+  if (!has_isa(isa))
+    fail("--isa {}: this CPU does not run it (it runs {}); leave --isa out for the best it has", isa_name(isa),
+         available_isas().empty() ? "neither: the reference kernels only" : isa_name(available_isas().back()));
+  g_isa.store(int(isa), std::memory_order_relaxed);
+}
+
+Isa cpu_isa() {
+  const int chosen = g_isa.load(std::memory_order_relaxed);
+  if (chosen >= 0) return Isa(chosen);
+  return has_isa(Isa::Avx512Vnni) ? Isa::Avx512Vnni : Isa::Avx2;
+}
+
+Isa parse_isa(std::string_view s) {
+  for (Isa i : {Isa::Avx2, Isa::Avx512Vnni})
+    if (s == isa_name(i)) return i;
+  fail("unknown instruction set '{}' (use 'avx2' or 'avx512-vnni')", s);
+}
+
 const Kernels& kernels_for(Backend b) {
-  static const Isa best = has_isa(Isa::Avx512Vnni) ? Isa::Avx512Vnni : Isa::Avx2;
-  if (b != Backend::Reference && !has_isa(best)) return kernels_for(Backend::Reference, best);
-  return kernels_for(b, best);
+  const Isa isa = cpu_isa();
+  if (b != Backend::Reference && !has_isa(isa)) return kernels_for(Backend::Reference, isa);
+  return kernels_for(b, isa);
 }
 
 Backend parse_backend(std::string_view s) {

@@ -43,9 +43,18 @@ enum class Isa { Avx2, Avx512Vnni };
 std::vector<Isa> available_isas();  // those this CPU runs, AVX2 first; empty: scalar code only
 const char* isa_name(Isa isa);      // "avx2", "avx512-vnni"
 
-const Kernels& kernels_for(Backend b);  // on the best instruction set of this CPU
+// On cpu_isa(): the best instruction set of this CPU unless set_cpu_isa chose another.
+const Kernels& kernels_for(Backend b);
 // On `isa`; throws Error when the CPU lacks it.
 const Kernels& kernels_for(Backend b, Isa isa);
+// The instruction set kernels_for(b) uses from now on (--isa: to compare the kernels on one
+// machine, or to avoid one); throws Error when the CPU lacks it. Forwards built before keep theirs.
+void set_cpu_isa(Isa isa);
+// What kernels_for(b) uses: set_cpu_isa's choice, else the best this CPU runs (AVX2 on a CPU
+// without any: kernels_for then gives the reference kernels).
+Isa cpu_isa();
+// "avx2" or "avx512-vnni"; throws Error otherwise.
+Isa parse_isa(std::string_view s);
 // "reference", "cpu" or "cpu-f32"; throws Error otherwise.
 Backend parse_backend(std::string_view s);
 

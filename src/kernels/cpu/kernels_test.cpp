@@ -425,6 +425,34 @@ TEST(Kernels, DefaultIsTheBestInstructionSet) {
   }
 }
 
+// set_cpu_isa chooses what kernels_for(b) gives; an instruction set the CPU lacks is refused and
+// changes nothing.
+TEST(Kernels, SetCpuIsaChoosesTheDefaultKernels) {
+  const std::vector<Isa> have = available_isas();
+  if (have.empty()) GTEST_SKIP() << "no AVX2: scalar code only";
+  const Isa best = cpu_isa();
+  EXPECT_EQ(best, have.back());
+  for (Isa isa : have) {
+    set_cpu_isa(isa);
+    EXPECT_EQ(cpu_isa(), isa);
+    EXPECT_EQ(&kernels_for(Backend::Cpu), &kernels_for(Backend::Cpu, isa)) << isa_name(isa);
+  }
+  set_cpu_isa(have.front());
+  if (have.back() != Isa::Avx512Vnni) {
+    EXPECT_THROW(set_cpu_isa(Isa::Avx512Vnni), Error);
+    EXPECT_EQ(cpu_isa(), have.front());
+  }
+  set_cpu_isa(best);
+}
+
+TEST(Kernels, ParseIsa) {
+  EXPECT_EQ(parse_isa("avx2"), Isa::Avx2);
+  EXPECT_EQ(parse_isa("avx512-vnni"), Isa::Avx512Vnni);
+  EXPECT_EQ(parse_isa(isa_name(Isa::Avx512Vnni)), Isa::Avx512Vnni);
+  EXPECT_THROW(parse_isa("avx512"), Error);
+  EXPECT_THROW(parse_isa(""), Error);
+}
+
 TEST(Kernels, ParseBackend) {
   EXPECT_EQ(parse_backend("reference"), Backend::Reference);
   EXPECT_THROW(parse_backend("gpu9"), Error);
