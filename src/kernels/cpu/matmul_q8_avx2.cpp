@@ -116,7 +116,8 @@ inline __m256 dot_q8(__m256i a0, __m256i u0, __m256i a1, __m256i u1, const int8_
 // hide the FMA latency; a token's sums are formed in the same order whatever T is, so a token
 // gets bit-identical results in decode (T = 1) and in a batch (prefix reuse relies on that).
 // Decode streams rows one after another, 4-bit with a software prefetch (several rows at once
-// confuse the hardware prefetchers: measured slower on weights far larger than the caches).
+// confuse the hardware prefetchers: measured slower on weights far larger than the caches); a
+// tile of tokens visits its rows in the same order and prefetches the same way (docs/batching.md).
 template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   const QMatrix& w = c.w;
@@ -149,7 +150,7 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
     auto block = [&](int k, auto parity) {
       constexpr int a = decltype(parity)::value;
       const int64_t b = b0 + k;
-      if constexpr (T == 1 && Bits == 4 && a == 0)  // one prefetch per 64-byte line
+      if constexpr (Bits == 4 && a == 0)  // one prefetch per 64-byte line, in token tiles too
         _mm_prefetch(reinterpret_cast<const char*>(wrow + kPrefetch + b * kBlockBytes), _MM_HINT_T0);
       if constexpr (Bits == 4) {
         const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + b * 32));
