@@ -54,8 +54,10 @@ TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
   }
   fs::remove(out);
   auto want = ref["greedy_new"].get<std::vector<int32_t>>();
-  CmdResult g = run("generate " + dir + " --ids " + join_ids(ref["greedy_prompt"].get<std::vector<int32_t>>(), ",") +
-              " --max-new " + std::to_string(want.size()) + " --greedy --print-ids" + fast, true);
+  const std::string gen = "generate " + dir + " --ids " +
+                          join_ids(ref["greedy_prompt"].get<std::vector<int32_t>>(), ",") + " --max-new " +
+                          std::to_string(want.size()) + " --greedy --print-ids" + fast;
+  CmdResult g = run(gen, true);
   ASSERT_EQ(g.status, 0) << g.out;
   EXPECT_EQ(g.out, join_ids(want, " ") + "\n");
   // --isa: every instruction set this CPU runs gives the same greedy tokens; one it lacks is
@@ -63,10 +65,7 @@ TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
   const std::vector<Isa> have = available_isas();
   for (Isa isa : {Isa::Avx2, Isa::Avx512Vnni}) {
     const bool runs = std::find(have.begin(), have.end(), isa) != have.end();
-    CmdResult gi = run("generate " + dir + " --ids " + join_ids(ref["greedy_prompt"].get<std::vector<int32_t>>(), ",") +
-                           " --max-new " + std::to_string(want.size()) + " --greedy --print-ids" + fast + " --isa " +
-                           isa_name(isa),
-                       /*stdout_only=*/runs);
+    CmdResult gi = run(gen + " --isa " + isa_name(isa), /*stdout_only=*/runs);
     if (runs) {
       ASSERT_EQ(gi.status, 0) << isa_name(isa) << ": " << gi.out;
       EXPECT_EQ(gi.out, join_ids(want, " ") + "\n") << isa_name(isa);

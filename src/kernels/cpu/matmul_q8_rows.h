@@ -18,7 +18,7 @@ namespace swiftlet::q8 {
 namespace {
 
 constexpr int64_t kBlock = 64;  // activations are quantised per 64 values
-// 4-bit decode (and the token tiles of 2-4 tokens) prefetches the weight stream this many
+// 4-bit decode (and every token tile, AVX2 and AVX-512) prefetches the weight stream this many
 // bytes ahead: about DRAM latency x one core's bandwidth, with margin. Measured with
 // bench/kernel_bench: on the Zen 4 dev machine it lifts 4-bit decode (small rows, scales in
 // separate streams) but slows 8-bit and dense rows, which the hardware prefetcher already follows
