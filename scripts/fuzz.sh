@@ -22,18 +22,36 @@ ninja -C build-fuzz -j "$(nproc)" $(printf 'fuzz_%s ' "${targets[@]}")
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 mkdir -p build-fuzz/crashes
-failed=()
-for t in "${targets[@]}"; do
+# Each target runs on one core: as many at once as there are cores.
+run_target() {  # run_target NAME: exits 0 when nothing was found
+  local t=$1 log="build-fuzz/fuzz_$1.log"
   mkdir -p "build-fuzz/corpus/$t"
-  log="build-fuzz/fuzz_$t.log"
-  if build-fuzz/bin/fuzz_$t -max_total_time="$secs" -seed="${SWIFTLET_FUZZ_SEED:-0}" -timeout=20 -rss_limit_mb=2048 -max_len=8192 \
-       -print_final_stats=1 -artifact_prefix="build-fuzz/crashes/$t-" \
-       "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
+  build-fuzz/bin/fuzz_$t -max_total_time="$secs" -seed="${SWIFTLET_FUZZ_SEED:-0}" -timeout=20 -rss_limit_mb=2048 -max_len=8192 \
+    -print_final_stats=1 -artifact_prefix="build-fuzz/crashes/$t-" \
+    "build-fuzz/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1
+}
+declare -A pid_of
+failed=()
+finish() {  # finish NAME: waits for its run and reports it
+  local t=$1 log="build-fuzz/fuzz_$1.log"
+  if wait "${pid_of[$t]}"; then
     echo "fuzz_$t: $(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$') executions in ${secs} s, nothing found"
   else
     echo "fuzz_$t: FAILED (see $log; the input is in build-fuzz/crashes/)"
     tail -n 40 "$log"
     failed+=("$t")
   fi
+}
+width=$(nproc)
+running=()
+for t in "${targets[@]}"; do
+  if ((${#running[@]} >= width)); then
+    finish "${running[0]}"
+    running=("${running[@]:1}")
+  fi
+  run_target "$t" &
+  pid_of[$t]=$!
+  running+=("$t")
 done
+for t in "${running[@]}"; do finish "$t"; done
 ((${#failed[@]} == 0)) || { echo "fuzz targets that failed: ${failed[*]}"; exit 1; }
