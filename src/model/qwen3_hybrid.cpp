@@ -2,9 +2,6 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops_ref.h"
-#include "kernels/cpu/activations.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/delta_net.h"
 
 #include <algorithm>
 #include <array>
@@ -30,7 +27,7 @@ T* grow(std::vector<T>& v, size_t n) {
 }  // namespace
 
 Forward::Forward(const Model& m, Backend backend)
-    : m_(m), c_(m.config), k_(kernels_for(backend)), fast_(backend != Backend::Reference) {}
+    : m_(m), c_(m.config), k_(kernels_for(backend)), mix_(mixers_for(backend)) {}
 
 void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode,
                   std::vector<float>& logits, int64_t from) {
@@ -169,7 +166,7 @@ void Forward::layers(std::span<const SeqRows> seqs, std::span<const int32_t> tok
 template <typename Self>
 auto Forward::buffers_of(Self& f) {
   return std::array{&f.h_, &f.x_, &f.out_, &f.proj_, &f.proj2_, &f.proj3_, &f.mixed_, &f.z_, &f.ba_,
-                    &f.core_, &f.gate_, &f.q_, &f.scores_, &f.cos_, &f.sin_, &f.u_, &f.tmp_, &f.router_,
+                    &f.core_, &f.gate_, &f.q_, &f.cos_, &f.sin_, &f.router_,
                     &f.xe_, &f.he_, &f.ue_, &f.ye_, &f.shared_h_, &f.shared_u_, &f.shared_g_};
 }
 
@@ -247,48 +244,10 @@ void Forward::gated_attention(int li, std::span<const SeqRows> seqs) {
     }
     // Causal softmax attention over this sequence's cache, GQA: query head j reads kv head j / (nh / nkv).
     const int64_t r0 = s.row0 - first;
-    if (fast_)
-      attn::attend({nh, nkv, hd},
-                   {s.n, s.pos0, q + r0 * od, od, st.k.data(), st.v.data(), kvd, scale, o + r0 * od, od});
-    else
-      attend_scalar(st, s.pos0, s.n, q + r0 * od, o + r0 * od);
+    mix_.attend({nh, nkv, hd}, {s.n, s.pos0, q + r0 * od, od, st.k.data(), st.v.data(), kvd, scale, o + r0 * od, od});
   }
-  if (gated) {
-    if (fast_)
-      attn::sigmoid_gate(o, gate, T * od);
-    else
-      for (int64_t i = 0; i < T * od; ++i) o[i] *= ref::sigmoid(gate[i]);
-  }
+  if (gated) mix_.sigmoid_gate(o, gate, T * od);
   k_.matmul(w.o_proj, o, T, out);
-}
-
-// The reference backend's attention: n query rows at positions pos0.., double-precision dots.
-void Forward::attend_scalar(const LayerState& st, int64_t pos0, int64_t n_rows, const float* q, float* o) {
-  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
-  const int64_t kvd = c_.kv_dim(), od = c_.attn_out_dim();
-  float* sc = grow(scores_, size_t(pos0 + n_rows));
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const int group = nh / nkv;
-  for (int64_t t = 0; t < n_rows; ++t) {
-    const int64_t n = pos0 + t + 1;
-    for (int j = 0; j < nh; ++j) {
-      const float* qj = q + t * od + int64_t(j) * hd;
-      const int kh = j / group;
-      for (int64_t s = 0; s < n; ++s) {
-        const float* ks = st.k.data() + s * kvd + int64_t(kh) * hd;
-        double acc = 0;
-        for (int d = 0; d < hd; ++d) acc += double(qj[d]) * ks[d];
-        sc[s] = float(acc) * scale;
-      }
-      ref::softmax(sc, n);
-      float* oj = o + t * od + int64_t(j) * hd;
-      std::fill(oj, oj + hd, 0.0f);
-      for (int64_t s = 0; s < n; ++s) {
-        const float* vs = st.v.data() + s * kvd + int64_t(kh) * hd;
-        for (int d = 0; d < hd; ++d) oj[d] += sc[s] * vs[d];
-      }
-    }
-  }
 }
 
 void Forward::gated_delta_net(int li, std::span<const SeqRows> seqs) {
@@ -315,91 +274,25 @@ void Forward::gated_delta_net(int li, std::span<const SeqRows> seqs) {
   float* core = grow(core_, size_t(T * vd));
   for (const SeqRows& s : seqs) {
     LayerState& st = s.state->layers[size_t(li)];
-    if (fast_)
-      delta_net_fast(w, st, s.row0 - first, s.n);
-    else
-      delta_net_reference(w, st, s.row0 - first, s.n);
+    delta_net_core(w, st, s.row0 - first, s.n);
   }
   k_.matmul(w.out_proj, core, T, out_.data() + first * H);
 }
 
-// The reference backend's DeltaNet after the input projections, token by token.
-void Forward::delta_net_reference(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t T) {
-  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
-  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
-  const int r = hv / hk, K = c_.linear_conv_kernel_dim;
-  const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
-  const float* mixed = mixed_.data() + r0 * C;
-  const float* z = z_.data() + r0 * vd;
-  const float* ba = ba_.data() + r0 * 2 * hv;
-  float* core = core_.data() + r0 * vd;
-  float* u = grow(u_, size_t(C));
-  float* m = grow(tmp_, size_t(2 * dv));
-  float* delta = m + dv;
-  const float q_scale = 1.0f / std::sqrt(float(dk));
-  for (int64_t t = 0; t < T; ++t) {
-    // Causal depthwise conv over [state (K-1 rows, oldest first) | this token], then SiLU.
-    const float* cur = mixed + t * C;
-    for (int64_t ch = 0; ch < C; ++ch) {
-      const float* wc = w.conv1d.data() + ch * K;
-      float acc = wc[K - 1] * cur[ch];
-      for (int j = 0; j < K - 1; ++j) acc += wc[j] * st.conv[size_t(j * C + ch)];
-      u[ch] = ref::silu(acc);
-    }
-    if (K > 1) {
-      std::memmove(st.conv.data(), st.conv.data() + C, sizeof(float) * size_t((K - 2) * C));
-      std::copy(cur, cur + C, st.conv.data() + (K - 2) * C);
-    }
-    float* q = u;
-    float* k = u + kd;
-    const float* v = u + 2 * kd;
-    for (int g = 0; g < hk; ++g) {
-      ref::l2_norm_scaled(q + g * dk, dk, 1e-6f, q_scale);
-      ref::l2_norm_scaled(k + g * dk, dk, 1e-6f, 1.0f);
-    }
-    const float* b = ba + t * 2 * hv;
-    const float* a = b + hv;
-    for (int h = 0; h < hv; ++h) {
-      const float* qh = q + (h / r) * dk;
-      const float* kh = k + (h / r) * dk;
-      const float* vh = v + int64_t(h) * dv;
-      const float beta = ref::sigmoid(b[h]);
-      const float g = -std::exp(w.A_log[size_t(h)]) * ref::softplus(a[h] + w.dt_bias[size_t(h)]);
-      const float alpha = std::exp(g);
-      float* S = st.ssm.data() + int64_t(h) * dk * dv;  // [dk][dv]
-      // S <- alpha S; m = S^T k; delta = beta (v - m); S += k delta^T; o = S^T q (model-math.md 5.4).
-      for (int64_t i = 0; i < int64_t(dk) * dv; ++i) S[i] *= alpha;
-      std::fill(m, m + dv, 0.0f);
-      for (int i = 0; i < dk; ++i)
-        for (int j = 0; j < dv; ++j) m[j] += S[i * dv + j] * kh[i];
-      for (int j = 0; j < dv; ++j) delta[j] = beta * (vh[j] - m[j]);
-      for (int i = 0; i < dk; ++i)
-        for (int j = 0; j < dv; ++j) S[i * dv + j] += kh[i] * delta[j];
-      float* o = core + t * vd + int64_t(h) * dv;
-      std::fill(o, o + dv, 0.0f);
-      for (int i = 0; i < dk; ++i)
-        for (int j = 0; j < dv; ++j) o[j] += S[i * dv + j] * qh[i];
-      // Gated RMSNorm: w * rmsnorm(o) * SiLU(z) (model-math.md 5.6; plain weight, not 1 + w).
-      ref::rms_norm(o, w.norm.data(), dv, c_.rms_norm_eps, o);
-      const float* zh = z + t * vd + int64_t(h) * dv;
-      for (int j = 0; j < dv; ++j) o[j] *= ref::silu(zh[j]);
-    }
-  }
-}
-
-// The fast backends' DeltaNet after the input projections: the conv and norms vectorised, the
-// delta rule fused per token for decode and in chunks of 64 (WY/UT form, model-math.md 5.5) for prefill.
-void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t T) {
+// One sequence's DeltaNet after the input projections (model-math.md 5.2-5.6): conv + SiLU, the
+// q / k norms, decay and write strength, the delta rule (token by token; in chunks of 64, the
+// WY/UT form of 5.5, for prompts with --chunked-prefill), the gated norm.
+void Forward::delta_net_core(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t T) {
   const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
   const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
   const int64_t C = c_.conv_dim(), kd = c_.linear_key_dim(), vd = c_.linear_value_dim();
   float* mixed = mixed_.data() + r0 * C;  // [T][C] q, k, v; after the conv (in place) u
   float* ba = ba_.data() + r0 * 2 * hv;   // [T][2 hv] b, a; in place -> beta, g (model-math.md 5.3)
-  gdn::conv_silu(mixed, T, C, w.conv1d.data(), c_.linear_conv_kernel_dim, st.conv.data());
+  mix_.conv_silu(mixed, T, C, w.conv1d.data(), c_.linear_conv_kernel_dim, st.conv.data());
   const float q_scale = 1.0f / std::sqrt(float(dk));
   for (int64_t t = 0; t < T; ++t) {
-    gdn::l2_norm_heads(mixed + t * C, hk, dk, 1e-6f, q_scale);
-    gdn::l2_norm_heads(mixed + t * C + kd, hk, dk, 1e-6f, 1.0f);
+    mix_.l2_norm_heads(mixed + t * C, hk, dk, 1e-6f, q_scale);
+    mix_.l2_norm_heads(mixed + t * C + kd, hk, dk, 1e-6f, 1.0f);
     float* b = ba + t * 2 * hv;
     float* a = b + hv;
     for (int h = 0; h < hv; ++h) {
@@ -422,10 +315,10 @@ void Forward::delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t r
   const gdn::DeltaShape shape{hk, hv, dk, dv};
   // The chunked form's fixed cost per chunk (K K^T, Q K^T, the triangular solve) pays off from
   // about 4 tokens (bench/mixer_bench.cpp); below that the fused recurrence is faster.
-  if (chunked_prefill_ && T >= 4) gdn::delta_rule_chunked(shape, db, st.ssm.data());
-  else gdn::delta_rule_recurrent(shape, db, st.ssm.data());
+  if (chunked_prefill_ && T >= 4) mix_.delta_rule_chunked(shape, db, st.ssm.data());
+  else mix_.delta_rule(shape, db, st.ssm.data());
   for (int64_t t = 0; t < T; ++t)
-    gdn::gated_rms_norm(core + t * vd, z_.data() + (r0 + t) * vd, w.norm.data(), hv, dv, c_.rms_norm_eps);
+    mix_.gated_rms_norm(core + t * vd, z_.data() + (r0 + t) * vd, w.norm.data(), hv, dv, c_.rms_norm_eps);
 }
 
 void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
@@ -493,7 +386,7 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   const MatmulJob shared[] = {
       {&w.shared_gate_proj, x, T, sh}, {&w.shared_up_proj, x, T, su}, {&w.shared_expert_gate, x, T, sg}};
   k_.matmul_group(std::span(shared));
-  act::silu_mul(sh, su, T * SI, fast_);
+  mix_.silu_mul(sh, su, T * SI);
   k_.matmul(w.shared_down_proj, sh, T, out);
   for (int64_t t = 0; t < T; ++t) {
     const float s = ref::sigmoid(sg[t]);
@@ -547,7 +440,7 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
     jobs_.clear();
     for (size_t k = 0; k < g; ++k) {
       const int64_t r0 = first_row[size_t(ids[i + k])], nt = int64_t(by_expert[ids[i + k]].size());
-      act::silu_mul(he + r0 * I, ue + r0 * I, nt * I, fast_);
+      mix_.silu_mul(he + r0 * I, ue + r0 * I, nt * I);
       jobs_.push_back({&ew[k].down, he + r0 * I, nt, yall + r0 * H});
     }
     k_.matmul_group(jobs_);

@@ -7,6 +7,7 @@
 
 #include "format/hf_config.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/mixers.h"
 #include "model/expert_source.h"
 #include "model/forward_pass.h"
 #include "model/session_state.h"
@@ -144,11 +145,8 @@ class Forward final : public ForwardPass {
   // input rows x_, output rows out_, from row seqs.front().row0 on.
   void gated_attention(int layer, std::span<const SeqRows> seqs);
   void gated_delta_net(int layer, std::span<const SeqRows> seqs);
-  // The reference backend's attention of n query rows at positions pos0.. over st's cache.
-  void attend_scalar(const LayerState& st, int64_t pos0, int64_t n, const float* q, float* o);
   // One sequence's DeltaNet after the projections, on local rows r0 .. r0 + n - 1 of the buffers.
-  void delta_net_fast(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t n);
-  void delta_net_reference(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t n);
+  void delta_net_core(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t n);
   void sparse_moe(int layer, std::span<const int32_t> tokens);
   void rope_tables(std::span<const SeqRows> seqs, int64_t T);
   void predict_next_layer(int layer, int64_t pos, std::span<const int32_t> actual);
@@ -158,7 +156,7 @@ class Forward final : public ForwardPass {
   const Model& m_;
   const ModelConfig& c_;
   const Kernels& k_;
-  bool fast_;  // token mixers: AVX2 kernels (attention.h, delta_net.h), else the scalar oracle loops
+  const MixerKernels& mix_;  // token mixers and activations: the fast forms or the scalar references
   bool chunked_prefill_ = false;
   bool capture_ = false;
   std::function<void(int, std::span<float>)> layer_hook_;
@@ -182,13 +180,10 @@ class Forward final : public ForwardPass {
   std::vector<float> core_;     // [T][max(attn_out_dim, value_dim)] mixer output before out proj
   std::vector<float> gate_;     // [T][attn_out_dim] attention output gate
   std::vector<float> q_;        // [T][attn_out_dim] normed, roped queries
-  std::vector<float> scores_;   // [positions]
   std::vector<float> cos_, sin_;     // [T][rotary_dim / 2] at each row's position
   std::vector<int64_t> row_pos_;     // [T] each row's position
   std::vector<SeqRows> pieces_;      // a mixer chunk's rows, per sequence
   std::vector<SeqRows> batch_seqs_;  // decode_batch: one row per sequence
-  std::vector<float> u_;        // [conv_dim] one token after conv + SiLU
-  std::vector<float> tmp_;      // [max dim] scratch
   std::vector<float> router_;   // [T][experts]
   std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I]; outputs [T*top_k][H]
   std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]

@@ -16,9 +16,13 @@ bool has_avx2() {
 }
 }  // namespace
 
-void silu_mul(float* g, const float* u, int64_t n, bool fast) {
-  if (fast && has_avx2()) return avx2::silu_mul(g, u, n);
+void silu_mul_reference(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = ref::silu(g[i]) * u[i];
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  if (has_avx2()) return avx2::silu_mul(g, u, n);
+  silu_mul_reference(g, u, n);
 }
 
 }  // namespace swiftlet::act

@@ -136,9 +136,13 @@ void attend(const AttnShape& sh, const AttnBatch& b) {
   merge(nh, hd, parts, w, b.out);
 }
 
+void sigmoid_gate_reference(float* o, const float* gate, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] *= ref::sigmoid(gate[i]);
+}
+
 void sigmoid_gate(float* o, const float* gate, int64_t n) {
   if (has_avx2()) return avx2::sigmoid_gate(o, gate, n);
-  for (int64_t i = 0; i < n; ++i) o[i] *= ref::sigmoid(gate[i]);
+  sigmoid_gate_reference(o, gate, n);
 }
 
 }  // namespace swiftlet::attn

@@ -1,8 +1,8 @@
 // Causal softmax attention with grouped KV heads over the KV cache (model-math.md 4.4),
 // for the fast CPU backends: fp32 dot products and weighted V sums in AVX2, each K and V row
 // read once for all the query heads that share it, scratch reused between calls.
-// The scalar loop in Forward::gated_attention (Backend::Reference) stays the oracle;
-// attend_reference below is the same computation for kernel tests and benchmarks.
+// attend_reference and sigmoid_gate_reference are the scalar oracle (Backend::Reference runs
+// them; the fast forms and the CUDA kernels are tested against them).
 #pragma once
 
 #include <cstdint>
@@ -39,5 +39,6 @@ void attend(const AttnShape& s, const AttnBatch& b);
 void attend_reference(const AttnShape& s, const AttnBatch& b);
 // o[i] *= sigmoid(gate[i]) for i < n (the output gate, model-math.md 4.5).
 void sigmoid_gate(float* o, const float* gate, int64_t n);
+void sigmoid_gate_reference(float* o, const float* gate, int64_t n);
 
 }  // namespace swiftlet::attn

@@ -60,7 +60,10 @@ TEST(Attention, SigmoidGate) {
     g[size_t(i)] = 0.7f * float(i) - 12.0f;
     want[size_t(i)] = o[size_t(i)] * ref::sigmoid(g[size_t(i)]);
   }
+  std::vector<float> r = o;
+  sigmoid_gate_reference(r.data(), g.data(), 37);
   sigmoid_gate(o.data(), g.data(), 37);
+  for (int i = 0; i < 37; ++i) EXPECT_NEAR(r[size_t(i)], want[size_t(i)], 1e-6f * (1 + std::fabs(want[size_t(i)])));
   for (int i = 0; i < 37; ++i) EXPECT_NEAR(o[size_t(i)], want[size_t(i)], 1e-5f * (1 + std::fabs(want[size_t(i)])));
 }
 

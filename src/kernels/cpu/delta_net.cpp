@@ -79,7 +79,11 @@ void delta_rule_chunked(const DeltaShape& sh, const DeltaBatch& b, float* S) {
 
 void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* state) {
   if (has_avx2() && K == 4) return avx2::conv_silu(x, T, C, w, K, state);
-  // Scalar: any kernel size. hist = [state (K-1 rows) | x rows], read before x is overwritten.
+  conv_silu_reference(x, T, C, w, K, state);
+}
+
+void conv_silu_reference(float* x, int64_t T, int64_t C, const float* w, int K, float* state) {
+  // Any kernel size. raw = [state (K-1 rows) | x rows], read before x is overwritten.
   std::vector<float> raw(size_t(K - 1 + T) * size_t(C));
   std::copy(state, state + (K - 1) * C, raw.begin());
   std::copy(x, x + T * C, raw.begin() + (K - 1) * C);
@@ -94,11 +98,19 @@ void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* sta
 
 void l2_norm_heads(float* x, int heads, int n, float eps, float scale) {
   if (has_avx2()) return avx2::l2_norm_heads(x, heads, n, eps, scale);
+  l2_norm_heads_reference(x, heads, n, eps, scale);
+}
+
+void l2_norm_heads_reference(float* x, int heads, int n, float eps, float scale) {
   for (int h = 0; h < heads; ++h) ref::l2_norm_scaled(x + int64_t(h) * n, n, eps, scale);
 }
 
 void gated_rms_norm(float* o, const float* z, const float* w, int heads, int n, float eps) {
   if (has_avx2()) return avx2::gated_rms_norm(o, z, w, heads, n, eps);
+  gated_rms_norm_reference(o, z, w, heads, n, eps);
+}
+
+void gated_rms_norm_reference(float* o, const float* z, const float* w, int heads, int n, float eps) {
   for (int h = 0; h < heads; ++h) {
     float* oh = o + int64_t(h) * n;
     ref::rms_norm(oh, w, n, eps, oh);

@@ -1,8 +1,9 @@
 // The Gated DeltaNet token mixer's kernels (model-math.md 5.2-5.6), for the fast CPU backends:
 // the causal conv + SiLU, q/k normalisation, the gated delta rule token by token (decode, 5.4)
 // and in chunks of 64 with the WY/UT form (prefill, 5.5), and the gated RMSNorm.
-// The scalar loop in Forward::gated_delta_net (Backend::Reference) stays the oracle;
-// delta_rule_reference below is the same recurrence for the kernel tests and benchmarks.
+// The *_reference functions are the scalar oracle (Backend::Reference runs them; the fast forms
+// and the CUDA kernels are tested against them); the others are the fast forms, which fall back
+// to them on a CPU without AVX2.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,7 @@ struct DeltaBatch {
 };
 
 // S: [Hv][Dk][Dv] fp32, updated in place; out gets o_t = S_t^T q_t per token and value head.
-// Plain scalar loops (the recurrence of 3.7 written out, as in Forward's reference path).
+// Plain scalar loops (the recurrence of 5.4 written out).
 void delta_rule_reference(const DeltaShape& s, const DeltaBatch& b, float* S);
 // Token by token with the five steps fused into two passes over each column block of S
 // (one trip through memory per token); for decode.
@@ -44,9 +45,12 @@ void delta_rule_chunked(const DeltaShape& s, const DeltaBatch& b, float* S);
 // in place. state[K-1][C] holds the raw rows before x (oldest first) and is advanced to the last
 // K-1 raw rows (5.2).
 void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* state);
+void conv_silu_reference(float* x, int64_t T, int64_t C, const float* w, int K, float* state);
 // x[n] <- x / sqrt(sum(x^2) + eps) * scale (5.3), for each of `heads` consecutive n-vectors.
 void l2_norm_heads(float* x, int heads, int n, float eps, float scale);
+void l2_norm_heads_reference(float* x, int heads, int n, float eps, float scale);
 // o[n] <- w * o / sqrt(mean(o^2) + eps) * SiLU(z) (5.6), for each of `heads` n-vectors.
 void gated_rms_norm(float* o, const float* z, const float* w, int heads, int n, float eps);
+void gated_rms_norm_reference(float* o, const float* z, const float* w, int heads, int n, float eps);
 
 }  // namespace swiftlet::gdn

@@ -117,16 +117,23 @@ TEST(DeltaNet, ConvSiluMatchesScalar) {
       std::vector<float> x(size_t(T * C)), w(size_t(C * K)), state(size_t((K - 1) * C));
       for (auto* v : {&x, &w, &state})
         for (float& e : *v) e = nd(rng);
-      // Expected: the reference loop of Forward::gated_delta_net, token by token.
-      std::vector<float> st = state, want(x.size());
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t c = 0; c < C; ++c) {
-          float acc = w[size_t(c * K + K - 1)] * x[size_t(t * C + c)];
-          for (int j = 0; j < K - 1; ++j) acc += w[size_t(c * K + j)] * st[size_t(j * C + c)];
-          want[size_t(t * C + c)] = ref::silu(acc);
-        }
-        std::copy(st.begin() + C, st.end(), st.begin());
-        std::copy(x.begin() + t * C, x.begin() + (t + 1) * C, st.end() - C);
+      // Expected: the reference over the whole call, and token by token (as decode feeds it).
+      std::vector<float> st = state, want = x;
+      conv_silu_reference(want.data(), T, C, w.data(), K, st.data());
+      std::vector<float> st1 = state, want1 = x;
+      for (int64_t t = 0; t < T; ++t) conv_silu_reference(want1.data() + t * C, 1, C, w.data(), K, st1.data());
+      EXPECT_EQ(want1, want);
+      EXPECT_EQ(st1, st);
+      // By hand at one channel of the last token: w . [state rows | x row], then SiLU.
+      {
+        std::vector<float> raw(size_t((K - 1 + T) * C));
+        std::copy(state.begin(), state.end(), raw.begin());
+        std::copy(x.begin(), x.end(), raw.begin() + (K - 1) * C);
+        const int64_t t = T - 1, c = C - 1;
+        double acc = 0;
+        for (int j = 0; j < K; ++j) acc += double(w[size_t(c * K + j)]) * raw[size_t((t + j) * C + c)];
+        const double silu = acc / (1 + std::exp(-acc));
+        EXPECT_NEAR(want[size_t(t * C + c)], silu, 1e-5 * (1 + std::fabs(silu)));
       }
       conv_silu(x.data(), T, C, w.data(), K, state.data());
       EXPECT_LT(rel_err(x, want), 1e-6) << C << " " << T;
@@ -143,15 +150,27 @@ TEST(DeltaNet, NormsMatchScalar) {
     for (float& e : *v) e = nd(rng);
   std::vector<float> a = x, b = x;
   l2_norm_heads(a.data(), heads, n, 1e-6f, 0.5f);
-  for (int h = 0; h < heads; ++h) ref::l2_norm_scaled(b.data() + h * n, n, 1e-6f, 0.5f);
+  l2_norm_heads_reference(b.data(), heads, n, 1e-6f, 0.5f);
   EXPECT_LT(rel_err(a, b), 1e-6);
+  // Each head of the reference has norm 0.5.
+  for (int h = 0; h < heads; ++h) {
+    double ss = 0;
+    for (int j = 0; j < n; ++j) ss += double(b[size_t(h * n + j)]) * b[size_t(h * n + j)];
+    EXPECT_NEAR(std::sqrt(ss), 0.5, 1e-5);
+  }
   a = x, b = x;
   gated_rms_norm(a.data(), z.data(), w.data(), heads, n, 1e-6f);
-  for (int h = 0; h < heads; ++h) {
-    ref::rms_norm(b.data() + h * n, w.data(), n, 1e-6f, b.data() + h * n);
-    for (int j = 0; j < n; ++j) b[size_t(h * n + j)] *= ref::silu(z[size_t(h * n + j)]);
-  }
+  gated_rms_norm_reference(b.data(), z.data(), w.data(), heads, n, 1e-6f);
   EXPECT_LT(rel_err(a, b), 1e-6);
+  // By hand at one element: w * x / rms(x) * SiLU(z).
+  {
+    const int h = 1, j = 7;
+    double ms = 0;
+    for (int i = 0; i < n; ++i) ms += double(x[size_t(h * n + i)]) * x[size_t(h * n + i)];
+    const double rms = std::sqrt(ms / n + 1e-6), zz = z[size_t(h * n + j)];
+    const double want = w[size_t(j)] * x[size_t(h * n + j)] / rms * (zz / (1 + std::exp(-zz)));
+    EXPECT_NEAR(b[size_t(h * n + j)], want, 1e-5 * (1 + std::fabs(want)));
+  }
 }
 
 }  // namespace

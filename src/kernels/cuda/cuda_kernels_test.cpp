@@ -5,6 +5,8 @@
 #include "kernels/cuda/cuda_test_support.h"
 
 #include "core/dtype.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/delta_net.h"
 #include "kernels/cpu/ops_ref.h"
 
 #include <gtest/gtest.h>
@@ -190,28 +192,15 @@ TEST(CudaKernels, RopeMatchesReference) {
   }
 }
 
-// Decode attention for the last query over a cache of n positions, as Forward::gated_attention.
+// Decode attention for the last query over a cache of n positions: the CPU reference
+// (attn::attend_reference, then the output gate), as Backend::Reference runs it.
 std::vector<float> attention_ref(const std::vector<float>& q, const std::vector<float>& kc, const std::vector<float>& vc,
                                  int64_t n, int nh, int nkv, int hd, const std::vector<float>* gate) {
   const int64_t kvd = int64_t(nkv) * hd;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  std::vector<float> out(static_cast<size_t>(nh * hd)), sc(static_cast<size_t>(n));
-  for (int j = 0; j < nh; ++j) {
-    const int kh = j / (nh / nkv);
-    for (int64_t s = 0; s < n; ++s) {
-      double acc = 0;
-      for (int d = 0; d < hd; ++d) acc += double(q[size_t(j * hd + d)]) * kc[size_t(s * kvd + kh * hd + d)];
-      sc[size_t(s)] = float(acc) * scale;
-    }
-    ref::softmax(sc.data(), n);
-    for (int d = 0; d < hd; ++d) {
-      double o = 0;
-      for (int64_t s = 0; s < n; ++s) o += double(sc[size_t(s)]) * vc[size_t(s * kvd + kh * hd + d)];
-      float v = float(o);
-      if (gate) v *= ref::sigmoid((*gate)[size_t(j * hd + d)]);
-      out[size_t(j * hd + d)] = v;
-    }
-  }
+  std::vector<float> out(static_cast<size_t>(nh * hd));
+  attn::attend_reference({nh, nkv, hd}, {1, n - 1, q.data(), int64_t(nh) * hd, kc.data(), vc.data(), kvd,
+                                         1.0f / std::sqrt(float(hd)), out.data(), int64_t(nh) * hd});
+  if (gate) attn::sigmoid_gate_reference(out.data(), gate->data(), int64_t(out.size()));
   return out;
 }
 
@@ -242,14 +231,14 @@ struct DeltaShape {
 };
 
 // Several decode steps of a Gated DeltaNet mixer core (conv + SiLU, L2 norms, delta rule, gated
-// RMSNorm), restating Forward::gated_delta_net for one token at a time.
+// RMSNorm) against the CPU references of each part (kernels/cpu/delta_net.h), one token at a time.
 TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
   REQUIRE_GPU();
   std::mt19937 rng(23);
   for (const DeltaShape& sh : {DeltaShape{4, 8, 128, 128, 4}, DeltaShape{2, 6, 96, 80, 4}, DeltaShape{1, 1, 256, 40, 2},
                                DeltaShape{16, 32, 128, 128, 4}}) {
     const int64_t kd = int64_t(sh.hk) * sh.dk, vd = int64_t(sh.hv) * sh.dv, C = 2 * kd + vd;
-    const int r = sh.hv / sh.hk, K = sh.K;
+    const int K = sh.K;
     const float q_scale = 1.0f / std::sqrt(float(sh.dk)), eps = 1e-6f;
     const std::vector<float> conv_w = randn(rng, size_t(C * K), 0.5f), norm_w = randn(rng, size_t(sh.dv), 0.3f),
                              A_log = randn(rng, size_t(sh.hv), 0.5f), dt_bias = randn(rng, size_t(sh.hv), 0.5f);
@@ -264,42 +253,29 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
     for (int step = 0; step < 4; ++step) {
       const std::vector<float> x = randn(rng, size_t(C)), z = randn(rng, size_t(vd)), b = randn(rng, size_t(sh.hv)),
                                a = randn(rng, size_t(sh.hv));
-      // Reference.
-      std::vector<float> u(static_cast<size_t>(C)), o(static_cast<size_t>(vd));
-      for (int64_t ch = 0; ch < C; ++ch) {
-        const float* wc = conv_w.data() + ch * K;
-        float acc = wc[K - 1] * x[size_t(ch)];
-        for (int j = 0; j < K - 1; ++j) acc += wc[j] * conv[size_t(j * C + ch)];
-        u[size_t(ch)] = ref::silu(acc);
-      }
-      if (K > 1) {
-        std::memmove(conv.data(), conv.data() + C, sizeof(float) * size_t((K - 2) * C));
-        std::copy(x.begin(), x.end(), conv.begin() + (K - 2) * C);
-      }
-      for (int g = 0; g < sh.hk; ++g) {
-        ref::l2_norm_scaled(u.data() + g * sh.dk, sh.dk, eps, q_scale);
-        ref::l2_norm_scaled(u.data() + kd + g * sh.dk, sh.dk, eps, 1.0f);
-      }
+      // Reference: each part's CPU reference, in the model's order (model-math.md 5.2-5.6).
+      std::vector<float> u = x, o(static_cast<size_t>(vd));
+      gdn::conv_silu_reference(u.data(), 1, C, conv_w.data(), K, conv.data());
+      gdn::l2_norm_heads_reference(u.data(), sh.hk, sh.dk, eps, q_scale);
+      gdn::l2_norm_heads_reference(u.data() + kd, sh.hk, sh.dk, eps, 1.0f);
+      std::vector<float> beta(size_t(sh.hv)), g(size_t(sh.hv));
       for (int h = 0; h < sh.hv; ++h) {
-        const float* qh = u.data() + (h / r) * sh.dk;
-        const float* kh = u.data() + kd + (h / r) * sh.dk;
-        const float* vh = u.data() + 2 * kd + int64_t(h) * sh.dv;
-        const float beta = ref::sigmoid(b[size_t(h)]);
-        const float alpha = std::exp(-std::exp(A_log[size_t(h)]) * ref::softplus(a[size_t(h)] + dt_bias[size_t(h)]));
-        float* Sh = S.data() + int64_t(h) * sh.dk * sh.dv;
-        std::vector<float> m(size_t(sh.dv)), delta(size_t(sh.dv));
-        for (int64_t i = 0; i < int64_t(sh.dk) * sh.dv; ++i) Sh[i] *= alpha;
-        for (int i = 0; i < sh.dk; ++i)
-          for (int j = 0; j < sh.dv; ++j) m[size_t(j)] += Sh[i * sh.dv + j] * kh[i];
-        for (int j = 0; j < sh.dv; ++j) delta[size_t(j)] = beta * (vh[j] - m[size_t(j)]);
-        for (int i = 0; i < sh.dk; ++i)
-          for (int j = 0; j < sh.dv; ++j) Sh[i * sh.dv + j] += kh[i] * delta[size_t(j)];
-        float* oh = o.data() + int64_t(h) * sh.dv;
-        for (int i = 0; i < sh.dk; ++i)
-          for (int j = 0; j < sh.dv; ++j) oh[j] += Sh[i * sh.dv + j] * qh[i];
-        ref::rms_norm(oh, norm_w.data(), sh.dv, eps, oh);
-        for (int j = 0; j < sh.dv; ++j) oh[j] *= ref::silu(z[size_t(h * sh.dv + j)]);
+        beta[size_t(h)] = ref::sigmoid(b[size_t(h)]);
+        g[size_t(h)] = -std::exp(A_log[size_t(h)]) * ref::softplus(a[size_t(h)] + dt_bias[size_t(h)]);
       }
+      gdn::DeltaBatch rule;
+      rule.T = 1;
+      rule.q = u.data();
+      rule.k = u.data() + kd;
+      rule.v = u.data() + 2 * kd;
+      rule.qkv_stride = C;
+      rule.g = g.data();
+      rule.beta = beta.data();
+      rule.gate_stride = sh.hv;
+      rule.out = o.data();
+      rule.out_stride = vd;
+      gdn::delta_rule_reference({sh.hk, sh.hv, sh.dk, sh.dv}, rule, S.data());
+      gdn::gated_rms_norm_reference(o.data(), z.data(), norm_w.data(), sh.hv, sh.dv, eps);
       // GPU.
       DevBuf<float> dx(x), dz(z), db(b), da(a);
       cuda::conv1d_silu_step(dx.p, d_conv_w.p, d_conv.p, C, K, d_u.p);
