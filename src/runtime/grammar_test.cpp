@@ -106,17 +106,7 @@ TEST(JsonSchema, ArraysRefsAnyOfAndFreeObjects) {
   EXPECT_FALSE(matches(obj, "[1]"));
 }
 
-TEST(JsonSchema, RefusesUnsupportedKeywordsByName) {
-  for (const char* kw : {"pattern", "format", "minimum", "oneOf", "allOf", "patternProperties"}) {
-    const ojson schema = {{"type", "object"}, {"properties", {{"x", {{"type", "string"}, {kw, "v"}}}}}};
-    try {
-      json_schema_grammar(schema);
-      ADD_FAILURE() << kw << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("'") + kw + "'"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("#/properties/x"), std::string::npos) << e.what();
-    }
-  }
+TEST(JsonSchema, RefusesWhatIsNotASchema) {
   EXPECT_THROW(json_schema_grammar(ojson::parse(R"({"$ref":"#/$defs/missing"})")), Error);
   EXPECT_THROW(json_schema_grammar(ojson::parse(R"({"$ref":"#"})")), Error);  // a cycle with no text
   EXPECT_THROW(json_schema_grammar(ojson::parse(R"({"type":"strng"})")), Error);
