@@ -94,7 +94,7 @@ describe('Vercel AI SDK', () => {
       prepareStep: ({ stepNumber }) =>
         stepNumber === 0 ? { toolChoice: { type: 'tool', toolName: 'get_weather' } } : { toolChoice: 'none' },
       stopWhen: ai.stepCountIs(4),
-      maxOutputTokens: 100,  // the forced call fits (a city of 8 bytes may take 8 tokens)
+      maxOutputTokens: 160,  // room for the forced call: constrained, it took 84 tokens here
       temperature: 0,
       maxRetries: 0,
     });
@@ -191,7 +191,7 @@ describe('OpenAI Agents SDK', () => {
       model: new agents.OpenAIChatCompletionsModel(client, MODEL),
       tools: [getWeather],
       // Forced on the first turn; the SDK resets the choice once a tool was used (resetToolChoice).
-      modelSettings: { toolChoice: 'get_weather', temperature: 0, maxTokens: 120 },
+      modelSettings: { toolChoice: 'get_weather', temperature: 0, maxTokens: 160 },
     });
     const result = await agents.run(agent, 'What is the weather in Paris?', { maxTurns: 3, stream: true });
     let argDeltas = 0;
@@ -280,7 +280,7 @@ describe('MCP server (server-memory over stdio)', () => {
     const results = [];
     for (let step = 0; step < 3; ++step) {
       const r = await client.chat.completions.create({
-        model: MODEL, messages, tools: openaiTools, temperature: 0, max_tokens: 120,
+        model: MODEL, messages, tools: openaiTools, temperature: 0, max_tokens: 200,
         tool_choice: step === 0 ? { type: 'function', function: { name: 'create_entities' } } : 'none',
       });
       const msg = r.choices[0].message;

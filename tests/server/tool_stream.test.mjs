@@ -48,7 +48,7 @@ test('openai: chat.completions.stream assembles the non-streamed call from fragm
     tools: [{ type: 'function', function: NOTE }],
     tool_choice: { type: 'function', function: { name: NOTE.name } },
     temperature: 0,
-    max_tokens: 120,
+    max_tokens: 200,
   };
   const full = await client.chat.completions.create(params);
   assert.equal(full.choices[0].finish_reason, 'tool_calls');
@@ -76,7 +76,7 @@ test('anthropic: messages.stream assembles the non-streamed tool_use from input_
   const client = new Anthropic({ baseURL: server.base, apiKey: 'none', maxRetries: 0, timeout: 60000 });
   const params = {
     model: MODEL,
-    max_tokens: 120,
+    max_tokens: 200,
     temperature: 0,
     messages: [{ role: 'user', content: ask }],
     tools: [{ name: NOTE.name, description: NOTE.description, input_schema: NOTE.parameters }],
