@@ -273,10 +273,13 @@ void AnthropicStream::on_start(std::string& out) {
 
 void AnthropicStream::close_block(std::string& out) {
   if (open_ == Block::None) return;
+  on_flush(out);
   if (sse_) event(out, "content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
   open_ = Block::None;
 }
 
+// Streamed, a text or thinking block's text waits for on_flush: the pieces that came together
+// go out as one delta.
 void AnthropicStream::emit(std::string& out, Block kind, std::string_view text) {
   if (text.empty()) return;
   const bool thinking = kind == Block::Thinking;
@@ -289,32 +292,51 @@ void AnthropicStream::emit(std::string& out, Block kind, std::string_view text) 
     if (sse_) event(out, "content_block_start", {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
     else blocks_.push_back(std::move(block));
   }
-  if (sse_) {
-    json delta = {{"type", thinking ? "thinking_delta" : "text_delta"}, {key, text}};
-    event(out, "content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}});
-  } else {
-    blocks_.back()[key] = blocks_.back()[key].get<std::string>() + std::string(text);
-  }
+  if (sse_) delta_ += text;
+  else blocks_.back()[key] = blocks_.back()[key].get<std::string>() + std::string(text);
 }
 
-void AnthropicStream::emit_calls(std::string& out, std::vector<ParsedCall> calls) {
-  for (const ParsedCall& c : calls) {
-    if (!ctx_.parallel_tool_calls && called_) return;
-    called_ = true;
-    close_block(out);
-    ++index_;
-    const std::string id = random_id("toolu_");
-    json input = json::parse(c.arguments);
-    if (sse_) {
+void AnthropicStream::on_flush(std::string& out) {
+  if (delta_.empty()) return;
+  const bool thinking = open_ == Block::Thinking;
+  json delta = {{"type", thinking ? "thinking_delta" : "text_delta"}, {thinking ? "thinking" : "text", delta_}};
+  event(out, "content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}});
+  delta_.clear();
+}
+
+// A streamed call is a tool_use block with empty input, then input_json_delta events with the
+// arguments' fragments as the model writes them, then its stop.
+void AnthropicStream::on_tool_event(std::string& out, ToolEvent ev) {
+  switch (ev.kind) {
+    case ToolEvent::Kind::Content: emit(out, Block::Text, ev.text); return;
+    case ToolEvent::Kind::CallBegin:  // streamed only
+      skip_call_ = !ctx_.parallel_tool_calls && called_;
+      if (skip_call_) return;
+      called_ = true;
+      close_block(out);
+      ++index_;
+      open_ = Block::ToolUse;
       event(out, "content_block_start",
             {{"type", "content_block_start"}, {"index", index_},
-             {"content_block", {{"type", "tool_use"}, {"id", id}, {"name", c.name}, {"input", json::object()}}}});
+             {"content_block", {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", ev.call.name}, {"input", json::object()}}}});
+      return;
+    case ToolEvent::Kind::Arguments:
+      if (skip_call_) return;
       event(out, "content_block_delta",
-            {{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "input_json_delta"}, {"partial_json", c.arguments}}}});
-      event(out, "content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
-    } else {
-      blocks_.push_back({{"type", "tool_use"}, {"id", id}, {"name", c.name}, {"input", std::move(input)}});
-    }
+            {{"type", "content_block_delta"}, {"index", index_}, {"delta", {{"type", "input_json_delta"}, {"partial_json", ev.text}}}});
+      return;
+    case ToolEvent::Kind::CallEnd:
+      if (sse_) {
+        if (!skip_call_) close_block(out);
+        skip_call_ = false;
+        return;
+      }
+      if (!ctx_.parallel_tool_calls && called_) return;
+      called_ = true;
+      close_block(out);
+      ++index_;
+      blocks_.push_back({{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", ev.call.name}, {"input", json::parse(ev.call.arguments)}});
+      return;
   }
 }
 
@@ -327,9 +349,7 @@ void AnthropicStream::on_text(std::string& out, std::string_view text) {
     emit(out, Block::Text, parts.content);
     return;
   }
-  ToolCallParser::Out found = tool_parser_->feed(parts.content);
-  emit(out, Block::Text, found.content);
-  emit_calls(out, std::move(found.calls));
+  for (ToolEvent& ev : tool_parser_->feed(parts.content)) on_tool_event(out, std::move(ev));
 }
 
 void AnthropicStream::on_done(std::string& out, const JobEvent& ev) {
@@ -339,11 +359,8 @@ void AnthropicStream::on_done(std::string& out, const JobEvent& ev) {
     emit(out, Block::Thinking, rest.reasoning);
     if (!rest.content.empty()) on_text(out, rest.content);
   }
-  if (tool_parser_) {
-    ToolCallParser::Out rest = tool_parser_->finish();
-    emit(out, Block::Text, rest.content);
-    emit_calls(out, std::move(rest.calls));
-  }
+  if (tool_parser_)
+    for (ToolEvent& ev : tool_parser_->finish()) on_tool_event(out, std::move(ev));
   close_block(out);
   const char* reason = stop_reason(ev, called_);
   const json stop_sequence = ev.stop_string.empty() ? json(nullptr) : json(ev.stop_string);

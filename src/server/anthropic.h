@@ -29,19 +29,22 @@ class AnthropicStream : public ReplyStream {
  protected:
   void on_start(std::string& out) override;
   void on_text(std::string& out, std::string_view text) override;
+  void on_flush(std::string& out) override;
   void on_done(std::string& out, const JobEvent& ev) override;
   void on_failed(std::string& out, const JobEvent& ev) override;
 
  private:
-  enum class Block { None, Thinking, Text };
+  enum class Block { None, Thinking, Text, ToolUse };
   void emit(std::string& out, Block kind, std::string_view text);
-  void emit_calls(std::string& out, std::vector<ParsedCall> calls);
+  void on_tool_event(std::string& out, ToolEvent ev);
   void close_block(std::string& out);
   void event(std::string& out, const char* name, const nlohmann::ordered_json& data) const;
 
   Block open_ = Block::None;
   int index_ = -1;             // of the open (or last) block
   bool called_ = false;        // a tool_use block was produced
+  bool skip_call_ = false;     // streamed: a call dropped (disable_parallel_tool_use) is going by
+  std::string delta_;          // streamed: text of the open block for the next delta
   nlohmann::ordered_json blocks_ = nlohmann::ordered_json::array();  // non-streamed: the content so far
 };
 

@@ -151,6 +151,37 @@ TEST(AnthropicStream, EventsFollowTheDocumentedSequence) {
   EXPECT_EQ(ev[10].second["usage"]["output_tokens"], 9);
 }
 
+// A tool_use block streams its input as input_json_delta fragments, piece by piece.
+TEST(AnthropicStream, ToolInputStreamsInFragments) {
+  auto job = std::make_shared<Job>(JobSpec{});
+  auto ctx = context(true);
+  ctx.split_thinking = false;
+  ctx.think_opened = false;
+  AnthropicStream rs(job, ctx);
+  const std::string answer = "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": \"Europe/Paris\", \"n\": [1, 2]}}\n</tool_call>";
+  for (size_t i = 0; i < answer.size(); i += 4)
+    job->push({JobEvent::Kind::Text, answer.substr(i, 4), FinishReason::Stop, {}, false});
+  job->push({JobEvent::Kind::Done, "", FinishReason::Stop, {}, false});
+  const auto ev = events(drain(rs));
+  ASSERT_GT(ev.size(), 6u);
+  EXPECT_EQ(ev[1].first, "content_block_start");
+  EXPECT_EQ(ev[1].second["content_block"]["type"], "tool_use");
+  EXPECT_EQ(ev[1].second["content_block"]["input"], json::object());
+  std::string input;
+  size_t fragments = 0;
+  size_t i = 2;
+  for (; i < ev.size() && ev[i].first == "content_block_delta"; ++i, ++fragments) {
+    EXPECT_EQ(ev[i].second["index"], 0);
+    EXPECT_EQ(ev[i].second["delta"]["type"], "input_json_delta");
+    input += ev[i].second["delta"]["partial_json"].get<std::string>();
+  }
+  EXPECT_GT(fragments, 3u);
+  EXPECT_EQ(input, R"({"tz":"Europe/Paris","n":[1,2]})");
+  ASSERT_LT(i, ev.size());
+  EXPECT_EQ(ev[i].first, "content_block_stop");
+  EXPECT_EQ(ev[i + 1].second["delta"]["stop_reason"], "tool_use");
+}
+
 TEST(AnthropicStream, NonStreamedMessage) {
   auto job = std::make_shared<Job>(JobSpec{});
   AnthropicStream rs(job, context(false));

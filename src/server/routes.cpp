@@ -485,7 +485,7 @@ json timings_json(const GenerateStats& s) {
 
 ReplyStream::ReplyStream(std::shared_ptr<Job> job, Context ctx)
     : ctx_(std::move(ctx)), sse_(ctx_.stream), think_(ctx_.think_opened), job_(std::move(job)) {
-  if (ctx_.parse_tools) tool_parser_.emplace(ctx_.tools);
+  if (ctx_.parse_tools) tool_parser_.emplace(ctx_.tools, /*stream_arguments=*/sse_);
 }
 
 json ReplyStream::chunk(json choice) const {
@@ -508,52 +508,75 @@ void ReplyStream::on_start(std::string& out) {
     out += sse_event(chunk({{"text", ctx_.echo}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
 }
 
-void ReplyStream::emit_chat(std::string& out, std::string_view reasoning, std::string_view content) {
+// Streamed, text waits for on_flush: the pieces that came together go out as one delta.
+void ReplyStream::emit_chat(std::string_view reasoning, std::string_view content) {
   if (!sse_) {
     content_ += content;
     reasoning_ += reasoning;
     return;
   }
-  json delta = json::object();
-  if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
-  if (!content.empty()) delta["content"] = content;
-  if (!delta.empty())
-    out += sse_event(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  delta_reasoning_ += reasoning;
+  delta_content_ += content;
 }
 
-// A streamed call is two deltas: its index, id and name, then its arguments (OpenAI's clients
-// concatenate the argument fragments of an index).
-void ReplyStream::emit_calls(std::string& out, std::vector<ParsedCall> calls) {
-  for (ParsedCall& c : calls) {
-    if (!ctx_.parallel_tool_calls && !calls_.empty()) return;
-    const std::string id = random_id("call_");
-    const size_t index = calls_.size();
-    if (sse_) {
-      const json head = {{"index", index}, {"id", id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", ""}}}};
-      const json args = {{"index", index}, {"function", {{"arguments", c.arguments}}}};
-      for (const json& tc : {head, args})
-        out += sse_event(chunk({{"index", 0}, {"delta", {{"tool_calls", json::array({tc})}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
-    }
-    calls_.push_back({id, std::move(c)});
+void ReplyStream::on_flush(std::string& out) {
+  if (!sse_ || (delta_reasoning_.empty() && delta_content_.empty())) return;
+  if (ctx_.endpoint == Endpoint::Completions) {
+    out += sse_event(chunk({{"text", delta_content_}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  } else {
+    json delta = json::object();
+    if (!delta_reasoning_.empty()) delta["reasoning_content"] = delta_reasoning_;
+    if (!delta_content_.empty()) delta["content"] = delta_content_;
+    out += sse_event(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  }
+  delta_reasoning_.clear();
+  delta_content_.clear();
+}
+
+// A streamed call is a delta with its index, id, name and empty arguments, then deltas of
+// argument fragments as the model writes them (OpenAI's clients concatenate the fragments of
+// an index).
+void ReplyStream::on_tool_event(std::string& out, ToolEvent ev) {
+  auto tool_delta = [&](const json& tc) {
+    on_flush(out);
+    out += sse_event(chunk({{"index", 0}, {"delta", {{"tool_calls", json::array({tc})}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+  };
+  switch (ev.kind) {
+    case ToolEvent::Kind::Content: emit_chat("", ev.text); return;
+    case ToolEvent::Kind::CallBegin:  // streamed only
+      skip_call_ = !ctx_.parallel_tool_calls && !calls_.empty();
+      if (skip_call_) return;
+      calls_.push_back({random_id("call_"), std::move(ev.call)});
+      tool_delta({{"index", calls_.size() - 1},
+                  {"id", calls_.back().first},
+                  {"type", "function"},
+                  {"function", {{"name", calls_.back().second.name}, {"arguments", ""}}}});
+      return;
+    case ToolEvent::Kind::Arguments:
+      if (!skip_call_) tool_delta({{"index", calls_.size() - 1}, {"function", {{"arguments", ev.text}}}});
+      return;
+    case ToolEvent::Kind::CallEnd:
+      if (sse_) {
+        if (!skip_call_) calls_.back().second = std::move(ev.call);
+        skip_call_ = false;
+      } else if (ctx_.parallel_tool_calls || calls_.empty()) {
+        calls_.push_back({random_id("call_"), std::move(ev.call)});
+      }
+      return;
   }
 }
 
 void ReplyStream::on_text(std::string& out, std::string_view text) {
   if (ctx_.endpoint == Endpoint::Completions) {
-    if (sse_) out += sse_event(chunk({{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
-    else content_ += text;
+    emit_chat("", text);
     return;
   }
   ThinkSplitter::Out parts;
   if (ctx_.split_thinking) parts = think_.feed(text);
   else parts.content = text;
-  if (!tool_parser_) {
-    emit_chat(out, parts.reasoning, parts.content);
-    return;
-  }
-  ToolCallParser::Out found = tool_parser_->feed(parts.content);
-  emit_chat(out, parts.reasoning, found.content);
-  emit_calls(out, std::move(found.calls));
+  emit_chat(parts.reasoning, tool_parser_ ? "" : parts.content);
+  if (tool_parser_)
+    for (ToolEvent& ev : tool_parser_->feed(parts.content)) on_tool_event(out, std::move(ev));
 }
 
 void ReplyStream::on_done(std::string& out, const JobEvent& ev) {
@@ -562,14 +585,12 @@ void ReplyStream::on_done(std::string& out, const JobEvent& ev) {
     // Whatever the splitter held back (a partial tag at the very end) is text after all.
     ThinkSplitter::Out rest = think_.flush();
     ctx_.split_thinking = false;
-    if (!rest.reasoning.empty()) emit_chat(out, rest.reasoning, "");
+    if (!rest.reasoning.empty()) emit_chat(rest.reasoning, "");
     if (!rest.content.empty()) on_text(out, rest.content);
   }
-  if (tool_parser_) {
-    ToolCallParser::Out rest = tool_parser_->finish();
-    emit_chat(out, "", rest.content);
-    emit_calls(out, std::move(rest.calls));
-  }
+  if (tool_parser_)
+    for (ToolEvent& ev : tool_parser_->finish()) on_tool_event(out, std::move(ev));
+  on_flush(out);
   const char* finish = !calls_.empty() && ev.finish == FinishReason::Stop ? "tool_calls" : finish_reason_name(ev.finish);
   if (sse_) {
     json last = chat ? json{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish}}
@@ -630,20 +651,20 @@ ReplyStream::Poll ReplyStream::poll(std::string& out, std::chrono::milliseconds 
   }
   events_.clear();
   if (!job_->wait_events(events_, timeout)) return Poll::Idle;
-  std::string text;  // pieces that came together go out as one delta
+  // Each piece goes through the parsers on its own (tool-call fragments follow the model's
+  // tokens); text that came together goes out as one delta.
   for (const JobEvent& ev : events_) {
     if (ev.kind == JobEvent::Kind::Text) {
-      text += ev.text;
+      on_text(out, ev.text);
       continue;
     }
-    if (!text.empty()) on_text(out, text);
-    text.clear();
+    on_flush(out);
     if (ev.kind == JobEvent::Kind::Done) on_done(out, ev);
     else on_failed(out, ev);
     done_ = true;
     break;
   }
-  if (!text.empty()) on_text(out, text);
+  if (!done_) on_flush(out);
   if (done_) return Poll::Done;
   return out.size() > before ? Poll::Data : Poll::Idle;
 }

@@ -69,7 +69,10 @@ class ReplyStream {
  protected:
   // The wire format: poll() calls these as the answer comes (another API derives, anthropic.h).
   virtual void on_start(std::string& out);
+  // One piece of the answer as the engine produced it (a token's text, or a few).
   virtual void on_text(std::string& out, std::string_view text);
+  // The pieces that came together are all in: the text held for one delta goes out.
+  virtual void on_flush(std::string& out);
   virtual void on_done(std::string& out, const JobEvent& ev);
   virtual void on_failed(std::string& out, const JobEvent& ev);
 
@@ -80,14 +83,16 @@ class ReplyStream {
   std::optional<ToolCallParser> tool_parser_;
 
  private:
-  void emit_chat(std::string& out, std::string_view reasoning, std::string_view content);
-  void emit_calls(std::string& out, std::vector<ParsedCall> calls);
+  void emit_chat(std::string_view reasoning, std::string_view content);
+  void on_tool_event(std::string& out, ToolEvent ev);
   nlohmann::ordered_json chunk(nlohmann::ordered_json choice) const;
 
   std::shared_ptr<Job> job_;
   bool started_ = false, done_ = false;
   std::string content_, reasoning_;  // non-streamed: the answer so far
-  std::vector<std::pair<std::string, ParsedCall>> calls_;  // (id, call); streamed: only counted
+  std::vector<std::pair<std::string, ParsedCall>> calls_;  // (id, call)
+  bool skip_call_ = false;  // streamed: a call dropped (parallel_tool_calls false) is going by
+  std::string delta_reasoning_, delta_content_;  // streamed: text for the next delta
   std::vector<JobEvent> events_;
 };
 

@@ -321,6 +321,45 @@ TEST(ReplyStream, CallsInTheAnswerBecomeToolCalls) {
   }
 }
 
+// Streamed, a call's arguments arrive in fragments as the model writes them: the first delta of
+// an index carries id, type, name and "" (as OpenAI's API sends them), later ones only the index
+// and a fragment. With parallel_tool_calls false the second call is not sent.
+TEST(ReplyStream, StreamedCallsArriveInFragments) {
+  auto job = std::make_shared<Job>(JobSpec{});
+  auto ctx = context(true, false);
+  ctx.parse_tools = true;
+  ctx.parallel_tool_calls = false;
+  ctx.tools = {{"now", nullptr}};
+  ReplyStream rs(job, ctx);
+  const std::string answer = "Checking.<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": \"Europe/Paris\", \"n\": 3}}"
+                             "\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+  for (size_t i = 0; i < answer.size(); i += 3)  // a token's worth of text each
+    job->push({JobEvent::Kind::Text, answer.substr(i, 3), FinishReason::Stop, {}, false});
+  job->push({JobEvent::Kind::Done, "", FinishReason::Stop, {}, false});
+  std::string content, args;
+  std::vector<json> deltas;
+  for (const std::string& e : sse_data(drain(rs))) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e)["choices"][0];
+    if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+    if (c["delta"].contains("tool_calls")) deltas.push_back(c["delta"]["tool_calls"][0]);
+  }
+  EXPECT_EQ(content, "Checking.");
+  ASSERT_GT(deltas.size(), 4u);
+  EXPECT_EQ(deltas[0]["index"], 0);
+  EXPECT_EQ(deltas[0]["type"], "function");
+  EXPECT_EQ(deltas[0]["function"]["name"], "now");
+  EXPECT_EQ(deltas[0]["function"]["arguments"], "");
+  for (size_t i = 1; i < deltas.size(); ++i) {
+    EXPECT_EQ(deltas[i]["index"], 0);
+    EXPECT_FALSE(deltas[i].contains("id"));
+    EXPECT_FALSE(deltas[i]["function"].contains("name"));
+    EXPECT_FALSE(deltas[i]["function"]["arguments"].get<std::string>().empty());
+    args += deltas[i]["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(args, R"({"tz":"Europe/Paris","n":3})");
+}
+
 TEST(PlanJob, RendersLimitsAndResolvesSampling) {
   EngineOptions eo;
   eo.model = testing::tiny_qpack_with_tokenizer();

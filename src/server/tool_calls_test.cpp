@@ -110,17 +110,64 @@ TEST(ToolCalls, ParsesCallsRenderedByEveryTemplate) {
   }
 }
 
-// Feeds `text` to a parser in pieces of `step` bytes.
-ToolCallParser::Out run(std::string_view text, size_t step) {
-  ToolCallParser p(kTools);
-  ToolCallParser::Out all;
-  auto add = [&](ToolCallParser::Out o) {
-    all.content += o.content;
-    for (auto& c : o.calls) all.calls.push_back(std::move(c));
-  };
-  for (size_t i = 0; i < text.size(); i += step) add(p.feed(text.substr(i, step)));
-  add(p.finish());
-  return all;
+// What a client assembles from the parser's events.
+struct Answer {
+  std::string content;
+  std::vector<ParsedCall> calls;
+  size_t fragments = 0;  // Arguments events
+};
+
+void add(Answer& a, ToolCallParser::Out events, bool streamed) {
+  for (ToolEvent& e : events) {
+    switch (e.kind) {
+      case ToolEvent::Kind::Content:
+        EXPECT_FALSE(e.text.empty());
+        a.content += e.text;
+        break;
+      case ToolEvent::Kind::CallBegin:
+        ASSERT_TRUE(streamed);
+        a.calls.push_back({e.call.name, ""});
+        break;
+      case ToolEvent::Kind::Arguments:
+        ASSERT_TRUE(streamed);
+        ASSERT_FALSE(a.calls.empty());
+        EXPECT_FALSE(e.text.empty());
+        a.calls.back().arguments += e.text;
+        ++a.fragments;
+        break;
+      case ToolEvent::Kind::CallEnd:
+        if (streamed) {  // the end repeats what the fragments said
+          ASSERT_FALSE(a.calls.empty());
+          EXPECT_EQ(e.call.name, a.calls.back().name);
+          EXPECT_EQ(e.call.arguments, a.calls.back().arguments);
+        } else {
+          a.calls.push_back(e.call);
+        }
+        break;
+    }
+  }
+}
+
+// Feeds `text` to a parser in the pieces that `cuts` (increasing offsets) make.
+Answer run_cut(std::string_view text, const std::vector<size_t>& cuts, bool streamed,
+               const std::vector<ToolSpec>& tools = kTools) {
+  ToolCallParser p(tools, streamed);
+  Answer a;
+  size_t from = 0;
+  for (size_t c : cuts) {
+    add(a, p.feed(text.substr(from, c - from)), streamed);
+    from = c;
+  }
+  add(a, p.feed(text.substr(from)), streamed);
+  add(a, p.finish(), streamed);
+  return a;
+}
+
+// Feeds `text` in pieces of `step` bytes.
+Answer run(std::string_view text, size_t step, bool streamed = false, const std::vector<ToolSpec>& tools = kTools) {
+  std::vector<size_t> cuts;
+  for (size_t i = step; i < text.size(); i += step) cuts.push_back(i);
+  return run_cut(text, cuts, streamed, tools);
 }
 
 TEST(ToolCalls, StreamsContentAndCallsInAnySplit) {
@@ -182,6 +229,143 @@ TEST(ToolCalls, PythonJsonAndStr) {
   EXPECT_EQ(py_str(ojson(true)), "True");
   EXPECT_EQ(py_str(ojson(nullptr)), "None");
   EXPECT_EQ(py_str(ojson("x y")), "x y");
+}
+
+// ---- streamed arguments
+
+const std::vector<ToolSpec> kTypedTools = {
+    {"f", ojson::parse(R"({"properties":{"s":{"type":"string"},"n":{"type":"integer"},"b":{"type":"boolean"},
+        "o":{"type":"object"},"u":{}}})")}};
+
+// Answers whose calls are well-formed, in both formats and with what the compact form rewrites:
+// spacing, escapes (\/, \u00e9, a surrogate pair), numbers (1.50, 1e2), nesting, empty containers.
+const std::vector<std::string> kWellFormed = {
+    "Let me check.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris \\u00e9t\\u00e9\", "
+    "\"days\": [1, 2.50, 1e2, -0.5], \"opts\": {\"a\": true, \"b\": null, \"c\": {}, \"d\": []}}}\n</tool_call>",
+    "<tool_call>\n{ \"name\" : \"now\" , \"arguments\" : { } }\n</tool_call>\n\n<tool_call>\n"
+    "{\"name\": \"get_weather\", \"arguments\": {\"text\": \"a\\/b \\\"q\\\" \\ud83d\\ude00 \\n\\t\\\\ done\"}}\n</tool_call>",
+    "Sure.<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n\n</parameter>\n<parameter=text>\n"
+    "line 1\nline </para 2 \"quoted\"\n</parameter>\n<parameter=empty>\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n</parameter>\n<parameter=b>\nTrue\n"
+    "</parameter>\n<parameter=o>\n{\"k\": [1]}\n</parameter>\n<parameter=u>\nfree text\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=now>\n</function>\n</tool_call> and text after",
+    // the model did not close the call, but its text is complete
+    "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"a\": 1}}\n",
+};
+
+std::vector<ToolSpec> all_tools() {
+  std::vector<ToolSpec> t = kTools;
+  t.insert(t.end(), kTypedTools.begin(), kTypedTools.end());
+  return t;
+}
+
+void expect_same(const Answer& streamed, const Answer& whole) {
+  EXPECT_EQ(streamed.content, whole.content);
+  ASSERT_EQ(streamed.calls.size(), whole.calls.size());
+  for (size_t i = 0; i < whole.calls.size(); ++i) {
+    EXPECT_EQ(streamed.calls[i].name, whole.calls[i].name);
+    EXPECT_EQ(streamed.calls[i].arguments, whole.calls[i].arguments);
+  }
+}
+
+TEST(ToolCallStream, FragmentsReassembleToTheWholeAnswerAtAnyCut) {
+  const auto tools = all_tools();
+  for (const std::string& text : kWellFormed) {
+    SCOPED_TRACE(text);
+    const Answer whole = run(text, text.size(), /*streamed=*/false, tools);
+    ASSERT_FALSE(whole.calls.empty());
+    for (size_t step = 1; step <= 12; ++step) {  // pieces of a token's size
+      SCOPED_TRACE(step);
+      expect_same(run(text, step, true, tools), whole);
+    }
+    for (size_t a = 1; a < text.size(); ++a) {  // every cut into two pieces, and three short ones
+      SCOPED_TRACE(a);
+      expect_same(run_cut(text, {a}, true, tools), whole);
+      expect_same(run_cut(text, {a, std::min(a + 1, text.size())}, true, tools), whole);
+      expect_same(run_cut(text, {a, std::min(a + 5, text.size())}, true, tools), whole);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+TEST(ToolCallStream, ArgumentsStreamAsTheModelWritesThem) {
+  // JSON form: the call begins once its name and the start of its arguments are in; a string
+  // streams by characters, a number once it ended.
+  ToolCallParser p(kTools, /*stream_arguments=*/true);
+  Answer a;
+  add(a, p.feed("Checking the weather.\n<tool_call>\n{\"name\": \"get_"), true);
+  EXPECT_EQ(a.content, "Checking the weather.");
+  EXPECT_TRUE(a.calls.empty());
+  add(a, p.feed("weather\", \"arguments\": {\"city\": \"Par"), true);
+  ASSERT_EQ(a.calls.size(), 1u);
+  EXPECT_EQ(a.calls[0].name, "get_weather");
+  EXPECT_EQ(a.calls[0].arguments, R"({"city":"Par)");
+  add(a, p.feed("is\", \"days\": 12"), true);
+  EXPECT_EQ(a.calls[0].arguments, R"({"city":"Paris","days":)");
+  add(a, p.feed("}}\n</tool_"), true);
+  EXPECT_EQ(a.calls[0].arguments, R"({"city":"Paris","days":12})");
+  add(a, p.feed("call>"), true);
+  add(a, p.finish(), true);
+  EXPECT_EQ(a.fragments, 3u);
+
+  // The XML form of Qwen3.5: the call begins with <function=NAME>; a string parameter streams,
+  // holding back what may be the newline before </parameter>.
+  ToolCallParser x(kTools, true);
+  Answer b;
+  add(b, x.feed("<tool_call>\n<function=get_weather>\n"), true);
+  ASSERT_EQ(b.calls.size(), 1u);
+  EXPECT_EQ(b.calls[0].arguments, "");
+  add(b, x.feed("<parameter=city>\nNew\n"), true);
+  EXPECT_EQ(b.calls[0].arguments, R"({"city":"New)");
+  add(b, x.feed("York\n</para"), true);
+  EXPECT_EQ(b.calls[0].arguments, R"({"city":"New\nYork)");
+  add(b, x.feed("meter>\n</function>\n</tool_call>"), true);
+  add(b, x.finish(), true);
+  EXPECT_EQ(b.calls[0].arguments, R"({"city":"New\nYork"})");
+}
+
+TEST(ToolCallStream, OneFragmentPerPieceOfTheArguments) {
+  const std::string text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"text\": "
+                           "\"a longer text than a token\"}}\n</tool_call>";
+  const Answer a = run(text, 4, true);
+  ASSERT_EQ(a.calls.size(), 1u);
+  EXPECT_EQ(a.calls[0].arguments, R"({"city":"Paris","text":"a longer text than a token"})");
+  EXPECT_GT(a.fragments, 10u);
+}
+
+TEST(ToolCallStream, MalformedCalls) {
+  // Broken before the arguments began: content, as without streaming.
+  for (const std::string bad : {"<tool_call>\n{\"arguments\": {}}\n</tool_call>", "<tool_call>\nnot json\n</tool_call>",
+                                "<tool_call>\n{\"name\": \"now\", \"arguments\": [1]}\n</tool_call>",
+                                "<tool_call>\n{\"name\": \"now\", \"argu"}) {
+    SCOPED_TRACE(bad);
+    for (size_t step : {1, 3, 100}) {
+      const Answer a = run(bad, step, true);
+      EXPECT_TRUE(a.calls.empty());
+      EXPECT_EQ(a.content, bad);
+    }
+  }
+  // Cut off inside the arguments (the token limit): the call ends with what was sent, a
+  // number not yet ended held back. Without streaming it is content.
+  const std::string cut = "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": \"UTC\", \"n\": 12";
+  for (size_t step : {1, 2, 5, 100}) {
+    const Answer a = run(cut, step, true);
+    ASSERT_EQ(a.calls.size(), 1u);
+    EXPECT_EQ(a.calls[0].name, "now");
+    EXPECT_EQ(a.calls[0].arguments, R"({"tz":"UTC","n":)");
+    EXPECT_EQ(a.content, "");
+  }
+  EXPECT_TRUE(run(cut, 3, false).calls.empty());
+  // Broken after the arguments began: the rest is not sent, the text is not repeated as content.
+  for (const std::string bad : {"<tool_call>\n{\"name\": \"now\", \"arguments\": {\"a\": 1, \"a\": 2}}\n</tool_call>",
+                                "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"a\" 1}}\n</tool_call>",
+                                "<tool_call>\n<function=now>\n<parameter=x>\n1\n</function>\n</tool_call>"}) {
+    SCOPED_TRACE(bad);
+    const Answer a = run(bad, 2, true);
+    ASSERT_EQ(a.calls.size(), 1u);
+    EXPECT_EQ(a.calls[0].name, "now");
+    EXPECT_EQ(a.content, "");
+  }
 }
 
 }  // namespace

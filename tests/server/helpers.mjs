@@ -25,18 +25,23 @@ function required(name) {
 // chatTemplate: a template file to ship with the tokenizer (chat_template.jinja) instead of the
 // Qwen3 one in the tokenizer's tokenizer_config.json, e.g. tests/data/chat/templates/qwen3.5.jinja.
 // env: extra environment variables for the server (e.g. the fault shim's); host: where it listens.
-export async function startServer({ apiKey = '', args = [], chatTemplate = '', env = {}, host = '127.0.0.1' } = {}) {
+// model: a container to serve instead (e.g. models/toy.qpack, the trained toy model).
+export async function startServer({ apiKey = '', args = [], chatTemplate = '', env = {}, host = '127.0.0.1', model = '' } = {}) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'swiftlet-server-test-'));
-  const model = path.join(dir, 'tiny.qpack');
-  let tokenizer = TOKENIZER;
-  if (chatTemplate) {
-    mkdirSync(path.join(dir, 'tok'));
-    tokenizer = path.join(dir, 'tok', 'tokenizer.json');
-    copyFileSync(TOKENIZER, tokenizer);
-    copyFileSync(path.resolve(chatTemplate), path.join(dir, 'tok', 'chat_template.jinja'));
+  if (model) {
+    model = path.resolve(model);
+  } else {
+    model = path.join(dir, 'tiny.qpack');
+    let tokenizer = TOKENIZER;
+    if (chatTemplate) {
+      mkdirSync(path.join(dir, 'tok'));
+      tokenizer = path.join(dir, 'tok', 'tokenizer.json');
+      copyFileSync(TOKENIZER, tokenizer);
+      copyFileSync(path.resolve(chatTemplate), path.join(dir, 'tok', 'chat_template.jinja'));
+    }
+    execFileSync(required('SWIFTLET_REPACK'), ['--synthetic', 'tiny', '--tokenizer', tokenizer, '--output', model, '--quiet'],
+                 { stdio: ['ignore', 'ignore', 'inherit'] });
   }
-  execFileSync(required('SWIFTLET_REPACK'), ['--synthetic', 'tiny', '--tokenizer', tokenizer, '--output', model, '--quiet'],
-               { stdio: ['ignore', 'ignore', 'inherit'] });
   const argv = ['--model', model, '--host', host, '--port', '0', ...args];
   if (apiKey) argv.push('--api-key', apiKey);
   const proc = spawn(required('SWIFTLET_SERVER'), argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });

@@ -67,6 +67,7 @@ function assertValidCall(call) {
 async function streamCalls(client, params) {
   const stream = await client.chat.completions.create({ ...params, stream: true });
   const calls = [];
+  const fragments = [];  // argument deltas per call
   let finish = null;
   let content = '';
   for await (const chunk of stream) {
@@ -78,12 +79,16 @@ async function streamCalls(client, params) {
           assert.ok(d.id, 'the first delta of a call carries its id');
           assert.ok(d.function?.name, 'and its name');
           calls[d.index] = { id: d.id, type: d.type, function: { name: d.function.name, arguments: '' } };
+          fragments[d.index] = 0;
         }
-        if (d.function?.arguments) calls[d.index].function.arguments += d.function.arguments;
+        if (d.function?.arguments) {
+          calls[d.index].function.arguments += d.function.arguments;
+          ++fragments[d.index];
+        }
       }
     }
   }
-  return { calls, finish, content };
+  return { calls, fragments, finish, content };
 }
 
 function renderReference(templateText, messages, tools) {
@@ -143,6 +148,9 @@ for (const fam of FAMILIES) {
       assert.equal(s.calls.length, 1);
       assert.equal(s.content, '');
       assert.deepEqual(s.calls[0].function, full.choices[0].message.tool_calls[0].function);
+      // The arguments stream as the model writes them, not as one delta at the end.
+      assert.ok(s.calls[0].function.arguments.length < 16 || s.fragments[0] > 2,
+                `${s.calls[0].function.arguments} came in ${s.fragments[0]} fragment(s)`);
       assertValidCall(s.calls[0]);
       for (let seed = 1; seed <= 2; ++seed) {
         const r = await client.chat.completions.create({ ...params, temperature: 1, top_p: 1, seed });
