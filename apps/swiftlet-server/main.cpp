@@ -3,7 +3,7 @@
 // health, Prometheus metrics, and a chat page at /).
 //
 //   swiftlet-server --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--ctx N] [--parallel N]
-//                   [--sessions M]
+//                   [--sessions M] [--state-cache DIR --state-cache-gb N] [--state-cache-ram-gb N]
 //
 // --parallel N: N slots decoded together (continuous batching, src/server/engine_worker.h).
 //
@@ -79,6 +79,15 @@ int serve(int argc, char** argv) {
                  "most tokens one request may generate, whatever it asks (0: what the context leaves)")
       ->capture_default_str();
   app.add_flag("--log-requests", so.log_requests, "print one line per request on stderr");
+  std::string state_dir;
+  double state_disk_gb = 0, state_ram_gb = -1;
+  app.add_option("--state-cache", state_dir,
+                 "directory of the prefix state cache's files: states after shared prompt prefixes, kept "
+                 "across restarts (needs --state-cache-gb)");
+  app.add_option("--state-cache-gb", state_disk_gb, "disk budget of --state-cache DIR in GB (least recently used out)");
+  app.add_option("--state-cache-ram-gb", state_ram_gb,
+                 "memory for prefix states shared by every conversation, in GB (default 2 with --state-cache, "
+                 "else off; 0: off)");
   CLI11_PARSE(app, argc, argv);
 
   so.max_body_bytes = size_t(max_body_mb * (1 << 20));
@@ -92,6 +101,15 @@ int serve(int argc, char** argv) {
     swiftlet::fail("--sessions ({}) must be at least --parallel ({}): each running request holds a session",
                    wo.sessions, wo.parallel);
   if (wo.prefill_chunk < 1) swiftlet::fail("--prefill-chunk must be at least 1, got {}", wo.prefill_chunk);
+  if (!state_dir.empty() && !(state_disk_gb > 0))
+    swiftlet::fail("--state-cache {} needs a disk budget: add --state-cache-gb N (N > 0)", state_dir);
+  if (state_dir.empty() && state_disk_gb > 0)
+    swiftlet::fail("--state-cache-gb needs --state-cache DIR (where the state files go)");
+  if (state_ram_gb < 0) state_ram_gb = state_dir.empty() ? 0 : 2;
+  wo.state_cache = !state_dir.empty() || state_ram_gb > 0;
+  wo.state_cache_options.dir = state_dir;
+  wo.state_cache_options.disk_bytes = uint64_t(state_disk_gb * 1e9);
+  wo.state_cache_options.ram_bytes = uint64_t(state_ram_gb * 1e9);
   mf.context = wo.max_context;
   mf.sessions = wo.sessions;
   wo.engine = mf.engine_options();

@@ -1,8 +1,10 @@
 // swiftlet chat MODEL ["turn 1" "turn 2" ...] [--system S] [--think] [sampling flags]
-//   [--trace-experts FILE]
+//   [--trace-experts FILE] [--session FILE]
 // With turns as arguments it answers each in order; without, an interactive prompt with line
 // editing and history. Each turn prefills only its own tokens (the conversation state is kept).
-// Ctrl-C stops the current answer, not the program; Ctrl-D or /exit leaves.
+// Ctrl-C stops the current answer, not the program; Ctrl-D or /exit leaves. --session FILE
+// resumes the conversation saved there (messages and the model's state: nothing is prefilled
+// again) and saves it there on leaving.
 #include "cli_util.h"
 #include "commands.h"
 
@@ -44,6 +46,7 @@ struct ChatCmdOptions {
   TraceFlag trace;
   std::vector<std::string> turns;
   std::string system;
+  std::string session;  // --session FILE
   int max_new = 1024;
   bool think = false, quiet = false;
 };
@@ -67,6 +70,13 @@ void run_chat(const ChatCmdOptions& o) {
   so.routing_observer = trace.get();
   Conversation conv(engine, co, so);
   if (!o.system.empty()) conv.set_system(o.system);
+  if (!o.session.empty() && ::access(o.session.c_str(), F_OK) == 0) {
+    conv.load(o.session);
+    std::fprintf(stderr, "[resumed %zu messages, %zu tokens from %s]\n", conv.history().size(),
+                 conv.session().state().tokens.size(), o.session.c_str());
+    if (!o.system.empty() && o.system != conv.system())
+      std::fprintf(stderr, "[--system ignored: the resumed conversation keeps its own]\n");
+  }
   TurnOptions turn;
   turn.sampling = o.sampling.apply(engine.default_sampling());
   turn.max_new_tokens = o.max_new;
@@ -139,6 +149,10 @@ void run_chat(const ChatCmdOptions& o) {
   }
   sigaction(SIGINT, &old, nullptr);
   TraceFlag::finish(trace.get(), o.trace.path);
+  if (!o.session.empty()) {
+    conv.save(o.session);
+    std::fprintf(stderr, "[conversation saved to %s]\n", o.session.c_str());
+  }
 }
 }  // namespace
 
@@ -151,6 +165,8 @@ void add_chat_command(CLI::App& app) {
   cmd->add_flag("--think", o->think, "let the model think first (Qwen3.5/3.6; off by default)");
   cmd->add_option("--max-new,-n", o->max_new, "tokens per answer at most");
   cmd->add_flag("--quiet,-q", o->quiet, "no per-turn statistics");
+  cmd->add_option("--session", o->session,
+                  "resume the conversation saved in FILE (when it exists) and save it there on leaving");
   o->sampling.add(cmd);
   o->trace.add(cmd);
   cmd->callback([o] { run_chat(*o); });

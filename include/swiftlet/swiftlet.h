@@ -100,6 +100,11 @@ class Chat {
                    const GenerationOptions& opts = {});
   void cancel();
   void reset();
+  // The conversation (messages and the model's state) into one file, and back: after load()
+  // the next send() prefills only its own turn. The file must come from the same model; a
+  // missing, corrupt or foreign file is refused with the reason. CPU only.
+  void save(const std::string& path) const;
+  void load(const std::string& path);
   const Stats& last_stats() const;
 
  private:

@@ -21,6 +21,10 @@ void swiftlet_chat_free(swiftlet_chat* chat);
 int swiftlet_chat_send(swiftlet_chat* chat, const char* user_text, int max_new_tokens,
                        swiftlet_text_fn fn, void* user);
 void swiftlet_chat_cancel(swiftlet_chat* chat);
+/* The conversation and the model's state into a file, and back (see swiftlet::api::Chat::save);
+ * 0 on success, -1 on error. */
+int swiftlet_chat_save(swiftlet_chat* chat, const char* path);
+int swiftlet_chat_load(swiftlet_chat* chat, const char* path);
 
 /* Several generations stepped together (see swiftlet::api::Batch). */
 typedef struct swiftlet_batch swiftlet_batch;

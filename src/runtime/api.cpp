@@ -146,6 +146,14 @@ void Chat::reset() {
   if (impl_->in_batch) fail("this chat's turn is being generated in a Batch: wait until it finishes");
   impl_->conv.reset();
 }
+void Chat::save(const std::string& path) const {
+  if (impl_->in_batch) fail("this chat's turn is being generated in a Batch: wait until it finishes");
+  impl_->conv.save(path);
+}
+void Chat::load(const std::string& path) {
+  if (impl_->in_batch) fail("this chat's turn is being generated in a Batch: wait until it finishes");
+  impl_->conv.load(path);
+}
 const Stats& Chat::last_stats() const { return impl_->last; }
 
 // ---- Batch ----
@@ -355,6 +363,22 @@ int swiftlet_chat_send(swiftlet_chat* chat, const char* user_text, int max_new_t
 
 void swiftlet_chat_cancel(swiftlet_chat* chat) {
   if (chat) chat->chat->cancel();
+}
+
+int swiftlet_chat_save(swiftlet_chat* chat, const char* path) {
+  return guarded([&] {
+    if (!chat || !path) swiftlet::fail("swiftlet_chat_save: chat and path must not be NULL");
+    chat->chat->save(path);
+    return 0;
+  }, -1);
+}
+
+int swiftlet_chat_load(swiftlet_chat* chat, const char* path) {
+  return guarded([&] {
+    if (!chat || !path) swiftlet::fail("swiftlet_chat_load: chat and path must not be NULL");
+    chat->chat->load(path);
+    return 0;
+  }, -1);
 }
 
 namespace {

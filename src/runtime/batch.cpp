@@ -45,7 +45,7 @@ Batch::Id Batch::add(Session& session, GenerateRequest req, TokenCallback on_tok
   m->req = std::move(req);
   m->cancel = cancel;
   m->gen = std::make_unique<Generation>(session, m->req, std::move(on_token), cancel);  // validates the request
-  m->reused = session.begin_prompt(m->req.prompt, snapshot_at);  // validates the prompt, then rewinds
+  m->reused = session.begin_prompt(m->req.prompt, snapshot_at, m->req.message_starts);  // validates the prompt, then rewinds
   if (session.prompt_pending() == 0) {
     m->gen->prompt_done(m->reused);
     m->prompt_in = true;

@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 
+#include <nlohmann/json.hpp>
+
 namespace swiftlet {
 
 Conversation::Conversation(const Engine& engine, ChatOptions chat, SessionOptions session)
@@ -69,6 +71,42 @@ GenerateResult Conversation::send(const std::string& user_text, const TurnOption
   GenerateResult res = session_->generate(turn.req, on_token, cancel);
   end_turn(std::move(turn), res);
   return res;
+}
+
+void Conversation::save(const std::string& path) const {
+  nlohmann::json messages = nlohmann::json::array();
+  for (const ChatMessage& m : history_) {
+    if (!m.tool_calls.empty()) fail("a conversation with tool calls cannot be saved yet");
+    messages.push_back({{"role", m.role}, {"content", m.content}, {"reasoning_content", m.reasoning_content}});
+  }
+  const nlohmann::json note = {{"kind", "swiftlet-chat"}, {"system", system_}, {"messages", messages}, {"seen", seen_}};
+  session_->save(path, note.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+void Conversation::load(const std::string& path) {
+  const std::string text = session_->load(path);  // throws, leaving everything as it was
+  std::vector<ChatMessage> history;
+  std::vector<int32_t> seen;
+  std::string system;
+  try {
+    const nlohmann::json note = nlohmann::json::parse(text);
+    if (note.value("kind", "") != "swiftlet-chat") throw std::runtime_error("no chat in its note");
+    system = note.at("system").get<std::string>();
+    for (const auto& m : note.at("messages"))
+      history.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>(),
+                         m.value("reasoning_content", "")});
+    seen = note.at("seen").get<std::vector<int32_t>>();
+    const std::vector<int32_t>& fed = session_->state().tokens;
+    if (seen.size() < fed.size() || !std::equal(fed.begin(), fed.end(), seen.begin()))
+      throw std::runtime_error("its state's tokens are not the conversation's");
+  } catch (const std::exception& e) {
+    reset();
+    fail("{} holds a model state but not a chat swiftlet chat --session saved ({}): delete it to start anew", path,
+         e.what());
+  }
+  system_ = std::move(system);
+  history_ = std::move(history);
+  seen_ = std::move(seen);
 }
 
 }  // namespace swiftlet

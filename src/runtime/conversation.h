@@ -39,8 +39,15 @@ class Conversation {
 
   // Starts over (keeps the system prompt unless set_system changes it).
   void reset();
+  // The whole conversation into one file (Session::save: the model's state, with the messages
+  // and the tokens seen as its note), and back: load() replaces this conversation with the
+  // file's and the next turn prefills only its own tokens. CPU only; throw Error (a file that
+  // cannot be read leaves the conversation as it was; one without a chat leaves it empty).
+  void save(const std::string& path) const;
+  void load(const std::string& path);
   void set_system(std::string system);
   const std::vector<ChatMessage>& history() const { return history_; }
+  const std::string& system() const { return system_; }
   const std::vector<int32_t>& seen_tokens() const { return seen_; }
   const ChatOptions& chat_options() const { return chat_; }
 

@@ -72,24 +72,6 @@ void Session::reset() {
   snapshots_.clear();
 }
 
-void Session::feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel) {
-  const size_t chunk = size_t(std::max(1, opts_.prefill_chunk));
-  for (size_t i = 0; i < tokens.size(); i += chunk) {
-    if (cancelled(cancel)) {
-      logits_pos_ = -1;
-      return;
-    }
-    const size_t n = std::min(chunk, tokens.size() - i);
-    const bool last = i + n == tokens.size();
-    forward_->run(state_, tokens.subspan(i, n), last ? LogitsMode::Last : LogitsMode::None, logits_);
-  }
-  logits_pos_ = state_.pos;
-  // A long prompt grew the activation buffers to its size: do not keep that while decoding or
-  // waiting for the next turn (a server keeps several sessions; the memory plan counts one
-  // prompt's buffers).
-  if (tokens.size() > 1) forward_->release_buffers();
-}
-
 const std::vector<float>& Session::score(std::span<const int32_t> tokens, int64_t from) {
   if (tokens.empty()) fail("nothing to score: give at least one token");
   SWIFTLET_CHECK(from >= 0 && from < int64_t(tokens.size()), "score: first row {} of {} tokens", from, tokens.size());
@@ -135,41 +117,70 @@ int64_t Session::rewind_for(std::span<const int32_t> prompt) {
   const size_t lcp = size_t(std::mismatch(seen.begin(), seen.end(), prompt.begin(), prompt.end()).first - seen.begin());
   const int64_t P = int64_t(prompt.size());
 
-  if (int64_t(lcp) == state_.pos && (int64_t(lcp) < P || logits_pos_ == P)) {
-    // Pure extension (or the same prompt again with its logits still at hand).
-    return int64_t(lcp);
-  }
-  // Diverged (or nothing left to feed): rewind to the latest snapshot inside the common prefix.
+  // What this session's own state offers: a pure extension (or the same prompt again with its
+  // logits still at hand), else the latest snapshot inside the common prefix, else nothing.
+  const bool extends = int64_t(lcp) == state_.pos && (int64_t(lcp) < P || logits_pos_ == P);
   const StateSnapshot* best = nullptr;
-  for (const auto& s : snapshots_)
-    if (s.pos <= int64_t(lcp) && s.pos < P && (!best || s.pos > best->pos)) best = &s;
+  if (!extends)
+    for (const auto& s : snapshots_)
+      if (s.pos <= int64_t(lcp) && s.pos < P && (!best || s.pos > best->pos)) best = &s;
+  const int64_t own = extends ? int64_t(lcp) : best ? best->pos : 0;
+
+  // The shared cache may hold a longer prefix (another conversation's, or an earlier server's).
+  if (StateCache* cache = this->cache()) {
+    if (std::shared_ptr<const SavedState> hit = cache->find(prompt, own)) {
+      state_ = hit->state;
+      if (hit->state.pos == P) {
+        logits_ = hit->logits;
+        logits_pos_ = P;
+      } else {
+        logits_pos_ = -1;
+      }
+      // Snapshots inside the common prefix still describe this state's past.
+      std::erase_if(snapshots_, [&](const StateSnapshot& s) { return s.pos > int64_t(lcp); });
+      return hit->state.pos;
+    }
+  }
+  if (extends) return own;
   if (best) {
     forward_->restore(state_, *best);
-    const int64_t reused = best->pos;
     // Drop snapshots past the rewind point: they belong to the abandoned branch.
-    std::erase_if(snapshots_, [&](const StateSnapshot& s) { return s.pos > reused; });
-    return reused;
+    std::erase_if(snapshots_, [&](const StateSnapshot& s) { return s.pos > own; });
+    return own;
   }
   forward_->reset(state_);
   snapshots_.clear();
   return 0;
 }
 
-int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel) {
-  check_prompt(prompt);
-  pending_.clear();
-  pending_done_ = pending_mark_ = 0;
-  const int64_t reused = rewind_for(prompt);
-  if (reused < int64_t(prompt.size())) feed(prompt.subspan(size_t(reused)), cancel);
+int64_t Session::prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel,
+                         std::span<const size_t> message_starts) {
+  const int64_t reused = begin_prompt(prompt, 0, message_starts);
+  const size_t chunk = size_t(std::max(1, opts_.prefill_chunk));
+  while (prompt_pending() > 0) {
+    if (cancelled(cancel)) {
+      logits_pos_ = -1;
+      pending_.clear();
+      pending_done_ = pending_mark_ = 0;
+      pending_saves_.clear();
+      return reused;
+    }
+    feed_prompt(chunk);
+  }
   return reused;
 }
 
-int64_t Session::begin_prompt(std::span<const int32_t> prompt, size_t snapshot_at) {
+int64_t Session::begin_prompt(std::span<const int32_t> prompt, size_t snapshot_at,
+                              std::span<const size_t> message_starts) {
   check_prompt(prompt);
   const int64_t reused = rewind_for(prompt);
   pending_.assign(prompt.begin() + reused, prompt.end());
   pending_done_ = 0;
   pending_mark_ = snapshot_at > size_t(reused) && snapshot_at < prompt.size() ? snapshot_at - size_t(reused) : 0;
+  pending_saves_.clear();
+  if (StateCache* cache = this->cache())
+    for (size_t at : cache->checkpoints(size_t(reused), prompt.size(), snapshot_at, message_starts))
+      pending_saves_.push_back(at - size_t(reused));
   if (!pending_.empty()) logits_pos_ = -1;
   else remember_snapshot();
   return reused;
@@ -181,25 +192,60 @@ void Session::feed_prompt(size_t max_tokens) {
   const size_t chunk = size_t(std::max(1, opts_.prefill_chunk));
   const std::span<const int32_t> all(pending_);
   while (n > 0) {
-    const size_t m = std::min(n, chunk);
+    // A call ends at the next checkpoint of the state cache: chunk boundaries change no result.
+    size_t m = std::min(n, chunk);
+    auto save = std::upper_bound(pending_saves_.begin(), pending_saves_.end(), pending_done_);
+    if (save != pending_saves_.end()) m = std::min(m, *save - pending_done_);
     const bool last = pending_done_ + m == pending_.size();
     forward_->run(state_, all.subspan(pending_done_, m), last ? LogitsMode::Last : LogitsMode::None, logits_);
     pending_done_ += m;
     n -= m;
+    if (save != pending_saves_.end() && *save == pending_done_) cache()->put(state_, last ? &logits_ : nullptr);
   }
   if (pending_mark_ > 0 && pending_done_ == pending_mark_) remember_snapshot();
   if (pending_done_ < pending_.size()) return;
   logits_pos_ = state_.pos;
-  if (pending_.size() > 1) forward_->release_buffers();  // as feed() does
+  // A long prompt grew the activation buffers to its size: do not keep that while decoding or
+  // waiting for the next turn (a server keeps several sessions; the memory plan counts one
+  // prompt's buffers).
+  if (pending_.size() > 1) forward_->release_buffers();
   pending_.clear();
   pending_done_ = pending_mark_ = 0;
+  pending_saves_.clear();
   remember_snapshot();
+}
+
+void Session::save(const std::string& path, const std::string& note) const {
+  if (opts_.gpu) fail("saving a session's state runs on the CPU only: drop --gpu to save or resume a conversation");
+  SavedState s;
+  s.state = state_;
+  if (logits_pos_ == state_.pos && state_.pos > 0) s.logits = logits_;
+  s.note = note;
+  write_state_file(path, model_identity(model_), 0, s);
+}
+
+std::string Session::load(const std::string& path) {
+  if (opts_.gpu) fail("resuming a session's state runs on the CPU only: drop --gpu to save or resume a conversation");
+  std::string why;
+  std::optional<SavedState> s = read_state_file(path, model_.config, model_identity(model_), std::nullopt, &why);
+  if (!s) fail("cannot resume from {}: {} (delete the file to start a new conversation)", path, why);
+  if (opts_.max_context > 0 && s->state.pos > opts_.max_context)
+    fail("cannot resume from {}: its {} tokens exceed the context of {} (raise --ctx)", path, s->state.pos,
+         opts_.max_context);
+  state_ = std::move(s->state);
+  snapshots_.clear();
+  pending_.clear();
+  pending_done_ = pending_mark_ = 0;
+  pending_saves_.clear();
+  logits_ = std::move(s->logits);
+  logits_pos_ = logits_.empty() ? -1 : state_.pos;
+  return std::move(s->note);
 }
 
 GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback& on_token,
                                  const std::atomic<bool>* cancel) {
   Generation gen(*this, req, on_token, cancel);
-  gen.prompt_done(prepare(req.prompt, cancel));
+  gen.prompt_done(prepare(req.prompt, cancel, req.message_starts));
   while (std::optional<int32_t> next = gen.next()) {
     forward_->run(state_, std::span(&*next, 1), LogitsMode::Last, logits_);
     logits_pos_ = state_.pos;

@@ -6,6 +6,7 @@
 #include "model/gpu_forward.h"
 #include "model/qwen3_hybrid.h"
 #include "runtime/sampler.h"
+#include "runtime/state_cache.h"
 #include "runtime/token_constraint.h"
 #include "tokenizer/tokenizer.h"
 
@@ -32,6 +33,9 @@ struct GenerateRequest {
   // Set: only tokens it allows are sampled (JSON schemas, forced tool calls). One per request:
   // it follows the answer's state.
   std::shared_ptr<TokenConstraint> constraint;
+  // Where the prompt's messages start (ascending; a chat's <|im_start|> positions): the prefix
+  // state cache may keep checkpoints there (StateCache::checkpoints). Empty: none.
+  std::vector<size_t> message_starts;
 };
 
 struct GenerateStats {
@@ -77,6 +81,10 @@ struct SessionOptions {
   // model/qwen3_hybrid.h). Not owned.
   RoutingObserver* routing_observer = nullptr;
   RouteOverride* route_override = nullptr;
+  // The prefix state cache shared by the sessions of this model (state_cache.h): a prompt starts
+  // from its longest cached prefix, and the states at the prompt's checkpoints are kept there.
+  // Null: none. Not used on the GPU (its states live in device memory).
+  std::shared_ptr<StateCache> state_cache;
 };
 
 class Batch;
@@ -92,16 +100,19 @@ class Session {
 
   // Brings the state to `prompt` reusing what it can; returns the number of reused tokens.
   // Afterwards last_logits() holds the logits after the last prompt token.
-  int64_t prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel = nullptr);
+  int64_t prepare(std::span<const int32_t> prompt, const std::atomic<bool>* cancel = nullptr,
+                  std::span<const size_t> message_starts = {});
   const std::vector<float>& last_logits() const { return logits_; }
 
   // A prompt in pieces (Batch feeds newcomers a chunk at a time between decode steps):
   // begin_prompt validates the prompt and rewinds the state as prepare() does, returning the
   // reused tokens; feed_prompt then runs up to `max_tokens` of the rest, stopping at
-  // `snapshot_at` (a turn boundary, 0: none) to keep a DeltaNet snapshot there. When
+  // `snapshot_at` (a turn boundary, 0: none) to keep a DeltaNet snapshot there, and passing
+  // the state cache's checkpoints (StateCache::checkpoints) to keep the state there. When
   // prompt_pending() is 0 the logits are ready and a snapshot of the prompt's end is kept.
   // Chunk boundaries never change a result (the token-by-token DeltaNet form).
-  int64_t begin_prompt(std::span<const int32_t> prompt, size_t snapshot_at = 0);
+  int64_t begin_prompt(std::span<const int32_t> prompt, size_t snapshot_at = 0,
+                       std::span<const size_t> message_starts = {});
   size_t prompt_pending() const { return pending_.size() - pending_done_; }
   void feed_prompt(size_t max_tokens);
 
@@ -111,6 +122,13 @@ class Session {
   const std::vector<float>& score(std::span<const int32_t> tokens, int64_t from = 0);
 
   void reset();
+  // The conversation's whole state (tokens, K/V, DeltaNet states, the logits when at hand) and
+  // `note` (the caller's bytes: a chat keeps its messages there) into one file, written
+  // atomically (docs/state-cache.md). CPU sessions only. Throws Error.
+  void save(const std::string& path, const std::string& note = {}) const;
+  // Restores a state saved by save() on the same model and returns its note. Throws Error,
+  // leaving the session as it was, for a missing, corrupt, truncated or foreign file.
+  std::string load(const std::string& path);
   const SessionState& state() const { return state_; }
   const Model& model() const { return model_; }
   // The pass that runs (the CPU Forward, or the GPU's when SessionOptions::gpu is set).
@@ -126,8 +144,8 @@ class Session {
   friend class Generation;
   void check_prompt(std::span<const int32_t> prompt) const;
   int64_t rewind_for(std::span<const int32_t> prompt);
-  void feed(std::span<const int32_t> tokens, const std::atomic<bool>* cancel);
   void remember_snapshot();
+  StateCache* cache() const { return opts_.gpu ? nullptr : opts_.state_cache.get(); }
 
   const Model& model_;
   const Tokenizer* tokenizer_;
@@ -141,6 +159,7 @@ class Session {
   std::vector<int32_t> pending_;  // begin_prompt: the prompt tokens left to feed
   size_t pending_done_ = 0;       // of pending_, those fed
   size_t pending_mark_ = 0;       // of pending_, where a snapshot is due (0: none)
+  std::vector<size_t> pending_saves_;  // of pending_, where the state cache keeps a checkpoint, ascending
 };
 
 // One answer being generated on a session: samples each token from the session's logits,

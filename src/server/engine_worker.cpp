@@ -80,6 +80,11 @@ BatchGauges EngineWorker::gauges() const {
   return gauges_;
 }
 
+std::optional<StateCacheStats> EngineWorker::state_cache_stats() const {
+  if (status() != Status::Ready || !state_cache_) return std::nullopt;
+  return state_cache_->stats();
+}
+
 void EngineWorker::shutdown() {
   std::deque<std::shared_ptr<Job>> dropped;
   {
@@ -117,6 +122,11 @@ void EngineWorker::run() {
     bo.predict_next = opts_.engine.predict_next;
     bo.gpu = engine_->gpu_model();
     batch_ = std::make_unique<Batch>(engine_->model(), bo);
+    if (opts_.state_cache && engine_->gpu())
+      std::fprintf(stderr, "swiftlet-server: the prefix state cache is bypassed on the GPU (its states live in "
+                           "VRAM and are not saved yet): every prompt is prefilled\n");
+    else if (opts_.state_cache)
+      state_cache_ = std::make_shared<StateCache>(engine_->model(), opts_.state_cache_options);
   } catch (const std::exception& e) {
     std::lock_guard lock(mu_);
     load_error_ = e.what();
@@ -179,6 +189,7 @@ EngineWorker::Slot* EngineWorker::pick_slot(const JobSpec& spec) {
     SessionOptions so;
     so.max_context = opts_.max_context;
     so.max_snapshots = opts_.max_snapshots;
+    so.state_cache = state_cache_;
     best->session = engine_->new_session(so);
   }
   best->last_used = ++clock_;
@@ -221,6 +232,13 @@ void EngineWorker::start_job(const std::shared_ptr<Job>& job) {
   req.stop = spec.stop;
   req.stop_tokens = engine_->stop_tokens();
   req.constraint = spec.constraint;
+  if (state_cache_) {
+    // Message starts: an agent's preamble (system prompt, tools) ends at one, and the next
+    // conversation with the same preamble starts from the state kept there.
+    const int32_t im_start = engine_->require_tokenizer().token_id("<|im_start|>");
+    for (size_t i = 1; i < spec.prompt.size(); ++i)
+      if (spec.prompt[i] == im_start) req.message_starts.push_back(i);
+  }
   Job* j = job.get();
   try {
     const Batch::Id id = batch_->add(

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +86,10 @@ struct WorkerOptions {
   int64_t max_context = 8192;
   int max_new_tokens = 0;   // per request, whatever it asks (--max-tokens); 0: what the context leaves
   int max_snapshots = 3;    // DeltaNet snapshots per session
+  // The prefix state cache shared by every slot (--state-cache DIR, --state-cache-gb,
+  // --state-cache-ram-gb); off when false.
+  bool state_cache = false;
+  StateCacheOptions state_cache_options;
 };
 
 // What the engine thread is doing, for /metrics.
@@ -125,6 +130,8 @@ class EngineWorker {
   bool busy() const { return busy_.load(); }  // some job is running
   BatchGauges gauges() const;
   const WorkerOptions& options() const { return opts_; }
+  // The prefix state cache's counters; nothing when it is off (or bypassed on the GPU).
+  std::optional<StateCacheStats> state_cache_stats() const;
 
   void shutdown();
 
@@ -152,6 +159,7 @@ class EngineWorker {
   std::string load_error_;
   std::vector<Slot> slots_;  // engine thread only
   std::unique_ptr<Batch> batch_;
+  std::shared_ptr<StateCache> state_cache_;  // set before status_ becomes Ready
   std::map<Batch::Id, size_t> members_;  // batch member -> slot
   uint64_t clock_ = 0;
   BatchGauges gauges_;  // guarded by mu_

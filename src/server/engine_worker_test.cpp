@@ -35,8 +35,11 @@ Outcome wait_done(Job& job) {
 
 class EngineWorkerTest : public ::testing::Test {
  protected:
-  void start(size_t max_queue = 8, int sessions = 2, int parallel = 0) {
+  void start(size_t max_queue = 8, int sessions = 2, int parallel = 0, bool state_cache = false) {
     WorkerOptions o;
+    o.state_cache = state_cache;
+    o.state_cache_options.block = 16;  // the tiny prompts' messages are a few dozen tokens
+    o.state_cache_options.interval = 64;
     o.engine.model = testing::tiny_qpack_with_tokenizer();
     o.sessions = sessions;
     o.parallel = parallel;
@@ -123,6 +126,39 @@ TEST_F(EngineWorkerTest, ANewConversationDoesNotOverwriteAnother) {
   JobSpec a2 = chat_spec(system + "<|im_start|>user\nFirst question<|im_end|>\n" + gen +
                          "An answer<|im_end|>\n<|im_start|>user\nNext<|im_end|>\n" + gen);
   EXPECT_GE(wait_done(*worker_->submit(a2)).done.stats.reused_tokens, int64_t(a1.snapshot_at));
+}
+
+// With the prefix state cache a new conversation in another slot starts from the state after
+// the shared system prompt (a message start of the first), and answers as without it.
+TEST_F(EngineWorkerTest, ANewConversationReusesTheSharedPrefixFromTheStateCache) {
+  const std::string system = "<|im_start|>system\nYou are terse. Use the tools below when they help: a "
+                             "calculator, a search engine, a calendar and a mailbox.<|im_end|>\n";
+  const std::string gen = "<|im_start|>assistant\n";
+  const std::string b_text = system + "<|im_start|>user\nSomething else entirely<|im_end|>\n" + gen;
+  start(/*max_queue=*/8, /*sessions=*/1);
+  const Outcome want = wait_done(*worker_->submit(chat_spec(b_text)));
+  worker_.reset();
+
+  start(/*max_queue=*/8, /*sessions=*/2, /*parallel=*/0, /*state_cache=*/true);
+  const JobSpec a1 = chat_spec(system + "<|im_start|>user\nFirst question<|im_end|>\n" + gen);
+  EXPECT_EQ(wait_done(*worker_->submit(a1)).done.stats.reused_tokens, 0);
+  const int32_t im_start = worker_->engine()->tokenizer()->token_id("<|im_start|>");
+  const size_t preamble = size_t(std::find(a1.prompt.begin() + 1, a1.prompt.end(), im_start) - a1.prompt.begin());
+  ASSERT_GE(preamble, 16u);
+  ASSERT_LT(preamble, a1.snapshot_at);
+  const Outcome b = wait_done(*worker_->submit(chat_spec(b_text)));  // the unused slot
+  EXPECT_EQ(b.done.stats.reused_tokens, int64_t(preamble));
+  EXPECT_EQ(b.text, want.text);
+  const std::optional<StateCacheStats> st = worker_->state_cache_stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->hits_ram, 1u);
+  EXPECT_EQ(st->tokens_saved, preamble);
+  LiveGauges g;
+  g.state_cache = st;
+  const std::string page = metrics_.prometheus(g);
+  EXPECT_NE(page.find("swiftlet_state_cache_tokens_saved_total " + std::to_string(preamble) + "\n"),
+            std::string::npos)
+      << page;
 }
 
 TEST_F(EngineWorkerTest, BoundedQueueAndCancel) {

@@ -145,6 +145,34 @@ std::string Metrics::prometheus(const LiveGauges& live) const {
   metric(out, "swiftlet_resident_memory_bytes", "gauge", "Resident set size now.", double(current_rss_bytes()));
   metric(out, "swiftlet_peak_resident_memory_bytes", "gauge", "Peak resident set size.", double(peak_rss_bytes()));
   metric(out, "swiftlet_uptime_seconds", "gauge", "Seconds since the server started.", uptime);
+  if (const auto& c = live.state_cache) {
+    metric(out, "swiftlet_state_cache_lookups_total", "counter", "Prompts looked up in the prefix state cache.",
+           double(c->lookups));
+    metric(out, "swiftlet_state_cache_hits_ram_total", "counter", "Prompts that started from a state in memory.",
+           double(c->hits_ram));
+    metric(out, "swiftlet_state_cache_hits_disk_total", "counter", "Prompts that started from a state file.",
+           double(c->hits_disk));
+    metric(out, "swiftlet_state_cache_tokens_saved_total", "counter",
+           "Prompt tokens restored from the state cache instead of prefilled.", double(c->tokens_saved));
+    metric(out, "swiftlet_state_cache_ram_entries", "gauge", "States held in memory.", double(c->entries_ram));
+    metric(out, "swiftlet_state_cache_ram_bytes", "gauge", "Bytes of the states held in memory.",
+           double(c->bytes_ram));
+    metric(out, "swiftlet_state_cache_disk_files", "gauge", "State files in --state-cache DIR.",
+           double(c->files_disk));
+    metric(out, "swiftlet_state_cache_disk_bytes", "gauge", "Bytes of the state files in --state-cache DIR.",
+           double(c->bytes_disk));
+    metric(out, "swiftlet_state_cache_files_written_total", "counter", "State files written.",
+           double(c->files_written));
+    metric(out, "swiftlet_state_cache_write_failures_total", "counter", "State files that could not be written.",
+           double(c->write_failures));
+    metric(out, "swiftlet_state_cache_files_ignored_total", "counter",
+           "State files ignored: corrupt, truncated, another format version or another model.",
+           double(c->files_ignored));
+    metric(out, "swiftlet_state_cache_evicted_total", "counter", "States evicted from memory (least recently used).",
+           double(c->evicted_ram));
+    metric(out, "swiftlet_state_cache_files_evicted_total", "counter",
+           "State files removed to keep --state-cache-gb.", double(c->evicted_disk));
+  }
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace swiftlet::server {
@@ -24,6 +25,7 @@ struct LiveGauges {
   int sessions = 0;  // conversations kept (--sessions)
   int parallel = 0;  // requests generated together at most (--parallel)
   int64_t max_context = 0;
+  std::optional<StateCacheStats> state_cache;  // the prefix state cache (--state-cache), when on
 };
 
 class Metrics {

@@ -725,6 +725,7 @@ Reply Routes::metrics() const {
   g.sessions = worker_.options().sessions;
   g.parallel = worker_.options().parallel > 0 ? worker_.options().parallel : worker_.options().sessions;
   g.max_context = worker_.options().max_context;
+  g.state_cache = worker_.state_cache_stats();
   Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = metrics_.prometheus(g);

@@ -87,6 +87,25 @@ Reply Routes::props() const {
               {"thinking", thinking},
               {"anthropic_messages", true}}},
             {"version", std::string(version())}};
+  if (std::optional<StateCacheStats> c = worker_.state_cache_stats()) {
+    const StateCacheOptions& o = worker_.options().state_cache_options;
+    p["state_cache"] = {{"dir", o.dir},
+                        {"ram_budget_bytes", o.ram_bytes},
+                        {"disk_budget_bytes", o.disk_bytes},
+                        {"checkpoint_interval", o.interval},
+                        {"hits_ram", c->hits_ram},
+                        {"hits_disk", c->hits_disk},
+                        {"lookups", c->lookups},
+                        {"tokens_saved", c->tokens_saved},
+                        {"ram_entries", c->entries_ram},
+                        {"ram_bytes", c->bytes_ram},
+                        {"disk_files", c->files_disk},
+                        {"disk_bytes", c->bytes_disk},
+                        {"files_written", c->files_written},
+                        {"files_ignored", c->files_ignored}};
+  } else {
+    p["state_cache"] = nullptr;
+  }
   Reply r;
   r.body = p.dump();
   return r;
