@@ -14,7 +14,8 @@ void ModelFlags::add(CLI::App* cmd, FlagSet set) {
   cmd->add_option("--threads", threads, "worker threads (default: one per physical core this process may use, within a cgroup CPU quota)");
   cmd->add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
   cmd->add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");
-  cmd->add_option("--cache-gb", cache_gb, "expert cache size in GB, or 'all' (default: one token's experts, top-k x layers)");
+  cmd->add_option("--cache-gb", cache_gb, "expert cache size in GB, or 'all' (default: what the machine can spare less a margin, "
+                  "at least one token's experts; a line at start says how much and why)");
   cmd->add_option("--cache-mb", cache_mb, "expert cache size in MB");
   cmd->add_option("--ram-budget", ram_budget,
                   "size the expert cache so the whole process fits in this much RAM, e.g. 4G (refused if it cannot)");

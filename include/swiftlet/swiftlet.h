@@ -32,8 +32,9 @@ struct EngineOptions {
   std::string backend = "cpu";   // "cpu" or "reference" (scalar fp32)
   int threads = 0;               // 0: all cores
   bool verify_experts = true;    // check expert checksums as they are read
-  // .qpack expert cache: its size ("1.5G", "800M", "all"; "": one token's experts), or a
-  // whole-process RAM budget to size it from ("4G"; refused with the numbers if unmeetable).
+  // .qpack expert cache: its size ("1.5G", "800M", "all"; "": what the machine can spare less a
+  // margin, as the command line's default), or a whole-process RAM budget to size it from ("4G";
+  // refused with the numbers if unmeetable).
   std::string cache_size;
   std::string ram_budget;
   int predict_next = 1;          // layers ahead whose guessed experts are read early (0: off)

@@ -54,6 +54,7 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts) {
     load.cache_free = gpu_host_free;
   }
   loaded_ = load_model(opts.model, load);
+  if (!loaded_->memory.reason.empty()) std::fprintf(stderr, "swiftlet: %s\n", loaded_->memory.reason.c_str());
   if (gpu) {
     GpuOptions go;
     go.cache_bytes = opts.gpu_cache_bytes;

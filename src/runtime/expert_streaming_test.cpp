@@ -114,16 +114,6 @@ TEST(ExpertStreaming, LongPromptReadsEachExpertOncePerLayer) {
   EXPECT_EQ(unlimited, whole);
 }
 
-TEST(ExpertStreaming, DefaultCacheIsOneTokensExperts) {
-  const std::string path = testing::tiny_qpack_with_tokenizer();
-  const QpackContainer qc = QpackContainer::open(path);
-  const MemoryPlan p = plan_memory(path, {});
-  const int want = std::min(qc.config.num_experts_per_tok * qc.config.num_layers,
-                            qc.config.num_experts * qc.config.num_layers);
-  EXPECT_EQ(p.cache_experts, want);
-  EXPECT_EQ(p.cache, uint64_t(want) * qc.layout.expert_stride);
-}
-
 TEST(ExpertStreaming, RamBudgetSizesTheCacheOrIsRefusedWithTheNumbers) {
   const std::string path = testing::tiny_qpack_with_tokenizer();
   const QpackContainer qc = QpackContainer::open(path);

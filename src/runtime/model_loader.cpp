@@ -89,11 +89,16 @@ MemoryPlan plan_memory(const ModelSummary& s, const LoadOptions& opts) {
   if (opts.gpu) p.runtime += 192ull << 20;
   const uint64_t stride = std::max<uint64_t>(1, s.expert_stride);
   const uint64_t all = uint64_t(c.num_layers) * uint64_t(c.num_experts) * stride;
-  const uint64_t one_token = uint64_t(c.num_experts_per_tok) * uint64_t(c.num_layers) * stride;
+  const uint64_t one_token = std::min(all, uint64_t(c.num_experts_per_tok) * uint64_t(c.num_layers) * stride);
+  const uint64_t fixed = p.resident + p.state + p.buffers + p.runtime;
+  const std::string parts = fmt::format("dense weights {:.2f}, state {:.2f}, buffers {:.2f}, runtime {:.2f}",
+                                        double(p.resident) / 1e9, double(p.state) / 1e9, double(p.buffers) / 1e9,
+                                        double(p.runtime) / 1e9);
+  std::string why;
   if (opts.cache_bytes) {
     p.cache = *opts.cache_bytes == 0 ? all : std::min(all, *opts.cache_bytes);
+    why = *opts.cache_bytes == 0 ? "every expert, as asked" : "the size asked for";
   } else if (opts.ram_budget) {
-    const uint64_t fixed = p.resident + p.state + p.buffers + p.runtime;
     const uint64_t least = uint64_t(std::max(1, c.num_experts_per_tok)) * stride;  // one layer's experts
     if (opts.ram_budget < fixed + least)
       fail("--ram-budget {} cannot be met: the resident weights take {}, the state{} at a {}-token context {}, "
@@ -105,11 +110,36 @@ MemoryPlan plan_memory(const ModelSummary& s, const LoadOptions& opts) {
            gb(opts.ram_budget > fixed ? opts.ram_budget - fixed : 0), gb(least), c.num_experts_per_tok,
            gb(fixed + least), opts.budget_sessions > 1 ? " or --sessions / --parallel" : "");
     p.cache = std::min(all, opts.ram_budget - fixed);
+    why = fmt::format("RAM budget {} less {} ({} GB)", gb(opts.ram_budget), gb(fixed), parts);
   } else {
-    p.cache = std::min(all, one_token);
+    // The default: what the machine can spare less what the process needs besides the cache and a
+    // headroom. MemAvailable is the kernel's estimate of what can be allocated without swapping; it
+    // counts page cache that would be dropped, programs' pages included. An eighth of it (at least
+    // kMinHeadroom) is left for those, for other programs' growth and for the estimate's error.
+    const MachineMemory m = read_machine_memory(opts.machine);
+    p.spare = m.spare();
+    std::string source = m.cgroup_binds()
+                             ? fmt::format("the cgroup limit's room {} (limit {}, {} in use)", gb(p.spare),
+                                           gb(m.cgroup_limit), gb(m.cgroup_used))
+                             : fmt::format("MemAvailable {}", gb(p.spare));
+    if (p.spare == 0) {
+      p.cache = one_token;
+      why = fmt::format("one token's experts: no memory reading ({} unreadable)", opts.machine.meminfo);
+    } else {
+      p.headroom = std::max(kMinHeadroom, p.spare / 8);
+      const uint64_t margin = fixed + p.headroom;
+      const uint64_t left = p.spare > margin ? p.spare - margin : 0;
+      p.cache = std::clamp(left, one_token, all);
+      const std::string how = fmt::format("{} less a {} margin ({}, headroom {:.2f} GB)", source, gb(margin), parts,
+                                          double(p.headroom) / 1e9);
+      if (left >= all) why = fmt::format("every expert: {} leaves {}", how, gb(left));
+      else if (left <= one_token) why = fmt::format("one token's experts, the least: {} leaves {}", how, gb(left));
+      else why = how;
+    }
   }
   p.cache_experts = int(p.cache / stride);
   p.cache = uint64_t(p.cache_experts) * stride;
+  p.reason = fmt::format("expert cache {} ({} experts): {}", gb(p.cache), p.cache_experts, why);
   return p;
 }
 
@@ -122,10 +152,11 @@ std::unique_ptr<LoadedModel> load_qpack(const std::string& path, const LoadOptio
   auto lm = std::make_unique<LoadedModel>();
   lm->path = path;
   lm->model.config = qc.config;
+  // Planned before the dense weights come in: the machine's reading counts them in the margin.
+  lm->memory = plan_memory(summarize_qpack(qc), opts);
   lm->tensors = std::make_unique<TensorSet>(TensorSet::open_files({qc.path("model.safetensors")}, opts.resident));
   const NameScheme names = NameScheme::detect(*lm->tensors, lm->model.config);
   lm->model.weights = load_dense_weights(*lm->tensors, lm->model.config, names);
-  lm->memory = plan_memory(summarize_qpack(qc), opts);
   QpackExpertsOptions eo;
   eo.verify = opts.verify_experts;
   eo.cache_bytes = std::max<uint64_t>(lm->memory.cache, qc.layout.expert_stride);

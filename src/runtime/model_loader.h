@@ -3,6 +3,7 @@
 // its expert source together.
 #pragma once
 
+#include "core/machine_memory.h"
 #include "experts/expert_cache.h"
 #include "experts/expert_reader.h"
 #include "io/mapped_file.h"
@@ -26,6 +27,10 @@ struct MemoryPlan {
   uint64_t runtime = 0;    // code, heap, tokenizer
   uint64_t cache = 0;      // expert cache budget
   int cache_experts = 0;   // ... in experts
+  // The default size (neither a size nor a budget given): what the machine can spare and the
+  // headroom left beside the plan's figures (0 otherwise).
+  uint64_t spare = 0, headroom = 0;
+  std::string reason;  // how the size was chosen: "expert cache 9.60 GB (5423 experts): ..."
   std::string describe() const;  // one line with every figure
 };
 
@@ -41,7 +46,7 @@ struct LoadedModel {
 struct LoadOptions {
   bool verify_experts = true;  // .qpack: check each expert's checksum when it is read
   // .qpack expert cache budget in bytes; 0: room for every expert. Unset: sized from
-  // ram_budget when one is given, else one token's worth of experts (top-k x layers).
+  // ram_budget when one is given, else from what the machine can spare (plan_memory).
   std::optional<uint64_t> cache_bytes;
   uint64_t ram_budget = 0;       // whole-process budget; refused with the numbers if unmeetable
   int64_t budget_context = 4096;  // context length the budget leaves room for
@@ -58,9 +63,18 @@ struct LoadOptions {
   // Where cache slots come from (e.g. pinned memory for GPU uploads); default the heap.
   ExpertCache::Alloc cache_alloc;
   ExpertCache::Free cache_free;
+  // Where the default cache size reads the machine's memory (tests: a fake machine).
+  MemoryFiles machine;
 };
 
-// The plan for a .qpack under `opts` (throws Error when the budget cannot be met).
+// The plan for a .qpack under `opts` (throws Error when the budget cannot be met). The one rule
+// for the expert cache's size, for the command line, the server and the library alike:
+// - cache_bytes: that size (0: every expert), at most every expert;
+// - ram_budget: the budget less the resident weights, state, buffers and runtime;
+// - neither: what the machine can spare (read_machine_memory: MemAvailable, or a cgroup limit's
+//   room when tighter) less the same figures and a headroom of an eighth of it (at least
+//   kMinHeadroom), at most every expert and at least one token's experts (top-k x layers).
+constexpr uint64_t kMinHeadroom = 512ull << 20;
 MemoryPlan plan_memory(const std::string& qpack_path, const LoadOptions& opts);
 MemoryPlan plan_memory(const ModelSummary& qpack, const LoadOptions& opts);
 // The command-line flags --cache-gb (a number or "all"), --cache-mb, --ram-budget, --io and

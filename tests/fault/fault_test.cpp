@@ -2,6 +2,7 @@
 // reads during generation (through the LD_PRELOAD shim fault_shim.cpp, with --io serial: io_uring
 // reads bypass libc), ENOSPC while repacking, kill -9 at random points of repacks, and a
 // container modified while a process has it loaded.
+#include "format/qpack.h"
 #include "io/mapped_file.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
@@ -101,6 +102,10 @@ TEST_F(ExpertReadFaults, EndOfFileIsAShortReadError) {
 TEST_F(ExpertReadFaults, ProcessStaysUsableAfterAFailedRead) {
   LoadOptions lo;
   lo.io = IoMode::Serial;
+  // One token's experts, asked for: the default cache may hold every expert, and then nothing
+  // would be read again.
+  const QpackContainer qc = QpackContainer::open(model_);
+  lo.cache_bytes = uint64_t(qc.config.num_experts_per_tok) * uint64_t(qc.config.num_layers) * qc.layout.expert_stride;
   auto lm = load_model(model_, lo);
   const std::vector<int32_t> prompt = {5, 17, 42, 7};
   auto greedy = [&] {

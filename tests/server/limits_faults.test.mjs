@@ -49,7 +49,8 @@ test('an expert read error fails that request with a 500 naming layer and expert
   const dir = mkdtempSync(path.join(os.tmpdir(), 'swiftlet-fault-'));
   const flag = path.join(dir, 'fail-now');
   const server = await startServer({
-    args: ['--io', 'serial'],
+    // A small cache, so that each request reads experts (the default may hold every one).
+    args: ['--io', 'serial', '--cache-mb', '0.05'],
     env: {
       LD_PRELOAD: shim,
       ASAN_OPTIONS: `${process.env.ASAN_OPTIONS ?? ''}:verify_asan_link_order=0`,
