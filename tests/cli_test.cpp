@@ -63,7 +63,7 @@ TEST_P(Cli, LogitsAndGreedyGenerateMatchTransformers) {
   // --isa: every instruction set this CPU runs gives the same greedy tokens; one it lacks is
   // refused with what it does run.
   const std::vector<Isa> have = available_isas();
-  for (Isa isa : {Isa::Avx2, Isa::Avx512Vnni}) {
+  for (Isa isa : {Isa::Avx2, Isa::Avx512Vnni, Isa::Neon, Isa::NeonDotprod, Isa::NeonI8mm}) {
     const bool runs = std::find(have.begin(), have.end(), isa) != have.end();
     CmdResult gi = run(gen + " --isa " + isa_name(isa), /*stdout_only=*/runs);
     if (runs) {
@@ -93,7 +93,8 @@ TEST(CliErrors, BadInputsExitNonZeroWithAMessage) {
   EXPECT_NE(r.out.find("unknown backend"), std::string::npos) << r.out;
   r = run("generate " + fixture_dir("next_8l") + " --ids 1,2 --max-new 2 --isa sse9");
   EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.out.find("unknown instruction set 'sse9' (use 'avx2' or 'avx512-vnni')"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unknown instruction set 'sse9' (use 'avx2' or 'avx512-vnni' on x86-64"), std::string::npos)
+      << r.out;
 }
 
 // swiftlet-server takes the same model flags as `swiftlet` (one registration): bad values are

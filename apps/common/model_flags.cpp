@@ -10,7 +10,8 @@ void ModelFlags::add(CLI::App* cmd, FlagSet set) {
   else cmd->add_option("--model,-m", model, what)->required();
   cmd->add_option("--backend", backend, "cpu (fast kernels, default) or reference (scalar fp32 oracle)");
   cmd->add_option("--isa", isa,
-                  "instruction set of the CPU kernels: auto (the best this CPU runs, default), avx2 or avx512-vnni");
+                  "instruction set of the CPU kernels: auto (the best this CPU runs, default); x86-64: avx2 or "
+                  "avx512-vnni; Arm: neon, neon-dotprod or neon-i8mm");
   cmd->add_option("--threads", threads, "worker threads (default: one per physical core this process may use, within a cgroup CPU quota)");
   cmd->add_option("--tokenizer", tokenizer, "tokenizer.json to use instead of the model's own");
   cmd->add_flag("--no-verify", no_verify, "skip checking expert checksums as they are read");

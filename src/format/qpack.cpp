@@ -25,11 +25,16 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-uint64_t xxh3_64_avx2(const void* data, size_t n);  // xxh3_avx2.cpp
+#if defined(__x86_64__)
+uint64_t xxh3_64_avx2(const void* data, size_t n);  // xxh3_avx2.cpp (x86-64 only)
+#endif
 
 uint64_t xxh3_64(const void* data, size_t n) {
+#if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2 ? xxh3_64_avx2(data, n) : XXH3_64bits(data, n);
+  if (avx2) return xxh3_64_avx2(data, n);
+#endif
+  return XXH3_64bits(data, n);  // aarch64: libxxhash's own NEON code
 }
 
 std::string hash_hex(uint64_t h) { return fmt::format("{:016x}", h); }

@@ -1,8 +1,10 @@
 #include "kernels/cpu/attention.h"
 
 #include "core/thread_pool.h"
-#include "kernels/cpu/matmul_avx2.h"
 #include "kernels/cpu/ops_ref.h"
+#if defined(__x86_64__)
+#include "kernels/cpu/matmul_avx2.h"
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +12,7 @@
 
 namespace swiftlet::attn {
 
+#if defined(__x86_64__)
 // In attention_avx2.cpp (built with -mavx2 -mfma); call only when the CPU has AVX2.
 namespace avx2 {
 void attend_rows(const float* q, int nh, int nkv, int hd, const float* K, const float* V, int64_t stride,
@@ -23,6 +26,11 @@ bool has_avx2() {
   return has;
 }
 }  // namespace
+#else
+namespace {
+bool has_avx2() { return false; }  // other architectures: the scalar loops
+}  // namespace
+#endif
 
 void attend_reference(const AttnShape& sh, const AttnBatch& b) {
   const int nh = sh.heads, hd = sh.head_dim, group = sh.heads / sh.kv_heads;
@@ -65,9 +73,11 @@ struct RowScratch {
 };
 
 void run_part(const AttnShape& sh, const AttnBatch& b, const float* q, int64_t n, int parts, int p, RowScratch& w) {
+#if defined(__x86_64__)
   const int nh = sh.heads, hd = sh.head_dim;
   avx2::attend_rows(q, nh, sh.kv_heads, hd, b.K, b.V, b.kv_stride, n * p / parts, n * (p + 1) / parts, b.scale,
                     w.o.data() + p * nh * hd, w.ml.data() + p * nh * 2, w.ml.data() + p * nh * 2 + nh);
+#endif
 }
 
 // out[j] = sum_p e^(m_p - m) o_p / sum_p e^(m_p - m) l_p
@@ -141,7 +151,9 @@ void sigmoid_gate_reference(float* o, const float* gate, int64_t n) {
 }
 
 void sigmoid_gate(float* o, const float* gate, int64_t n) {
+#if defined(__x86_64__)
   if (has_avx2()) return avx2::sigmoid_gate(o, gate, n);
+#endif
   sigmoid_gate_reference(o, gate, n);
 }
 

@@ -11,9 +11,10 @@
 
 namespace swiftlet {
 
-// Reference: scalar fp32 (the oracle). Cpu: AVX2 kernels with int8 activations for quantised
-// weights (fast; activations rounded to 8 bits per group of 64). CpuF32: AVX2 kernels with fp32
-// activations throughout (as exact as the reference, slower on quantised weights).
+// Reference: scalar fp32 (the oracle). Cpu: AVX2 / NEON kernels with int8 activations for
+// quantised weights (fast; activations rounded to 8 bits per group of 64). CpuF32: AVX2 / NEON
+// kernels with fp32 activations throughout (as exact as the reference, slower on quantised
+// weights).
 enum class Backend { Reference, Cpu, CpuF32 };
 
 // One product of a group: Y[t, rows] = W X[t, cols] for t < n.
@@ -37,11 +38,14 @@ struct Kernels {
 };
 
 // The instruction sets the fast kernels are built for. Kernels choose the best one the CPU has;
-// tests and benchmarks select each in turn. So far only the int8-activation products (the cpu
-// backend on affine weights) have an AVX-512 form; everything else runs the AVX2 kernels.
-enum class Isa { Avx2, Avx512Vnni };
-std::vector<Isa> available_isas();  // those this CPU runs, AVX2 first; empty: scalar code only
-const char* isa_name(Isa isa);      // "avx2", "avx512-vnni"
+// tests and benchmarks select each in turn. x86-64: AVX2, AVX-512 VNNI (so far only the
+// int8-activation products, the cpu backend on affine weights, have an AVX-512 form; everything
+// else runs the AVX2 kernels). aarch64: NEON (every CPU), NEON with dotprod (`sdot`), NEON with
+// i8mm (`smmla`); there the int8-activation products have a form for each, the fp32-activation
+// products one NEON form, and the token mixers run the scalar code.
+enum class Isa { Avx2, Avx512Vnni, Neon, NeonDotprod, NeonI8mm };
+std::vector<Isa> available_isas();  // those this CPU runs, weakest first; empty: scalar code only
+const char* isa_name(Isa isa);      // "avx2", "avx512-vnni", "neon", "neon-dotprod", "neon-i8mm"
 
 // On cpu_isa(): the best instruction set of this CPU unless set_cpu_isa chose another.
 const Kernels& kernels_for(Backend b);
@@ -53,7 +57,8 @@ void set_cpu_isa(Isa isa);
 // What kernels_for(b) uses: set_cpu_isa's choice, else the best this CPU runs (AVX2 on a CPU
 // without any: kernels_for then gives the reference kernels).
 Isa cpu_isa();
-// "avx2" or "avx512-vnni"; throws Error otherwise.
+// One of isa_name's names (on any machine; set_cpu_isa refuses what the CPU lacks); throws Error
+// otherwise.
 Isa parse_isa(std::string_view s);
 // "reference", "cpu" or "cpu-f32"; throws Error otherwise.
 Backend parse_backend(std::string_view s);

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -166,7 +167,8 @@ Fit fit_q8(const std::vector<float>& got, const std::vector<float>& want, const 
 constexpr int64_t kBatches[] = {1, 2, 3, 5, 8, 17, 64};
 
 // The instruction sets this CPU runs; every int8-activation test runs each of them (AVX2 and, where
-// the CPU has it, AVX-512 VNNI), so both kernels are always checked in the same run.
+// the CPU has it, AVX-512 VNNI; NEON and, where the CPU has them, dotprod and i8mm), so every
+// kernel the CPU can run is checked in the same run.
 std::vector<Isa> isas() {
   std::vector<Isa> out = available_isas();
   for (Isa i : out) ::testing::Test::RecordProperty(std::string("isa_") + isa_name(i), "tested");
@@ -415,21 +417,51 @@ TEST(Kernels, ReferenceDequantFollowsMlxPacking) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(row[size_t(i)], 0.5f * float(i % 16) - 1.0f) << i;
 }
 
-// The default kernels use the best instruction set this CPU has.
+constexpr Isa kEveryIsa[] = {Isa::Avx2, Isa::Avx512Vnni, Isa::Neon, Isa::NeonDotprod, Isa::NeonI8mm};
+
+bool runs(const std::vector<Isa>& have, Isa isa) { return std::find(have.begin(), have.end(), isa) != have.end(); }
+
+// The default kernels use the best instruction set this CPU has; one it lacks is refused.
 TEST(Kernels, DefaultIsTheBestInstructionSet) {
   const std::vector<Isa> have = available_isas();
-  if (have.empty()) GTEST_SKIP() << "no AVX2: scalar code only";
+  if (have.empty()) GTEST_SKIP() << "no AVX2 or NEON: scalar code only";
   EXPECT_EQ(&kernels_for(Backend::Cpu), &kernels_for(Backend::Cpu, have.back()));
-  if (have.back() != Isa::Avx512Vnni) {
-    EXPECT_THROW(kernels_for(Backend::Cpu, Isa::Avx512Vnni), Error);
-  }
+  for (Isa isa : kEveryIsa)
+    if (!runs(have, isa)) {
+      EXPECT_THROW(kernels_for(Backend::Cpu, isa), Error) << isa_name(isa);
+    }
+}
+
+// On Arm every NEON form gives the same bits: each forms the exact integer block dots its own way
+// (widening multiplies, sdot, smmla) and the float work in one order (matmul_q8_neon.h).
+TEST(Kernels, NeonFormsGiveTheSameBits) {
+  std::vector<Isa> neon;
+  for (Isa isa : available_isas())
+    if (isa == Isa::Neon || isa == Isa::NeonDotprod || isa == Isa::NeonI8mm) neon.push_back(isa);
+  if (neon.size() < 2) GTEST_SKIP() << "fewer than two NEON forms on this CPU";
+  std::mt19937 rng(17);
+  for (int bits : {4, 8})
+    for (int group : {64, 128}) {
+      OwnedMatrix w = random_matrix(rng, WeightFormat::Affine, 67, 11 * 64 * (group / 64), bits, DType::BF16, group);
+      for (int64_t n : {1, 2, 5, 8}) {
+        const std::vector<float> x = random_x(rng, n, w.m.cols);
+        std::vector<float> first(size_t(n * w.m.rows)), got(first.size());
+        kernels_for(Backend::Cpu, neon.front()).matmul(w.m, x.data(), n, first.data());
+        for (size_t i = 1; i < neon.size(); ++i) {
+          kernels_for(Backend::Cpu, neon[i]).matmul(w.m, x.data(), n, got.data());
+          for (size_t e = 0; e < got.size(); ++e)
+            ASSERT_EQ(got[e], first[e]) << isa_name(neon[i]) << " vs " << isa_name(neon.front()) << " q" << bits << " g"
+                                        << group << " n=" << n << " at " << e;
+        }
+      }
+    }
 }
 
 // set_cpu_isa chooses what kernels_for(b) gives; an instruction set the CPU lacks is refused and
 // changes nothing.
 TEST(Kernels, SetCpuIsaChoosesTheDefaultKernels) {
   const std::vector<Isa> have = available_isas();
-  if (have.empty()) GTEST_SKIP() << "no AVX2: scalar code only";
+  if (have.empty()) GTEST_SKIP() << "no AVX2 or NEON: scalar code only";
   const Isa best = cpu_isa();
   EXPECT_EQ(best, have.back());
   for (Isa isa : have) {
@@ -438,18 +470,23 @@ TEST(Kernels, SetCpuIsaChoosesTheDefaultKernels) {
     EXPECT_EQ(&kernels_for(Backend::Cpu), &kernels_for(Backend::Cpu, isa)) << isa_name(isa);
   }
   set_cpu_isa(have.front());
-  if (have.back() != Isa::Avx512Vnni) {
-    EXPECT_THROW(set_cpu_isa(Isa::Avx512Vnni), Error);
-    EXPECT_EQ(cpu_isa(), have.front());
-  }
+  for (Isa isa : kEveryIsa)
+    if (!runs(have, isa)) {
+      EXPECT_THROW(set_cpu_isa(isa), Error) << isa_name(isa);
+      EXPECT_EQ(cpu_isa(), have.front());
+    }
   set_cpu_isa(best);
 }
 
 TEST(Kernels, ParseIsa) {
   EXPECT_EQ(parse_isa("avx2"), Isa::Avx2);
   EXPECT_EQ(parse_isa("avx512-vnni"), Isa::Avx512Vnni);
-  EXPECT_EQ(parse_isa(isa_name(Isa::Avx512Vnni)), Isa::Avx512Vnni);
+  EXPECT_EQ(parse_isa("neon"), Isa::Neon);
+  EXPECT_EQ(parse_isa("neon-dotprod"), Isa::NeonDotprod);
+  EXPECT_EQ(parse_isa("neon-i8mm"), Isa::NeonI8mm);
+  for (Isa isa : kEveryIsa) EXPECT_EQ(parse_isa(isa_name(isa)), isa);
   EXPECT_THROW(parse_isa("avx512"), Error);
+  EXPECT_THROW(parse_isa("sve"), Error);
   EXPECT_THROW(parse_isa(""), Error);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/qmatrix.h"
+#include "kernels/cpu/matmul_q8.h"
 
 #include <cstdint>
 #include <vector>
@@ -26,18 +27,10 @@ void matmul_rows(const QMatrix& w, const float* x, const Prepared& p, int64_t n,
                  int64_t r0, int64_t r1);
 
 // ---- int8 activations (the fast default for affine weights; matmul_q8_avx2.cpp) ----
-// Each block of 64 values of x is quantised to int8 with its own scale (amax / 127), laid out
-// to meet the packed weight bytes directly, so 64 weights are two integer multiply-adds
-// (vpmaddubsw) instead of 64 float FMAs. The bias term uses the exact fp32 block sums.
-// Per-token arrays of block factors are zero-padded to a multiple of 8 blocks (nbp) so the
-// kernels read them 8 at a time. prepare_q8 only grows the buffers: keep one per thread.
-struct PreparedQ8 {
-  std::vector<int8_t> xq;   // [n][cols] permuted to the weight byte order
-  std::vector<float> d;     // [n][nbp] activation scale per block of 64
-  std::vector<float> xsum;  // [n][nbp] exact sum of x per block
-  std::vector<float> qsum;  // [n][nbp] 128 * sum of xq per block (8-bit weights' offset)
-};
-bool q8_supported(const QMatrix& w);  // affine, 4 or 8 bits, group a multiple of 64
+// The activations quantised per block of 64 as matmul_q8.h describes, so 64 weights are two
+// integer multiply-adds (vpmaddubsw) instead of 64 float FMAs.
+using PreparedQ8 = q8::PreparedQ8;
+inline bool q8_supported(const QMatrix& w) { return q8::supported(w); }
 void prepare_q8(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p);
 void matmul_rows_q8(const QMatrix& w, const PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1);
 

@@ -188,11 +188,6 @@ void rows_q8(const Ctx& c, int64_t n, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-bool q8_supported(const QMatrix& w) {
-  return w.format == WeightFormat::Affine && (w.bits == 4 || w.bits == 8) && w.group_size % kBlock == 0 &&
-         w.cols % w.group_size == 0;
-}
-
 void prepare_q8(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p) {
   const int64_t cols = w.cols, nb = cols / kBlock, nbp = pad8(nb);
   // Grow only: the buffers are reused call after call (no allocation in the decode loop).

@@ -1,11 +1,11 @@
 // What the int8-activation kernels for affine weights share (matmul_q8_avx2.cpp,
-// matmul_q8_avx512.cpp): the per-call context, a row's and a token tile's pointers, and the order
-// in which rows and tokens are visited. Each kernel supplies row_tokens<Bits, T>(ctx, r, t), which
-// computes Y[t .. t + T)[r]. Internal linkage, as avx2_util.h: every translation unit built for
-// its own instruction set keeps its own copy.
+// matmul_q8_avx512.cpp and the NEON forms of matmul_q8_neon.h): the per-call context, a row's and
+// a token tile's pointers, and the order in which rows and tokens are visited. Each kernel
+// supplies row_tokens<Bits, T>(ctx, r, t), which computes Y[t .. t + T)[r]. Internal linkage, as
+// avx2_util.h: every translation unit built for its own instruction set keeps its own copy.
 #pragma once
 
-#include "kernels/cpu/matmul_avx2.h"
+#include "kernels/cpu/matmul_q8.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -30,7 +30,7 @@ inline int64_t pad8(int64_t v) { return (v + 7) & ~int64_t(7); }
 
 struct Ctx {
   const QMatrix& w;
-  const avx2::PreparedQ8& p;
+  const PreparedQ8& p;
   float* y;
   int64_t nb;   // activation blocks per row (cols / 64)
   int64_t nbp;  // nb rounded up to 8: row stride of d, xsum, qsum
@@ -38,7 +38,7 @@ struct Ctx {
   size_t rb, srb;  // bytes of a row of codes, of a row of scales (or biases)
 };
 
-inline Ctx make_ctx(const QMatrix& w, const avx2::PreparedQ8& p, float* y) {
+inline Ctx make_ctx(const QMatrix& w, const PreparedQ8& p, float* y) {
   const int64_t nb = w.cols / kBlock;
   return Ctx{w, p, y, nb, pad8(nb), w.group_size / int(kBlock), w.row_bytes(), w.scale_row_bytes()};
 }
