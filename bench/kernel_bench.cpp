@@ -203,7 +203,7 @@ void bench_batch(const Kernels& k, double bw, int64_t mb, bool quick) {
   fmt::print("{:<8} {:>10} {:>5} {:>10} {:>9} {:>8} {:>7}\n", "format", "matrix", "n", "ms/call", "GFLOP/s", "GB/s",
              "of bw");
   const std::pair<int64_t, int64_t> shapes[] = {{2048, 2048}, {512, 2048}, {2048, 512}};
-  const int64_t ns[] = {1, 2, 4, 8, 64, 512};  // 2 and 4: decode batches (docs/batching.md)
+  const int64_t ns[] = {1, 2, 4, 8, 64, 512};  // 2 and 4: decode batches (docs/log/batching.md)
   for (const Format& f : kFormats) {
     if (f.group == 128) continue;  // as g64 here
     for (auto [rows, cols] : shapes) {

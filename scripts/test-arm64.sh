@@ -8,7 +8,7 @@
 # The kernel tests iterate over available_isas(), so each model's run checks every form that CPU
 # offers against the scalar reference and that the CPU's extensions are found; the long sweep
 # (Kernels.Int8ActivationsWithinRoundingBound) runs once, on max, where it covers all three forms.
-# Speed means nothing under emulation; docs/cpu-kernels.md counts instructions instead.
+# Speed means nothing under emulation; docs/log/cpu-kernels.md counts instructions instead.
 # ctest also runs the arm64 tests through qemu (the toolchain file's emulator, CPU model max):
 #   ctest --test-dir build-arm64 -L unit
 #   scripts/test-arm64.sh [-jN]     (build parallelism, default -j1)

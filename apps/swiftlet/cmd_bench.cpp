@@ -8,7 +8,7 @@
 // the measured hit rate / the disk's random-read rate, measured in the same run).
 // --routing-trace replays recorded routing (a --trace-experts file of a real model) instead of the
 // model's own router, mapped onto its layers and experts as docs/routing-trace.md describes.
-// --streams 1,2,4 measures batched decoding instead (Forward::decode_batch, docs/batching.md):
+// --streams 1,2,4 measures batched decoding instead (Forward::decode_batch, docs/log/batching.md):
 // in each configuration's process, N sequences with prompts of their own decode together, for
 // every N listed, each N against the others in the same process (taking turns step by step when
 // the cache holds every expert); it prints aggregate and per-stream decode tok/s, the experts a

@@ -1,5 +1,5 @@
 // Measurements of what the decode's chain of kernels costs, below any arithmetic (for
-// swiftlet_bench_cuda and docs/gpu-performance-log.md): a dependent step across the GPU
+// swiftlet_bench_cuda and docs/log/gpu-performance.md): a dependent step across the GPU
 // (sync_cost.cu) and a layer's phases streaming their bytes (stream_chain.cu). Plain C++ callers;
 // the kernels live in this directory, outside the product library.
 #pragma once

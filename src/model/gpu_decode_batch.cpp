@@ -8,7 +8,7 @@
 // row on its own session's KV cache or DeltaNet states at its own position, all rows in one launch.
 // Each row's logits equal its own one-token step's. (Each member's own CUDA graph on its own
 // stream, all at once, is what runs where the fused expert kernels do not apply: those steps
-// overlapped only in part, 1.2-1.3x one stream's tokens at 2-16 streams: docs/batching.md.)
+// overlapped only in part, 1.2-1.3x one stream's tokens at 2-16 streams: docs/log/batching.md.)
 //
 // A VRAM cache that holds a layer's experts but not the model's: the N tokens go through the layers
 // together as a prompt chunk of N rows does (gpu_prefill.cpp: every product reads its weights once

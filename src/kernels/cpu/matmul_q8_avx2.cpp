@@ -117,7 +117,7 @@ inline __m256 dot_q8(__m256i a0, __m256i u0, __m256i a1, __m256i u1, const int8_
 // gets bit-identical results in decode (T = 1) and in a batch (prefix reuse relies on that).
 // Decode streams rows one after another, 4-bit with a software prefetch (several rows at once
 // confuse the hardware prefetchers: measured slower on weights far larger than the caches); a
-// tile of tokens visits its rows in the same order and prefetches the same way (docs/batching.md).
+// tile of tokens visits its rows in the same order and prefetches the same way (docs/log/batching.md).
 template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   const QMatrix& w = c.w;

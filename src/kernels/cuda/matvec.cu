@@ -562,7 +562,7 @@ bool tc_multi(MultiArgs a, cudaStream_t s) {
   a.total_rg = tiles;
   if (a.tpb > 1) {
     // A normed input's staging shared by clusters of kStageCluster blocks (stage_tc_shared) where a
-    // block has a token for each of them and a grid row holds two or more clusters (docs/batching.md:
+    // block has a token for each of them and a grid row holds two or more clusters (docs/log/batching.md:
     // fewer tokens, or an input without a norm, do not gain).
     const bool share = a.norm_w && a.tpb >= kStageCluster;
     const auto kernel = tc_matvec_tokens_kernel<BITS, NW>;
