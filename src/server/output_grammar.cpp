@@ -128,7 +128,8 @@ AnswerGrammar answer_grammar(const CompletionRequest& req, TemplateKind kind, bo
       }
     } else {
       param = "response_format.json_schema.schema";
-      JsonSchemaCompiler c(*g, req.json_schema);
+      static const ojson kAnyObject = ojson::object();
+      JsonSchemaCompiler c(*g, req.format == F::JsonObject ? kAnyObject : req.json_schema);
       body.push_back(ref(req.format == F::JsonObject ? c.any_object() : c.value(req.json_schema)));
       rebase(c.unenforced(), "/response_format/json_schema/schema", out.unenforced);
     }

@@ -50,6 +50,12 @@ TEST(OutputGrammar, ForcedCallsHaveTheTemplatesFormat) {
 TEST(OutputGrammar, TextIsUnconstrainedAndInvalidSchemasAre400) {
   CompletionRequest text;
   EXPECT_EQ(answer_grammar(text, TemplateKind::Qwen3, false).grammar, nullptr);
+  CompletionRequest object;  // json_object: no schema at all
+  object.format = CompletionRequest::Format::JsonObject;
+  const AnswerGrammar any = answer_grammar(object, TemplateKind::Qwen3, false);
+  EXPECT_TRUE(matches(*any.grammar, R"({"k": [1, null]})"));
+  EXPECT_FALSE(matches(*any.grammar, "[1]"));
+  EXPECT_TRUE(any.unenforced.empty());
   CompletionRequest bad;
   bad.format = CompletionRequest::Format::JsonSchema;
   bad.json_schema = ojson::parse(R"({"type":"object","properties":{"n":{"type":"integer","minimum":"a"}}})");
