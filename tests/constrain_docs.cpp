@@ -1,7 +1,8 @@
 // Constrained documents for tests/server/constrained.test.mjs, which checks them with ajv.
 // Reads one JSON request per line on stdin,
-//   {"schema": ..., "greedy": true|false, "seed": N, "max_tokens": N}
-// and answers one line per request on stdout, {"text", "tokens", "complete"} or {"error"}: the
+//   {"schema": ..., "greedy": true|false, "seed": N, "max_tokens": N}   (or "bytes": N: walk_bytes)
+// and answers one line per request on stdout, {"text", "tokens", "complete", "unenforced"} or
+// {"error"} (unenforced: the schema keywords the grammar leaves out, keyword@pointer): the
 // answer of a "model" whose logits are random (as a random-weight model's are), decoded under the
 // schema's constraint by sample_constrained, exactly as a request's tokens are picked, on the
 // real Qwen3 vocabulary. A model is not run: the sanitizer builds would take minutes per schema.
@@ -37,8 +38,37 @@ const std::vector<std::vector<float>>& logit_pool(size_t n) {
   return pool;
 }
 
+// {"bytes": N} instead of "max_tokens": a walk byte by byte, each step a random byte the grammar
+// allows that still leaves room to finish within N bytes, stopping at random where the document
+// is complete. No vocabulary: microseconds a document, so a whole corpus can be checked.
+ojson walk_bytes(const Grammar& g, uint64_t seed, int budget) {
+  GrammarMatcher m(g);
+  std::mt19937_64 rng(seed);
+  int32_t state = m.start();
+  std::string text;
+  for (int left = budget; left > 0; --left) {
+    if (m.accepting(state) && (rng() % 4 == 0 || !m.can_continue(state))) break;
+    std::vector<std::pair<uint8_t, int32_t>> next;
+    for (int b = 0; b < 256; ++b) {
+      const int32_t s = m.step(state, uint8_t(b));
+      if (s != GrammarMatcher::kDead && m.min_remaining(s) < uint32_t(left)) next.push_back({uint8_t(b), s});
+    }
+    if (next.empty()) break;
+    const auto& [byte, s] = next[rng() % next.size()];
+    text += char(byte);
+    state = s;
+  }
+  return {{"text", text}, {"bytes", text.size()}, {"complete", m.accepting(state)}};
+}
+
 ojson decode(const ojson& req, const Tokenizer& tok, const std::shared_ptr<const VocabTrie>& trie) {
-  auto grammar = std::make_shared<const Grammar>(json_schema_grammar(req.at("schema")));
+  std::vector<std::string> unenforced;
+  auto grammar = std::make_shared<const Grammar>(json_schema_grammar(req.at("schema"), &unenforced));
+  if (req.contains("bytes")) {
+    ojson out = walk_bytes(*grammar, req.at("seed").get<uint64_t>(), req.at("bytes").get<int>());
+    out["unenforced"] = unenforced;
+    return out;
+  }
   const std::vector<int32_t> stops = {tok.token_id("<|im_end|>")};
   TokenConstraint c(grammar, trie, stops);
   SamplingParams p;
@@ -60,7 +90,7 @@ ojson decode(const ojson& req, const Tokenizer& tok, const std::shared_ptr<const
     if (t == stops[0]) break;
     out.push_back(t);
   }
-  return {{"text", tok.decode(out)}, {"tokens", out.size()}, {"complete", c.complete()}};
+  return {{"text", tok.decode(out)}, {"tokens", out.size()}, {"complete", c.complete()}, {"unenforced", unenforced}};
 }
 
 }  // namespace

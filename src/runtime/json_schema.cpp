@@ -19,7 +19,7 @@ namespace {
 
 constexpr int kMaxUnrolled = 4096;     // largest maxLength / maxItems / maxProperties made into rules
 constexpr int kMaxEnumerated = 256;    // multiples of multipleOf in a bounded range, listed one by one
-constexpr int64_t kMaxModulus = 1000;  // multipleOf of an unbounded integer: one rule per remainder
+constexpr int64_t kMaxModulus = 100;  // multipleOf of an unbounded integer: rules per remainder and length
 constexpr int kMaxUniqueValues = 8;    // uniqueItems over items of at most this many values
 
 const char* const kObjectWords[] = {"properties", "required", "additionalProperties", "unevaluatedProperties",
@@ -64,7 +64,7 @@ int64_t count(const ojson& s, const char* key, int64_t fallback) {
 std::string percent_decode(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() + 0 && std::isxdigit(uint8_t(s[i + 1])) && std::isxdigit(uint8_t(s[i + 2]))) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(uint8_t(s[i + 1])) && std::isxdigit(uint8_t(s[i + 2]))) {
       out += char(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
       i += 2;
     } else {
@@ -596,7 +596,8 @@ uint32_t JsonSchemaCompiler::object(const ojson& schema, const std::string& path
   }
   if (next[0] < 0) {  // cannot happen after the checks above; written without the counts
     report("minProperties", path);
-    return object(ojson{{"properties", schema["properties"]}, {"required", schema.value("required", ojson::array())}}, path);
+    return object(ojson{{"properties", schema.value("properties", ojson::object())}, {"required", schema.value("required", ojson::array())}},
+                  path);
   }
   return g_.rule({lit("{") + ref(uint32_t(next[0])) + lit("}")});
 }
@@ -718,7 +719,8 @@ Grammar json_schema_grammar(const ojson& schema, std::vector<std::string>* unenf
 
 Grammar json_object_grammar() {
   Grammar g;
-  JsonSchemaCompiler c(g, ojson::object());
+  const ojson empty = ojson::object();  // the compiler keeps a reference to its root
+  JsonSchemaCompiler c(g, empty);
   g.set_root(c.any_object());
   g.finalize();
   return g;

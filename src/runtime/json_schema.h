@@ -18,7 +18,7 @@
 // both match: disjoint types, values, or a required property with distinct constants), allOf
 // (merged into one schema), $ref (within the schema, siblings merged), minimum, maximum,
 // exclusiveMinimum, exclusiveMaximum (integers and numbers, exact), multipleOf (integers: a
-// bounded range of up to 256 values, or an unbounded one for a divisor up to 1000), minLength,
+// bounded range of up to 256 values, or an unbounded one for a divisor up to 100), minLength,
 // maxLength, pattern (the ECMA-262 subset of json_schema_parts.h), format (date, time,
 // date-time, uuid, email, uri, ipv4, ipv6).
 // Reported as not enforced: not, if/then/else, dependentRequired, dependentSchemas,
@@ -53,6 +53,7 @@ class JsonSchemaCompiler {
   // `root` is the document "#" refers to; it must outlive the compiler. Checks it
   // (check_json_schema) and throws Error if it is not a valid schema.
   JsonSchemaCompiler(Grammar& g, const nlohmann::ordered_json& root);
+  JsonSchemaCompiler(Grammar& g, nlohmann::ordered_json&& root) = delete;  // a temporary would dangle
 
   // A rule matching the JSON text of a value valid under `schema` (at JSON pointer `path`).
   uint32_t value(const nlohmann::ordered_json& schema, const std::string& path = "#");

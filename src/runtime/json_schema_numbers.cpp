@@ -259,16 +259,22 @@ int64_t number_range(Grammar& g, const std::optional<Bound>& lo, const std::opti
 }
 
 uint32_t integer_multiple(Grammar& g, int64_t m) {
-  // rem[r]: the digits that follow when the number so far is r mod m; done when r == 0.
-  std::vector<uint32_t> rem(static_cast<size_t>(m));
-  for (auto& r : rem) r = g.add_rule();
-  for (int64_t r = 0; r < m; ++r) {
-    for (int d = 0; d < 10; ++d)
-      g.add_alternative(rem[size_t(r)], digits(char('0' + d), char('0' + d)) + ref(rem[size_t((r * 10 + d) % m)]));
-    if (r == 0) g.add_alternative(rem[0], {});
-  }
-  std::vector<Seq> first;  // a non-zero leading digit
-  for (int d = 1; d < 10; ++d) first.push_back(digits(char('0' + d), char('0' + d)) + ref(rem[size_t(d % m)]));
+  // rem[k][r]: at most k more digits after a number that is r mod m; done when r == 0. (At most
+  // 16 digits: a longer number is not exact in a double, where validators divide.)
+  std::vector<std::vector<int64_t>> rem(16, std::vector<int64_t>(static_cast<size_t>(m), -1));
+  for (int k = 0; k < 16; ++k)
+    for (int64_t r = 0; r < m; ++r) {
+      std::vector<Seq> alts;
+      if (r == 0) alts.push_back({});
+      if (k > 0)
+        for (int d = 0; d < 10; ++d)
+          if (const int64_t next = rem[size_t(k - 1)][size_t((r * 10 + d) % m)]; next >= 0)
+            alts.push_back(digits(char('0' + d), char('0' + d)) + ref(uint32_t(next)));
+      if (!alts.empty()) rem[size_t(k)][size_t(r)] = g.rule(alts);
+    }
+  std::vector<Seq> first;  // a non-zero leading digit, then up to 15 more
+  for (int d = 1; d < 10; ++d)
+    if (const int64_t next = rem[15][size_t(d % m)]; next >= 0) first.push_back(digits(char('0' + d), char('0' + d)) + ref(uint32_t(next)));
   const uint32_t positive = g.rule(first);
   return g.rule({Grammar::literal("0"), ref(positive), Grammar::literal("-") + ref(positive)});
 }

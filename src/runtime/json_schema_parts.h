@@ -52,7 +52,7 @@ int64_t integer_range(Grammar& g, std::optional<int64_t> lo, std::optional<int64
 // Numbers (optional minus, integer part, optional fraction, no exponent) within the bounds. -1
 // when no such text exists.
 int64_t number_range(Grammar& g, const std::optional<Bound>& lo, const std::optional<Bound>& hi);
-// Non-negative and negative integers divisible by m (1 < m <= 1000), any magnitude.
+// Integers of at most 16 digits divisible by m (1 < m <= 100).
 uint32_t integer_multiple(Grammar& g, int64_t m);
 
 // How a string's characters are written: JSON string contents (escaped), or raw text (Qwen3.5's

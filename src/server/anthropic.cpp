@@ -69,6 +69,7 @@ void parse_anthropic_tools(const json& j, CompletionRequest& r) {
       fn["parameters"] = *schema;
       r.tools_json.push_back(py_json(json{{"type", "function"}, {"function", fn}}));
       r.tools.push_back({n, *schema});
+      r.tool_schema_at = "input_schema";
     }
   }
   using TC = CompletionRequest::ToolChoice;
@@ -398,6 +399,7 @@ Reply Routes::messages(std::string_view body) {
     Reply r;
     r.content_type = req.stream ? "text/event-stream" : "application/json";
     r.stream = std::make_shared<AnthropicStream>(std::move(s.job), std::move(s.ctx));
+    add_unenforced_header(r, s.unenforced);
     return r;
   } catch (const ApiError& e) {
     return anthropic_error_reply(e);

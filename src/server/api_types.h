@@ -70,6 +70,8 @@ struct CompletionRequest {
   // output parser and the forced-call grammar need it (tools).
   std::vector<std::string> tools_json;
   std::vector<ToolSpec> tools;
+  // Where each tool's schema sits under tools[i], as a JSON pointer (Anthropic: "input_schema").
+  std::string tool_schema_at = "function/parameters";
   enum class ToolChoice { None, Auto, Required, Named };
   ToolChoice tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;  // Named

@@ -104,6 +104,7 @@ ApiError error_for_status(const httplib::Request& req, int status) {
 void set_reply(httplib::Response& res, const Reply& r) {
   res.status = r.status;
   res.set_content(r.body, r.content_type);
+  for (const auto& [name, value] : r.headers) res.set_header(name, value);
 }
 
 // The request line and every header, as they came (name, ": ", value, CRLF).
@@ -245,6 +246,7 @@ void HttpServer::install_routes() {
       return;
     }
     std::shared_ptr<ReplyStream> stream = reply.stream;
+    for (const auto& [name, value] : reply.headers) res.set_header(name, value);
     auto probe = std::make_shared<ConnectionProbe>(req);
     auto stopping = stopping_;
     if (!stream->sse()) {

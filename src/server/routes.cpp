@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <ctime>
 #include <random>
 
@@ -394,8 +395,10 @@ PlannedJob plan_job(const CompletionRequest& req, const Engine& engine, int64_t 
     const std::string text = render_prompt(req, engine);
     spec.prompt = tok.encode(text, /*parse_special=*/true);
     out.think_opened = text.ends_with("<think>\n");
-    if (auto grammar = answer_grammar(req, engine.template_kind(), out.think_opened))
-      spec.constraint = std::make_shared<TokenConstraint>(std::move(grammar), engine.vocab_trie(), engine.stop_tokens());
+    AnswerGrammar answer = answer_grammar(req, engine.template_kind(), out.think_opened);
+    if (answer.grammar)
+      spec.constraint = std::make_shared<TokenConstraint>(std::move(answer.grammar), engine.vocab_trie(), engine.stop_tokens());
+    out.unenforced = std::move(answer.unenforced);
     const int32_t im_start = tok.token_id("<|im_start|>");
     for (size_t i = spec.prompt.size(); i-- > 0;)
       if (spec.prompt[i] == im_start) {
@@ -773,7 +776,17 @@ Routes::Started Routes::start(const CompletionRequest& req, const char* id_prefi
   ctx.parallel_tool_calls = req.parallel_tool_calls;
   ctx.tools = req.tools;
   ctx.prompt_tokens = prompt_tokens;
-  return {std::move(job), std::move(ctx)};
+  if (!plan.unenforced.empty()) {
+    // One line per request: what the answer may break (docs/server.md, "JSON schemas").
+    std::string list;
+    for (const std::string& u : plan.unenforced) list += (list.empty() ? "" : ", ") + u;
+    std::fprintf(stderr, "%s: schema keywords not enforced: %s\n", ctx.id.c_str(), list.c_str());
+  }
+  return {std::move(job), std::move(ctx), std::move(plan.unenforced)};
+}
+
+void Routes::add_unenforced_header(Reply& r, const std::vector<std::string>& unenforced) {
+  if (!unenforced.empty()) r.headers.emplace_back("X-Swiftlet-Schema-Unenforced", unenforced_header(unenforced));
 }
 
 Reply Routes::generate(const CompletionRequest& req) {
@@ -782,6 +795,7 @@ Reply Routes::generate(const CompletionRequest& req) {
   Reply r;
   r.content_type = req.stream ? "text/event-stream" : "application/json";
   r.stream = std::make_shared<ReplyStream>(std::move(s.job), std::move(s.ctx));
+  add_unenforced_header(r, s.unenforced);
   return r;
 }
 

@@ -15,6 +15,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace swiftlet::server {
 
@@ -33,6 +35,7 @@ struct Reply {
   std::string content_type = "application/json";
   std::string body;
   std::shared_ptr<ReplyStream> stream;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra response headers
 };
 
 // A response produced while the engine generates. stream=true: server-sent events (a chat
@@ -128,7 +131,10 @@ class Routes {
   struct Started {
     std::shared_ptr<Job> job;
     ReplyStream::Context ctx;
+    std::vector<std::string> unenforced;  // schema keywords not enforced: a header and a log line
   };
+  // The header naming the unenforced keywords, when there are any.
+  static void add_unenforced_header(Reply& r, const std::vector<std::string>& unenforced);
   // Plans and queues a request; throws ApiError.
   Started start(const CompletionRequest& req, const char* id_prefix);
   Reply generate(const CompletionRequest& req);
@@ -156,6 +162,7 @@ struct PlannedJob {
   JobSpec spec;
   bool think_opened = false;  // chat: the rendered prompt ends inside an opened <think> block
   std::string prompt_text;    // the prompt as text (for completions' echo)
+  std::vector<std::string> unenforced;  // schema keywords the answer's grammar leaves out
 };
 
 // The job for a request: template rendered, prompt tokenized, sampling resolved against the

@@ -193,9 +193,9 @@ for (const fam of FAMILIES) {
           messages: [...ask, { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '[1]' } }] }],
         }, 'messages[1].tool_calls[0].function.arguments'],
         [{
-          tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { x: { type: 'string', pattern: '^a' } } } } }],
+          tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { x: { type: 'string', pattern: 5 } } } } }],
           tool_choice: 'required',
-        }, 'tools[0].function.parameters', /'pattern'/],
+        }, 'tools[0].function.parameters', /#\/properties\/x\/pattern/],
       ];
       for (const [extra, param, message] of cases) {
         const err = await client.chat.completions.create({ model: MODEL, messages: ask, max_tokens: 4, ...extra }).then(
