@@ -1,10 +1,14 @@
 // The streaming decoders between the engine and the SSE stream: StreamDecoder (token ids to
-// UTF-8 text, one id at a time) and ThinkSplitter (streamed text to reasoning and content).
-// Neither may depend on how the stream is cut: the pieces of StreamDecoder add up to decode(ids),
-// and ThinkSplitter gives the same reasoning and content whatever the chunking.
+// UTF-8 text, one id at a time), ThinkSplitter (streamed text to reasoning and content) and
+// ToolCallParser (streamed text to content and tool calls, with or without argument fragments).
+// None may depend on how the stream is cut: the pieces of StreamDecoder add up to decode(ids),
+// ThinkSplitter gives the same reasoning and content whatever the chunking, and ToolCallParser
+// the same content, calls and arguments (a call's end repeating its fragments).
 // (swiftlet has no SSE client-side decoder in C++; the chat page's is JavaScript.)
 #include "fuzz_util.h"
 #include "server/think_splitter.h"
+#include "server/tool_calls.h"
+#include "tokenizer/utf8.h"
 #include "tokenizer/tokenizer.h"
 
 #include <fuzzer/FuzzedDataProvider.h>
@@ -64,6 +68,38 @@ void think_stream(FuzzedDataProvider& in) {
   check(ra == rb && ca == cb, "ThinkSplitter output independent of chunking");
 }
 
+// Content, then per call its name and arguments, as a client assembles them.
+std::string assemble(swiftlet::server::ToolCallParser& p, const std::vector<std::string>& pieces, bool streamed) {
+  using Kind = swiftlet::server::ToolEvent::Kind;
+  std::string content, calls, args;
+  auto add = [&](const swiftlet::server::ToolCallParser::Out& events) {
+    for (const auto& e : events) {
+      if (e.kind == Kind::Content) content += e.text;
+      if (e.kind == Kind::CallBegin) args.clear();
+      if (e.kind == Kind::Arguments) args += e.text;
+      if (e.kind == Kind::CallEnd) {
+        check(!streamed || e.call.arguments == args, "a call's end repeats its fragments");
+        calls += e.call.name + '\0' + e.call.arguments + '\0';
+      }
+    }
+  };
+  for (const auto& piece : pieces) add(p.feed(piece));
+  add(p.finish());
+  return content + '\1' + calls;
+}
+
+void tool_stream(FuzzedDataProvider& in) {
+  const bool streamed = in.ConsumeBool();
+  std::vector<std::string> pieces;  // the engine's pieces are whole characters
+  while (in.remaining_bytes() > 0 && pieces.size() < 64) pieces.push_back(swiftlet::utf8::to_valid(in.ConsumeRandomLengthString(32)));
+  std::string whole;
+  for (const auto& p : pieces) whole += p;
+  const std::vector<swiftlet::server::ToolSpec> tools = {
+      {"f", nlohmann::ordered_json::parse(R"({"properties":{"s":{"type":"string"},"n":{"type":"integer"}}})")}};
+  swiftlet::server::ToolCallParser a(tools, streamed), b(tools, streamed);
+  check(assemble(a, pieces, streamed) == assemble(b, {whole}, streamed), "ToolCallParser output independent of chunking");
+}
+
 }  // namespace
 
 // The slow set-up (loading the tokenizer, the model) before the first input, outside its timeout.
@@ -74,7 +110,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
-  if (in.ConsumeBool()) token_stream(in);
-  else think_stream(in);
+  switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+    case 0: token_stream(in); break;
+    case 1: think_stream(in); break;
+    default: tool_stream(in); break;
+  }
   return 0;
 }

@@ -174,8 +174,8 @@ size_t partial_tag_suffix(std::string_view s, std::string_view tag) {
 
 // How much of a JSON string's raw text, from `from`, is whole characters: an escape (a high
 // surrogate's \uD8xx together with its low half) or a UTF-8 sequence cut by the end of `raw`
-// waits for more.
-size_t whole_string_units(std::string_view raw, size_t from) {
+// waits for more. one: only the first character.
+size_t whole_string_units(std::string_view raw, size_t from, bool one = false) {
   size_t i = from, end = from;
   while (i < raw.size()) {
     const auto c = static_cast<unsigned char>(raw[i]);
@@ -195,6 +195,7 @@ size_t whole_string_units(std::string_view raw, size_t from) {
     if (i + n > raw.size()) break;
     i += n;
     end = i;
+    if (one) break;
   }
   return end;
 }
@@ -381,10 +382,20 @@ class ToolCallParser::ArgumentStreamer {
   void flush_json_string(std::string& out, bool all) {
     const size_t end = all ? tok_.size() : whole_string_units(tok_, tok_sent_);
     if (end == tok_sent_) return;
-    auto text = decode(std::string_view(tok_).substr(tok_sent_, end - tok_sent_));
-    if (!text) return give_up();
-    out += json_string_body(*text);
-    tok_sent_ = end;
+    if (auto text = decode(std::string_view(tok_).substr(tok_sent_, end - tok_sent_))) {
+      out += json_string_body(*text);
+      tok_sent_ = end;
+      return;
+    }
+    // Something in it is not JSON: what comes before it goes out, whatever the cuts were.
+    while (tok_sent_ < end) {
+      const size_t unit = whole_string_units(std::string_view(tok_).substr(0, end), tok_sent_, /*one=*/true);
+      auto text = unit > tok_sent_ ? decode(std::string_view(tok_).substr(tok_sent_, unit - tok_sent_)) : std::nullopt;
+      if (!text) break;
+      out += json_string_body(*text);
+      tok_sent_ = unit;
+    }
+    give_up();
   }
 
   void end_scalar(std::string& out) {
@@ -607,6 +618,7 @@ ToolCallParser::Out ToolCallParser::feed(std::string_view piece) {
       }
       std::string rest = pending_.substr(pos + kClose.size());
       pending_.resize(pos);
+      if (stream_arguments_) stream_call(out, pos);  // what the call streams never depends on the cuts
       close_call(out, /*closed=*/true);
       pending_ = std::move(rest);
       continue;
@@ -631,6 +643,7 @@ ToolCallParser::Out ToolCallParser::feed(std::string_view piece) {
 ToolCallParser::Out ToolCallParser::finish() {
   Out out;
   if (in_call_) {
+    if (stream_arguments_) stream_call(out, pending_.size());
     close_call(out, /*closed=*/false);
   } else {
     emit_content(out, pending_);

@@ -71,9 +71,10 @@ struct ToolEvent {
 // CallBegin as soon as its name and the start of its arguments are known, then Arguments
 // fragments as the model writes them: the arguments in the compact form the non-streamed
 // answer gives, each fragment only what later text cannot change (a number once it ended, a
-// string's characters as they come). A call whose text turns out malformed after its first
-// fragments went out (cut off by the token limit, a repeated key, broken JSON) still ends with
-// a CallEnd whose arguments are the fragments sent; one that fails before is content.
+// string's characters as they come). A call whose text turns out malformed after it began (cut
+// off by the token limit, a repeated key, broken JSON) still ends with a CallEnd whose arguments
+// are the fragments sent; one that fails before is content. Either way the events depend only
+// on the text, not on how it was cut into pieces.
 class ToolCallParser {
  public:
   explicit ToolCallParser(std::vector<ToolSpec> tools, bool stream_arguments = false);

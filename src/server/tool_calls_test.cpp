@@ -368,5 +368,29 @@ TEST(ToolCallStream, MalformedCalls) {
   }
 }
 
+// Malformed or not, what a stream says depends only on the text, never on how it was cut.
+TEST(ToolCallStream, MalformedCallsStreamTheSameAtAnyCut) {
+  const auto tools = all_tools();
+  for (const std::string& text : {
+           std::string("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"s\": \"ab\x01" "cd\", \"t\": 1}}\n</tool_call>"),
+           std::string("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"s\": \"ab\\qcd\"}}\n</tool_call> x"),
+           std::string("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"s\": \"ab\\ud83dxyz\\u00e9\"}}</tool_call>"),
+           std::string("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"n\": 01, \"m\": 2}}\n</tool_call>"),
+           std::string("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"a\": [1, 2}, \"b\": tru}}"),
+           std::string("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"a\": 1}, \"arguments\": {\"b\": 2}}\n</tool_call>"),
+           std::string("<tool_call>\n<function=f>\n<parameter=s>\nhalf a value\n</parame"),
+           std::string("<tool_call>\n<function=f>\n<parameter=n>\n12\n</parameter>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>"),
+           std::string("<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\njunk</function>\n</tool_call>"),
+       }) {
+    SCOPED_TRACE(text);
+    const Answer whole = run(text, text.size(), /*streamed=*/true, tools);
+    for (size_t step : {1, 2, 3, 5, 8}) expect_same(run(text, step, true, tools), whole);
+    for (size_t a = 1; a < text.size(); ++a) {
+      expect_same(run_cut(text, {a}, true, tools), whole);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace swiftlet::server
