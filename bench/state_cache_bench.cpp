@@ -48,13 +48,23 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) fail("{} needs a value", s);
       return argv[++i];
     };
-    if (s == "--prompt") a.prompt = std::stoi(next());
-    else if (s == "--new") a.fresh_tokens = std::stoi(next());
-    else if (s == "--dir") a.dir = next();
-    else if (s == "--cache-gb") a.cache_gb = next();
-    else if (s == "--no-check") a.check = false;
-    else if (!s.starts_with("-") && a.model.empty()) a.model = s;
-    else fail("unknown argument {}: usage: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR] [--cache-gb G] [--no-check]", s);
+    if (s == "--prompt")
+      a.prompt = std::stoi(next());
+    else if (s == "--new")
+      a.fresh_tokens = std::stoi(next());
+    else if (s == "--dir")
+      a.dir = next();
+    else if (s == "--cache-gb")
+      a.cache_gb = next();
+    else if (s == "--no-check")
+      a.check = false;
+    else if (!s.starts_with("-") && a.model.empty())
+      a.model = s;
+    else
+      fail(
+          "unknown argument {}: usage: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR] [--cache-gb "
+          "G] [--no-check]",
+          s);
   }
   if (a.model.empty()) fail("give a model: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR]");
   if (a.prompt < 1 || a.fresh_tokens < 1) fail("--prompt and --new must be at least 1");
@@ -78,8 +88,7 @@ struct Run {
 
 // The prompt as the server feeds one: the end of the shared part is a turn boundary
 // (Session::begin_prompt's snapshot_at), so a checkpoint is kept there.
-Run first_token(const Engine& e, std::shared_ptr<StateCache> cache, const std::vector<int32_t>& prompt,
-                size_t turn) {
+Run first_token(const Engine& e, std::shared_ptr<StateCache> cache, const std::vector<int32_t>& prompt, size_t turn) {
   SessionOptions so;
   so.state_cache = std::move(cache);
   auto s = e.new_session(so);
