@@ -6,7 +6,7 @@
 //   cold:      the first, prefilled whole (its checkpoints go to memory and to DIR);
 //   warm RAM:  the second, in the same process: restored from memory, N tokens prefilled;
 //   warm disk: the third, on a new cache over the same DIR (a restarted server): read back from
-//              the file, N tokens prefilled.
+//              the file (dropped from the page cache first), N tokens prefilled.
 // Time to first token is the prompt's time until its logits are ready (the greedy pick costs
 // nothing more); the warm ones' picks are checked against fresh runs of the same prompts (two
 // more cold prefills; --no-check skips them). Prints the state sizes per checkpoint from the
@@ -15,6 +15,9 @@
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "runtime/state_cache.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,13 +48,23 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) fail("{} needs a value", s);
       return argv[++i];
     };
-    if (s == "--prompt") a.prompt = std::stoi(next());
-    else if (s == "--new") a.fresh_tokens = std::stoi(next());
-    else if (s == "--dir") a.dir = next();
-    else if (s == "--cache-gb") a.cache_gb = next();
-    else if (s == "--no-check") a.check = false;
-    else if (!s.starts_with("-") && a.model.empty()) a.model = s;
-    else fail("unknown argument {}: usage: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR] [--cache-gb G] [--no-check]", s);
+    if (s == "--prompt")
+      a.prompt = std::stoi(next());
+    else if (s == "--new")
+      a.fresh_tokens = std::stoi(next());
+    else if (s == "--dir")
+      a.dir = next();
+    else if (s == "--cache-gb")
+      a.cache_gb = next();
+    else if (s == "--no-check")
+      a.check = false;
+    else if (!s.starts_with("-") && a.model.empty())
+      a.model = s;
+    else
+      fail(
+          "unknown argument {}: usage: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR] [--cache-gb "
+          "G] [--no-check]",
+          s);
   }
   if (a.model.empty()) fail("give a model: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR]");
   if (a.prompt < 1 || a.fresh_tokens < 1) fail("--prompt and --new must be at least 1");
@@ -68,20 +81,21 @@ std::vector<int32_t> random_ids(const ModelConfig& c, size_t n, uint32_t seed) {
 
 struct Run {
   double ttft = 0;
+  double restore = 0;  // of ttft, finding and restoring the cached prefix (begin_prompt)
   int64_t reused = 0;
   int32_t token = -1;
 };
 
 // The prompt as the server feeds one: the end of the shared part is a turn boundary
 // (Session::begin_prompt's snapshot_at), so a checkpoint is kept there.
-Run first_token(const Engine& e, std::shared_ptr<StateCache> cache, const std::vector<int32_t>& prompt,
-                size_t turn) {
+Run first_token(const Engine& e, std::shared_ptr<StateCache> cache, const std::vector<int32_t>& prompt, size_t turn) {
   SessionOptions so;
   so.state_cache = std::move(cache);
   auto s = e.new_session(so);
   const auto t0 = Clock::now();
   Run r;
   r.reused = s->begin_prompt(prompt, turn);
+  r.restore = std::chrono::duration<double>(Clock::now() - t0).count();
   while (s->prompt_pending() > 0) s->feed_prompt(size_t(kPrefillChunk));
   const std::vector<float>& l = s->last_logits();
   r.token = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
@@ -122,6 +136,13 @@ int run(int argc, char** argv) {
   const Run ram = first_token(e, cache, prompt(3), turn);
   const StateCacheStats st = cache->stats();
   cache.reset();
+  // As after a restart some time later: the files are read from the disk, not the page cache.
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const int fd = ::open(f.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
   auto restarted = std::make_shared<StateCache>(e.model(), o);
   const Run disk = first_token(e, restarted, prompt(4), turn);
   restarted->flush();
@@ -130,13 +151,10 @@ int run(int argc, char** argv) {
   for (const auto& f : fs::directory_iterator(dir))
     if (f.path().string().find("-" + std::to_string(a.prompt) + "-") != std::string::npos) file_bytes = f.file_size();
   std::printf("state file at %d tokens: %.1f MB\n", a.prompt, double(file_bytes) / 1e6);
-  std::printf("%-10s %10s %8s %10s\n", "", "ttft (s)", "reused", "prefilled");
-  std::printf("%-10s %10.3f %8lld %10lld\n", "cold", cold.ttft, (long long)cold.reused,
-              (long long)(a.prompt + a.fresh_tokens - cold.reused));
-  std::printf("%-10s %10.3f %8lld %10lld\n", "warm RAM", ram.ttft, (long long)ram.reused,
-              (long long)(a.prompt + a.fresh_tokens - ram.reused));
-  std::printf("%-10s %10.3f %8lld %10lld\n", "warm disk", disk.ttft, (long long)disk.reused,
-              (long long)(a.prompt + a.fresh_tokens - disk.reused));
+  std::printf("%-10s %10s %12s %8s %10s\n", "", "ttft (s)", "restore (s)", "reused", "prefilled");
+  for (const auto& [name, r] : {std::pair{"cold", cold}, std::pair{"warm RAM", ram}, std::pair{"warm disk", disk}})
+    std::printf("%-10s %10.3f %12.3f %8lld %10lld\n", name, r.ttft, r.restore, (long long)r.reused,
+                (long long)(a.prompt + a.fresh_tokens - r.reused));
   std::printf("RAM entries %llu (%.1f MB)\n", (unsigned long long)st.entries_ram, double(st.bytes_ram) / 1e6);
 
   restarted.reset();

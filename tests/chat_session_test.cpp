@@ -33,7 +33,7 @@ TEST(ChatSession, ResumedConversationAnswersAsOneRun) {
   ASSERT_EQ(resumed.status, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("[resumed 2 messages"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find(whole.out.substr(second)), std::string::npos) << resumed.out << "\nwanted:\n"
-                                                                            << whole.out.substr(second);
+                                                                           << whole.out.substr(second);
   EXPECT_EQ(resumed.out.find(" 0 reused"), std::string::npos) << resumed.out;
   EXPECT_NE(resumed.out.find("[conversation saved to " + file + "]"), std::string::npos) << resumed.out;
 

@@ -29,7 +29,8 @@ std::string hex(uint64_t v) {
 // "<model>-<tokens>-<key>.swst" -> (tokens, key); false for any other name.
 bool parse_name(const std::string& name, const std::string& tag, int64_t& tokens, uint64_t& key) {
   if (!name.starts_with(tag + "-") || !name.ends_with(kSuffix)) return false;
-  const std::string mid = name.substr(tag.size() + 1, name.size() - tag.size() - 1 - std::char_traits<char>::length(kSuffix));
+  const std::string mid =
+      name.substr(tag.size() + 1, name.size() - tag.size() - 1 - std::char_traits<char>::length(kSuffix));
   const size_t dash = mid.find('-');
   if (dash == std::string::npos || dash == 0 || mid.size() - dash - 1 != 16) return false;
   char* end = nullptr;

@@ -30,7 +30,9 @@ class Hasher {
     if (n) XXH3_64bits_update(st_, p, n);
   }
   template <class T>
-  void value(const T& v) { add(&v, sizeof v); }
+  void value(const T& v) {
+    add(&v, sizeof v);
+  }
   uint64_t digest() const { return XXH3_64bits_digest(st_); }
 
  private:
@@ -63,9 +65,9 @@ uint64_t model_identity(const Model& model) {
   h.add(c.model_type.data(), c.model_type.size());
   for (int64_t v : {int64_t(c.family), c.hidden_size, int64_t(c.num_layers), c.vocab_size, int64_t(c.num_heads),
                     int64_t(c.num_kv_heads), int64_t(c.head_dim), int64_t(c.linear_num_key_heads),
-                    int64_t(c.linear_num_value_heads), int64_t(c.linear_key_head_dim),
-                    int64_t(c.linear_value_head_dim), int64_t(c.linear_conv_kernel_dim), int64_t(c.num_experts),
-                    int64_t(c.num_experts_per_tok), c.moe_intermediate_size, c.shared_expert_intermediate_size})
+                    int64_t(c.linear_num_value_heads), int64_t(c.linear_key_head_dim), int64_t(c.linear_value_head_dim),
+                    int64_t(c.linear_conv_kernel_dim), int64_t(c.num_experts), int64_t(c.num_experts_per_tok),
+                    c.moe_intermediate_size, c.shared_expert_intermediate_size})
     h.value(v);
   for (bool linear : c.linear_layers) h.value(linear);
   h.value(c.rms_norm_eps);
@@ -77,8 +79,8 @@ uint64_t model_identity(const Model& model) {
   for (const LayerWeights& l : w.layers) {
     sample(h, l.input_layernorm);
     sample(h, l.post_attention_layernorm);
-    for (const QMatrix* m : {&l.attn.q_proj, &l.attn.o_proj, &l.gdn.in_proj_qkv, &l.gdn.out_proj, &l.moe.router,
-                             &l.moe.shared_down_proj})
+    for (const QMatrix* m :
+         {&l.attn.q_proj, &l.attn.o_proj, &l.gdn.in_proj_qkv, &l.gdn.out_proj, &l.moe.router, &l.moe.shared_down_proj})
       sample(h, *m);
     sample(h, l.gdn.A_log);
     sample(h, l.gdn.conv1d);
@@ -199,17 +201,18 @@ void write_state_file(const std::string& path, uint64_t model_id, uint64_t key, 
   if (ok && ::rename(tmp.c_str(), path.c_str()) == 0) {
     // The rename itself lasts once the directory is on disk.
     Fd d;
-    d.fd = ::open(std::filesystem::path(path).parent_path().empty()
-                      ? "."
-                      : std::filesystem::path(path).parent_path().c_str(),
-                  O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    d.fd = ::open(
+        std::filesystem::path(path).parent_path().empty() ? "." : std::filesystem::path(path).parent_path().c_str(),
+        O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d.fd >= 0) (void)::fsync(d.fd);
     return;
   }
   const int rename_err = errno;
   ::unlink(tmp.c_str());
   fail("cannot write {}: {} (free some disk space or choose another path)", path,
-       std::strerror(ok ? rename_err : err ? err : EIO));
+       std::strerror(ok    ? rename_err
+                     : err ? err
+                           : EIO));
 }
 
 std::optional<StateFileHeader> read_state_header(const std::string& path, std::string* why) {
