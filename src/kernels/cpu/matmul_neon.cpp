@@ -3,6 +3,7 @@
 // (matmul_q8.h: the same int8 codes and scales), and the fp32-activation products.
 #include "kernels/cpu/matmul_neon.h"
 
+#include "core/dtype.h"
 #include "kernels/cpu/ops_ref.h"
 
 #include <arm_neon.h>
@@ -68,14 +69,41 @@ void quantize_block(const float* x, bool nibble_order, int8_t* out, float& d_out
 
 // x . y over n floats: 4 x 4 lanes, then the lanes in a fixed order, then the tail.
 float dot_f32(const float* a, const float* b, int64_t n) {
-  float32x4_t s[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int k = 0; k < 4; ++k) s[k] = vfmaq_f32(s[k], vld1q_f32(a + i + 4 * k), vld1q_f32(b + i + 4 * k));
-  for (; i + 4 <= n; i += 4) s[0] = vfmaq_f32(s[0], vld1q_f32(a + i), vld1q_f32(b + i));
-  float acc = vaddvq_f32(vaddq_f32(vaddq_f32(s[0], s[1]), vaddq_f32(s[2], s[3])));
+  for (; i + 16 <= n; i += 16) {
+    s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    s2 = vfmaq_f32(s2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+    s3 = vfmaq_f32(s3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+  }
+  for (; i + 4 <= n; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+  float acc = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
   for (; i < n; ++i) acc += a[i] * b[i];
   return acc;
+}
+
+// Row r of W as fp32: bf16 and f16 8 at a time (both exact), affine through the reference.
+void row_to_f32(const QMatrix& w, int64_t r, float* out) {
+  if (w.format != WeightFormat::BF16 && w.format != WeightFormat::F16) {
+    ref::dequant_row(w, r, out);
+    return;
+  }
+  const bool bf16 = w.format == WeightFormat::BF16;
+  const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * w.cols;
+  int64_t i = 0;
+  for (; i + 8 <= w.cols; i += 8) {
+    const uint16x8_t h = vld1q_u16(p + i);
+    if (bf16) {
+      vst1q_f32(out + i, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)));
+      vst1q_f32(out + i + 4, vreinterpretq_f32_u32(vshll_high_n_u16(h, 16)));
+    } else {
+      const float16x8_t f = vreinterpretq_f16_u16(h);
+      vst1q_f32(out + i, vcvt_f32_f16(vget_low_f16(f)));
+      vst1q_f32(out + i + 4, vcvt_high_f32_f16(f));
+    }
+  }
+  for (; i < w.cols; ++i) out[i] = bf16 ? bf16_to_f32(p[i]) : f16_to_f32(p[i]);
 }
 
 }  // namespace
@@ -88,7 +116,7 @@ void matmul_rows_f32(const QMatrix& w, const float* x, int64_t n, float* y, int6
     if (w.format == WeightFormat::F32)
       row = static_cast<const float*>(w.data) + r * w.cols;
     else
-      ref::dequant_row(w, r, buf.data());
+      row_to_f32(w, r, buf.data());
     for (int64_t t = 0; t < n; ++t) y[t * w.rows + r] = dot_f32(row, x + t * w.cols, w.cols);
   }
 }
