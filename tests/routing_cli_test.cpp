@@ -134,7 +134,14 @@ TEST_F(RoutingCli, TraceThenCacheSimAndReplayInBench) {
   CmdResult r = sh("generate " + model + " --ids 5,17,42,7,1000,3,9,11 -n 12 --greedy --print-ids --trace-experts " + tr);
   ASSERT_EQ(r.status, 0) << r.out;
   // The prompt, then every generated token but the last (it is not fed back).
-  const size_t generated = parse_ids(r.out.substr(0, r.out.find('\n'))).size();
+  // The ids are the first line of stdout; stderr (merged in) starts with the expert cache's line.
+  size_t generated = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("swiftlet:", 0) != 0) {
+      generated = parse_ids(line).size();
+      break;
+    }
   const size_t fed = 8 + generated - 1;
   EXPECT_NE(r.out.find(fmt::format("expert trace: {} tokens written", fed)), std::string::npos) << r.out;
   const RoutingTrace t = read_routing_trace(tr);
