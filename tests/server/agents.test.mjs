@@ -119,8 +119,7 @@ describe('Vercel AI SDK', () => {
     assert.equal(steps[1].toolCalls.length, 0);
   });
 
-  test('generateText with zod bounds (minimum, pattern, format)',
-    { todo: 'accepted once the schema keywords of issue 44 item 2 land' }, async () => {
+  test('generateText with zod bounds (minimum, pattern, format)', async () => {
       const provider = createOpenAICompatible({
         name: 'swiftlet', baseURL: server.base + '/v1', apiKey: 'none', fetch: capturingFetch('ai-sdk-bounds'),
       });
@@ -217,8 +216,7 @@ describe('OpenAI Agents SDK', () => {
 });
 
 describe('OpenAI Agents SDK, zod bounds', () => {
-  test('run(): a tool whose schema has minimum, pattern and format',
-    { todo: 'accepted once the schema keywords of issue 44 item 2 land' }, async () => {
+  test('run(): a tool whose schema has minimum, pattern and format', async () => {
       const client = new OpenAI({
         baseURL: server.base + '/v1', apiKey: 'none', maxRetries: 0, timeout: 60000, fetch: capturingFetch('openai-agents-bounds'),
       });
