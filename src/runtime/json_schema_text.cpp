@@ -518,7 +518,7 @@ int64_t TextRules::format(std::string_view name, int& min_len, int& max_len) {
   else if (name == "ipv6") re = "[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){7}", min_len = 15, max_len = 39;
   else if (name == "email") re = "[A-Za-z0-9_+-]{1,32}(?:\\.[A-Za-z0-9_+-]{1,32}){0,3}@(?:" + label + "\\.){1,3}[A-Za-z]{2,12}", min_len = 6, max_len = -1;
   else if (name == "uri")
-    re = "(?:https?|ftp)://(?:" + label + "\\.){0,3}" + label + "(?::\\d{1,5})?(?:/[A-Za-z0-9._~-]{0,32}){0,8}",
+    re = "(?:https?|ftp)://(?:" + label + "\\.){0,3}" + label + "(?::\\d{1,4})?(?:/[A-Za-z0-9._~-]{0,32}){0,8}",
     min_len = 7, max_len = -1;
   else return -1;
   std::string why;
