@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: an AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/,
-# then every test through ctest, then a short run of every fuzz target (scripts/fuzz.sh, clang,
-# build-fuzz/). GPU tests skip themselves where no GPU is present. Each phase prints its time.
+# then every test through ctest, the arm64 kernel tests under emulation (build-arm64/), then a
+# short run of every fuzz target (scripts/fuzz.sh, clang, build-fuzz/). GPU tests skip themselves where no GPU is present. Each phase prints its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -25,5 +25,9 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900
 phase "ctest"
+# The CPU kernels for aarch64, cross-built and tested under qemu-aarch64 on CPU models with and
+# without the NEON extensions (scripts/test-arm64.sh).
+scripts/test-arm64.sh -j "$jobs"
+phase "arm64 kernels (qemu)"
 SWIFTLET_FUZZ_SEED=${SWIFTLET_FUZZ_SEED:-1} scripts/fuzz.sh "${SWIFTLET_FUZZ_SECONDS:-30}"
 phase "fuzz (build and run)"
