@@ -30,15 +30,6 @@ const char* const kNumberWords[] = {"minimum", "maximum", "exclusiveMinimum", "e
 
 std::string dump(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
-std::string pointer_key(std::string_view key) {
-  std::string out;
-  for (char c : key) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
-  }
-  return out;
-}
 
 Seq operator+(Seq a, const Seq& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -575,7 +566,7 @@ uint32_t JsonSchemaCompiler::object(const ojson& schema, const std::string& path
   }
   std::vector<Seq> members;
   for (const Prop& p : props)
-    members.push_back(lit(dump(ojson(p.name)) + ": ") + ref(value(*p.schema, path + "/properties/" + pointer_key(p.name))));
+    members.push_back(lit(dump(ojson(p.name)) + ": ") + ref(value(*p.schema, path + "/properties/" + json_pointer_token(p.name))));
   const bool counted = min > required || (max >= 0 && max < n);
   // rest[c]: properties i.. of the object after c were written (counted: c is how many; else
   // c is 0 or 1, whether a comma comes first). -1: no way to finish.

@@ -43,6 +43,9 @@
 
 namespace swiftlet {
 
+// An object key as one reference token of a JSON pointer (RFC 6901: '~' -> "~0", '/' -> "~1").
+std::string json_pointer_token(std::string_view key);
+
 // Throws Error naming the place (a JSON pointer under `path`) when `schema` is not a valid JSON
 // Schema: keywords with values of the wrong kind, unknown type names, subschemas that are not
 // objects or booleans.

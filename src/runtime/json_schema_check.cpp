@@ -12,15 +12,6 @@ using ojson = nlohmann::ordered_json;
 
 std::string dump(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
-std::string escape_pointer(std::string_view key) {
-  std::string out;
-  for (char c : key) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
-  }
-  return out;
-}
 
 [[noreturn]] void invalid(const std::string& path, std::string_view what, const ojson& got) {
   fail("the JSON schema is not valid at {}: {}, got {}", path, what, dump(got));
@@ -48,7 +39,7 @@ void check(const ojson& s, const std::string& path, int depth);
 
 void check_schema_map(const ojson& v, const std::string& path, const char* key, int depth) {
   if (!v.is_object()) invalid(path, fmt::format("'{}' must be an object of schemas", key), v);
-  for (const auto& [k, sub] : v.items()) check(sub, path + "/" + escape_pointer(k), depth + 1);
+  for (const auto& [k, sub] : v.items()) check(sub, path + "/" + json_pointer_token(k), depth + 1);
 }
 
 void check_schema_list(const ojson& v, const std::string& path, const char* key, int depth) {
@@ -67,7 +58,7 @@ void check(const ojson& s, const std::string& path, int depth) {
   if (s.is_boolean()) return;
   if (!s.is_object()) invalid(path, "a schema must be an object or a boolean", s);
   for (const auto& [key, v] : s.items()) {
-    const std::string at = path + "/" + escape_pointer(key);
+    const std::string at = path + "/" + json_pointer_token(key);
     if (key == "type") {
       if (v.is_array()) {
         if (v.empty()) invalid(at, "'type' must be a type name or a non-empty array of them", v);
@@ -97,12 +88,12 @@ void check(const ojson& s, const std::string& path, int depth) {
       check_strings(v, at, "required");
     } else if (key == "dependentRequired") {
       if (!v.is_object()) invalid(at, "'dependentRequired' must be an object of string arrays", v);
-      for (const auto& [k, list] : v.items()) check_strings(list, at + "/" + escape_pointer(k), "dependentRequired");
+      for (const auto& [k, list] : v.items()) check_strings(list, at + "/" + json_pointer_token(k), "dependentRequired");
     } else if (key == "dependencies") {
       if (!v.is_object()) invalid(at, "'dependencies' must be an object", v);
       for (const auto& [k, d] : v.items()) {
-        if (d.is_array()) check_strings(d, at + "/" + escape_pointer(k), "dependencies");
-        else check(d, at + "/" + escape_pointer(k), depth + 1);
+        if (d.is_array()) check_strings(d, at + "/" + json_pointer_token(k), "dependencies");
+        else check(d, at + "/" + json_pointer_token(k), depth + 1);
       }
     } else if (key == "minLength" || key == "maxLength" || key == "minItems" || key == "maxItems" ||
                key == "minProperties" || key == "maxProperties" || key == "minContains" || key == "maxContains") {
@@ -124,6 +115,16 @@ void check(const ojson& s, const std::string& path, int depth) {
 }
 
 }  // namespace
+
+std::string json_pointer_token(std::string_view key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
 
 void check_json_schema(const ojson& schema, const std::string& path) { check(schema, path, 0); }
 

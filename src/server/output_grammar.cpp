@@ -73,9 +73,8 @@ Seq xml_call(Grammar& g, JsonSchemaCompiler& c, const ToolSpec& tool, const std:
   uint32_t next = g.rule({{}});
   for (size_t i = params.size(); i-- > 0;) {
     const Param& q = params[i];
-    std::string key;
-    for (char ch : q.name) key += ch == '~' ? std::string("~0") : ch == '/' ? std::string("~1") : std::string(1, ch);
-    const Seq one = lit("<parameter=" + q.name + ">\n") + ref(xml_value(g, c, q.schema, path + "/properties/" + key)) +
+    const Seq one = lit("<parameter=" + q.name + ">\n") +
+                    ref(xml_value(g, c, q.schema, path + "/properties/" + json_pointer_token(q.name))) +
                     lit("\n</parameter>\n");
     std::vector<Seq> alts = {one + ref(next)};
     if (!q.required) alts.push_back(ref(next));
