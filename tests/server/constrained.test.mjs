@@ -9,8 +9,7 @@
 // plus a tight max_tokens, and bad schemas, which get 400 naming the parameter and the place.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { startServer, oracles, TOKENIZER } from './helpers.mjs';
+import { startServer, oracles, constrainDocs } from './helpers.mjs';
 
 const { OpenAI } = oracles('openai');
 const Ajv2020 = oracles('ajv/dist/2020').default;
@@ -169,22 +168,6 @@ function check(schema, content, label) {
   assert.ok(validate(doc), `${label}: ${content} is not valid under ${JSON.stringify(schema)}: ${ajv.errorsText(validate.errors)}`);
 }
 
-// Runs the documents tool on every request at once; resolves with its answers, in order.
-function constrainDocs(requests) {
-  const exe = process.env.SWIFTLET_CONSTRAIN_DOCS;
-  if (!exe) throw new Error('SWIFTLET_CONSTRAIN_DOCS is not set: run this test through ctest');
-  return new Promise((resolve, reject) => {
-    const p = spawn(exe, [TOKENIZER], { stdio: ['pipe', 'pipe', 'inherit'] });
-    let out = '';
-    p.stdout.on('data', (d) => { out += d; });
-    p.on('error', reject);
-    p.on('exit', (code) => {
-      if (code !== 0) return reject(new Error(`swiftlet_constrain_docs exited with ${code}`));
-      resolve(out.trim().split('\n').map((l) => JSON.parse(l)));
-    });
-    p.stdin.end(requests.map((r) => JSON.stringify(r)).join('\n') + '\n');
-  });
-}
 
 test(`${SCHEMAS.length} schemas, greedy and sampled: every document is valid (ajv)`, async () => {
   assert.ok(SCHEMAS.length >= 100);

@@ -122,3 +122,20 @@ export function connect(port) {
     s.on('error', reject);
   });
 }
+
+// Runs the documents tool on every request at once; resolves with its answers, in order.
+export function constrainDocs(requests) {
+  const exe = process.env.SWIFTLET_CONSTRAIN_DOCS;
+  if (!exe) throw new Error('SWIFTLET_CONSTRAIN_DOCS is not set: run this test through ctest');
+  return new Promise((resolve, reject) => {
+    const p = spawn(exe, [TOKENIZER], { stdio: ['pipe', 'pipe', 'inherit'] });
+    let out = '';
+    p.stdout.on('data', (d) => { out += d; });
+    p.on('error', reject);
+    p.on('exit', (code) => {
+      if (code !== 0) return reject(new Error(`swiftlet_constrain_docs exited with ${code}`));
+      resolve(out.trim().split('\n').map((l) => JSON.parse(l)));
+    });
+    p.stdin.end(requests.map((r) => JSON.stringify(r)).join('\n') + '\n');
+  });
+}

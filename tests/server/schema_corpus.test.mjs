@@ -10,11 +10,10 @@
 //   - schemas that are not JSON Schema get a 400 naming the place.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
-import { startServer, oracles, TOKENIZER } from './helpers.mjs';
+import { startServer, oracles, constrainDocs } from './helpers.mjs';
 
 const Ajv2020 = oracles('ajv/dist/2020').default;
 const Ajv07 = oracles('ajv').default;
@@ -81,21 +80,6 @@ function check(schema, text, label) {
   assert.ok(validate(doc), `${label}: ${text} is not valid under ${JSON.stringify(schema)}: ${JSON.stringify(validate.errors)}`);
 }
 
-function constrainDocs(requests) {
-  const exe = process.env.SWIFTLET_CONSTRAIN_DOCS;
-  if (!exe) throw new Error('SWIFTLET_CONSTRAIN_DOCS is not set: run this test through ctest');
-  return new Promise((resolve, reject) => {
-    const p = spawn(exe, [TOKENIZER], { stdio: ['pipe', 'pipe', 'inherit'] });
-    let out = '';
-    p.stdout.on('data', (d) => { out += d; });
-    p.on('error', reject);
-    p.on('exit', (code) => {
-      if (code !== 0) return reject(new Error(`swiftlet_constrain_docs exited with ${code}`));
-      resolve(out.trim().split('\n').map((l) => JSON.parse(l)));
-    });
-    p.stdin.end(requests.map((r) => JSON.stringify(r)).join('\n') + '\n');
-  });
-}
 
 // Filled by the first test: the corpus entries with their documents and reports.
 const DONE = [];
