@@ -27,7 +27,7 @@ ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 900
 phase "ctest"
 # The CPU kernels for aarch64, cross-built and tested under qemu-aarch64 on CPU models with and
 # without the NEON extensions (scripts/test-arm64.sh).
-scripts/test-arm64.sh -j "$jobs"
+scripts/test-arm64.sh -j"$jobs"
 phase "arm64 kernels (qemu)"
 SWIFTLET_FUZZ_SEED=${SWIFTLET_FUZZ_SEED:-1} scripts/fuzz.sh "${SWIFTLET_FUZZ_SECONDS:-30}"
 phase "fuzz (build and run)"
