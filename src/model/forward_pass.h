@@ -1,7 +1,8 @@
 // A forward pass as a Session runs it: the CPU one (Forward, model/qwen3_hybrid.h) or the CUDA one
 // (model/gpu_forward.h). A pass whose state lives elsewhere (the GPU's KV cache and DeltaNet
 // states) keeps the host SessionState's pos and tokens exact and brings its recurrent part to the
-// host only when asked for a snapshot; snapshot/restore/reset therefore go through the pass.
+// host only when asked for a snapshot or a whole state; snapshot/restore/reset and whole states
+// (the prefix state cache, saved sessions) therefore go through the pass.
 #pragma once
 
 #include "format/hf_config.h"
@@ -39,6 +40,11 @@ class ForwardPass {
   // Rewinds state to a snapshot taken earlier on it (SessionState::restore).
   virtual void restore(SessionState& state, const StateSnapshot& snap) { state.restore(snap); }
   virtual void reset(SessionState& state) { state.reset(); }
+  // The whole state at state.pos on the host (K/V of every position, the DeltaNet states): the
+  // state itself for the CPU pass, else a copy made in `scratch`.
+  virtual const SessionState& whole_state(const SessionState& state, SessionState& scratch) { return state; }
+  // Replaces state with a whole state (of this model's shape, as whole_state gives).
+  virtual void load_state(SessionState& state, const SessionState& whole) { state = whole; }
   // Bytes held in buffers sized by a prompt (the CPU pass: its activations; the GPU pass: its
   // batched prefill's device activations), and letting them go once the prompt is in.
   virtual size_t buffer_bytes() const { return 0; }

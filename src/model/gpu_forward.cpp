@@ -196,6 +196,66 @@ void GpuForward::restore(SessionState& st, const StateSnapshot& snap) {
   pos_ = snap.pos;  // the KV cache rows before it are unchanged
 }
 
+const SessionState& GpuForward::whole_state(const SessionState& st, SessionState& scratch) {
+  SWIFTLET_CHECK(st.pos == pos_, "GPU state at {} but the session at {}", pos_, st.pos);
+  scratch.pos = st.pos;
+  scratch.tokens = st.tokens;
+  scratch.layers.resize(size_t(c_.num_layers));
+  const size_t kv = size_t(pos_) * size_t(c_.kv_dim());
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const LayerDev& d = dev_[size_t(l)];
+    LayerState& h = scratch.layers[size_t(l)];
+    if (d.conv) {
+      h.k.clear();
+      h.v.clear();
+      h.conv.resize(st.layers[size_t(l)].conv.size());
+      h.ssm.resize(st.layers[size_t(l)].ssm.size());
+      cu::gpu_download(h.conv.data(), d.conv, h.conv.size() * 4, s_);
+      cu::gpu_download(h.ssm.data(), d.ssm, h.ssm.size() * 4, s_);
+    } else {
+      h.conv.clear();
+      h.ssm.clear();
+      h.k.resize(kv);
+      h.v.resize(kv);
+      if (kv > 0) {
+        cu::gpu_download(h.k.data(), d.k, kv * 4, s_);
+        cu::gpu_download(h.v.data(), d.v, kv * 4, s_);
+      }
+    }
+  }
+  cu::gpu_sync(s_);
+  return scratch;
+}
+
+void GpuForward::load_state(SessionState& st, const SessionState& whole) {
+  SWIFTLET_CHECK(whole.layers.size() == size_t(c_.num_layers) && whole.tokens.size() == size_t(whole.pos),
+                 "a whole state of another model's shape");
+  reserve_kv(whole.pos);
+  const size_t kv = size_t(whole.pos) * size_t(c_.kv_dim());
+  st.pos = whole.pos;
+  st.tokens = whole.tokens;
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const LayerDev& d = dev_[size_t(l)];
+    const LayerState& w = whole.layers[size_t(l)];
+    LayerState& h = st.layers[size_t(l)];
+    if (d.conv) {
+      SWIFTLET_CHECK(w.conv.size() == h.conv.size() && w.ssm.size() == h.ssm.size(), "DeltaNet state of another shape");
+      h.conv = w.conv;  // the host copy of the recurrent states, as restore() keeps it
+      h.ssm = w.ssm;
+      cu::gpu_upload(d.conv, w.conv.data(), w.conv.size() * 4, s_);
+      cu::gpu_upload(d.ssm, w.ssm.data(), w.ssm.size() * 4, s_);
+    } else {
+      SWIFTLET_CHECK(w.k.size() == kv && w.v.size() == kv, "KV cache of {} values, want {}", w.k.size(), kv);
+      if (kv > 0) {
+        cu::gpu_upload(d.k, w.k.data(), kv * 4, s_);
+        cu::gpu_upload(d.v, w.v.data(), kv * 4, s_);
+      }
+    }
+  }
+  cu::gpu_sync(s_);
+  pos_ = whole.pos;
+}
+
 void GpuForward::reset(SessionState& st) {
   st.reset();
   for (auto& d : dev_) {

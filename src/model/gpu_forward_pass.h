@@ -41,6 +41,8 @@ class GpuForward final : public ForwardPass {
   void advance(SessionState& st, std::span<const int32_t> tokens);
   void restore(SessionState& st, const StateSnapshot& snap) override;
   void reset(SessionState& st) override;
+  const SessionState& whole_state(const SessionState& st, SessionState& scratch) override;
+  void load_state(SessionState& st, const SessionState& whole) override;
   std::string profile_report() const { return prof_.report(); }
   std::string host_timing_report() const { return host_.report(); }
   size_t buffer_bytes() const override { return batch_.bytes; }

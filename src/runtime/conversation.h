@@ -41,7 +41,7 @@ class Conversation {
   void reset();
   // The whole conversation into one file (Session::save: the model's state, with the messages
   // and the tokens seen as its note), and back: load() replaces this conversation with the
-  // file's and the next turn prefills only its own tokens. CPU only; throw Error (a file that
+  // file's and the next turn prefills only its own tokens. Throw Error (a file that
   // cannot be read leaves the conversation as it was; one without a chat leaves it empty).
   void save(const std::string& path) const;
   void load(const std::string& path);

@@ -129,7 +129,7 @@ int64_t Session::rewind_for(std::span<const int32_t> prompt) {
   // The shared cache may hold a longer prefix (another conversation's, or an earlier server's).
   if (StateCache* cache = this->cache()) {
     if (std::shared_ptr<const SavedState> hit = cache->find(prompt, own)) {
-      state_ = hit->state;
+      forward_->load_state(state_, hit->state);
       if (hit->state.pos == P) {
         logits_ = hit->logits;
         logits_pos_ = P;
@@ -200,7 +200,10 @@ void Session::feed_prompt(size_t max_tokens) {
     forward_->run(state_, all.subspan(pending_done_, m), last ? LogitsMode::Last : LogitsMode::None, logits_);
     pending_done_ += m;
     n -= m;
-    if (save != pending_saves_.end() && *save == pending_done_) cache()->put(state_, last ? &logits_ : nullptr);
+    if (save != pending_saves_.end() && *save == pending_done_) {
+      SessionState scratch;
+      cache()->put(forward_->whole_state(state_, scratch), last ? &logits_ : nullptr);
+    }
   }
   if (pending_mark_ > 0 && pending_done_ == pending_mark_) remember_snapshot();
   if (pending_done_ < pending_.size()) return;
@@ -216,23 +219,22 @@ void Session::feed_prompt(size_t max_tokens) {
 }
 
 void Session::save(const std::string& path, const std::string& note) const {
-  if (opts_.gpu) fail("saving a session's state runs on the CPU only: drop --gpu to save or resume a conversation");
   SavedState s;
-  s.state = state_;
+  SessionState scratch;
+  s.state = forward_->whole_state(state_, scratch);
   if (logits_pos_ == state_.pos && state_.pos > 0) s.logits = logits_;
   s.note = note;
   write_state_file(path, model_identity(model_), 0, s);
 }
 
 std::string Session::load(const std::string& path) {
-  if (opts_.gpu) fail("resuming a session's state runs on the CPU only: drop --gpu to save or resume a conversation");
   std::string why;
   std::optional<SavedState> s = read_state_file(path, model_.config, model_identity(model_), std::nullopt, &why);
   if (!s) fail("cannot resume from {}: {} (delete the file to start a new conversation)", path, why);
   if (opts_.max_context > 0 && s->state.pos > opts_.max_context)
     fail("cannot resume from {}: its {} tokens exceed the context of {} (raise --ctx)", path, s->state.pos,
          opts_.max_context);
-  state_ = std::move(s->state);
+  forward_->load_state(state_, s->state);
   snapshots_.clear();
   pending_.clear();
   pending_done_ = pending_mark_ = 0;

@@ -83,7 +83,7 @@ struct SessionOptions {
   RouteOverride* route_override = nullptr;
   // The prefix state cache shared by the sessions of this model (state_cache.h): a prompt starts
   // from its longest cached prefix, and the states at the prompt's checkpoints are kept there.
-  // Null: none. Not used on the GPU (its states live in device memory).
+  // Null: none. On the GPU its states are copied between VRAM and the cache.
   std::shared_ptr<StateCache> state_cache;
 };
 
@@ -124,7 +124,7 @@ class Session {
   void reset();
   // The conversation's whole state (tokens, K/V, DeltaNet states, the logits when at hand) and
   // `note` (the caller's bytes: a chat keeps its messages there) into one file, written
-  // atomically (docs/state-cache.md). CPU sessions only. Throws Error.
+  // atomically (docs/state-cache.md); on the GPU copied from VRAM first. Throws Error.
   void save(const std::string& path, const std::string& note = {}) const;
   // Restores a state saved by save() on the same model and returns its note. Throws Error,
   // leaving the session as it was, for a missing, corrupt, truncated or foreign file.
@@ -145,7 +145,7 @@ class Session {
   void check_prompt(std::span<const int32_t> prompt) const;
   int64_t rewind_for(std::span<const int32_t> prompt);
   void remember_snapshot();
-  StateCache* cache() const { return opts_.gpu ? nullptr : opts_.state_cache.get(); }
+  StateCache* cache() const { return opts_.state_cache.get(); }
 
   const Model& model_;
   const Tokenizer* tokenizer_;

@@ -3,10 +3,14 @@
 // same logits and greedy tokens, bit for bit, as one prefilled from scratch; a second
 // conversation sharing a prefix reuses it (in memory, and from the directory after a restart);
 // damaged, truncated, foreign-version and foreign-model files are ignored and counted; the
-// disk budget holds; two caches writing one directory leave only whole, valid files.
+// disk budget holds; two caches writing one directory leave only whole, valid files. On the GPU
+// (skipped without one): states copied out of VRAM and back give a GPU run's logits, and the
+// files are the same whichever backend wrote them.
 #include "runtime/state_cache.h"
 
 #include "convert/synthetic.h"
+#include "experts/expert_slots.h"
+#include "model/gpu_forward.h"
 #include "runtime/batch.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
@@ -15,6 +19,8 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -179,6 +185,98 @@ TEST_P(StateCacheFamily, SavedSessionResumesExactly) {
   EXPECT_EQ(ra.stats.reused_tokens, rb.stats.reused_tokens);
   EXPECT_EQ(rb.tokens, ra.tokens);
   EXPECT_TRUE(same_bits(a.last_logits(), b.last_logits()));
+}
+
+// ------------------------------------------------------------------------------ on the GPU
+
+std::shared_ptr<GpuModel> gpu_of(const Model& m) {
+  GpuOptions o;
+  o.make_slots = make_expert_slots;
+  std::string why;
+  auto g = make_gpu_model(m, o, &why);
+  EXPECT_TRUE(g) << why;
+  return g;
+}
+
+SessionOptions on_gpu(std::shared_ptr<GpuModel> g, std::shared_ptr<StateCache> cache = nullptr) {
+  SessionOptions so = with(std::move(cache));
+  so.gpu = std::move(g);
+  return so;
+}
+
+// The GPU's logits against another run's: its rounding differs from the CPU's and between chunk
+// splits of a prompt (the tolerance of the GPU tests), and the greedy pick is the same.
+void expect_close(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  float diff = 0;
+  for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, std::fabs(want[i] - got[i]));
+  EXPECT_LE(diff, 1e-3f) << what;
+  EXPECT_EQ(std::max_element(want.begin(), want.end()) - want.begin(),
+            std::max_element(got.begin(), got.end()) - got.begin()) << what;
+}
+
+TEST_P(StateCacheFamily, GpuRestoredPrefixMatchesAFreshGpuRun) {
+  if (!gpu_usable(nullptr)) GTEST_SKIP() << "no usable CUDA GPU";
+  const Model& m = model();
+  auto g = gpu_of(m);
+  ASSERT_TRUE(g);
+  auto cache = std::make_shared<StateCache>(m, small_blocks());
+  const std::vector<int32_t> shared = random_tokens(m, 300, 1);
+  const std::vector<int32_t> a = concat(shared, random_tokens(m, 25, 2));
+  const std::vector<int32_t> b = concat(shared, random_tokens(m, 17, 3));
+  Session first(m, nullptr, on_gpu(g, cache));
+  EXPECT_EQ(first.generate(greedy(a)).stats.reused_tokens, 0);
+  EXPECT_EQ(cache->stats().entries_ram, 3u);  // 128, 256 and 325, copied out of VRAM
+
+  Session fresh(m, nullptr, on_gpu(g));
+  ASSERT_EQ(fresh.prepare(b), 0);
+  const std::vector<float> want = fresh.last_logits();
+  const std::vector<int32_t> want_tokens = fresh.generate(greedy(b)).tokens;
+
+  Session second(m, nullptr, on_gpu(g, cache));
+  EXPECT_EQ(second.prepare(b), 256);
+  expect_close(want, second.last_logits(), "b from the state at 256");
+  EXPECT_EQ(second.generate(greedy(b)).tokens, want_tokens);
+  Session third(m, nullptr, on_gpu(g, cache));
+  const GenerateResult r = third.generate(greedy(b));
+  EXPECT_EQ(r.stats.reused_tokens, int64_t(b.size()));
+  EXPECT_EQ(r.tokens, want_tokens);
+}
+
+// One cache directory outlives a server, whichever backend the next one runs: states the CPU
+// saved continue on the GPU as the CPU would, and the GPU's continue on the CPU.
+TEST_P(StateCacheFamily, StatesMoveBetweenTheCpuAndTheGpu) {
+  if (!gpu_usable(nullptr)) GTEST_SKIP() << "no usable CUDA GPU";
+  const Model& m = model();
+  auto g = gpu_of(m);
+  ASSERT_TRUE(g);
+  const std::vector<int32_t> shared = random_tokens(m, 200, 4);
+  const std::vector<int32_t> b = concat(shared, random_tokens(m, 20, 5));
+  const Fresh cpu = fresh_run(m, b);
+  for (const bool cpu_first : {true, false}) {
+    const std::string what = cpu_first ? "saved by the CPU, used on the GPU" : "saved by the GPU, used on the CPU";
+    auto cache = std::make_shared<StateCache>(m, small_blocks());
+    Session writer(m, nullptr, cpu_first ? with(cache) : on_gpu(g, cache));
+    writer.generate(greedy(concat(shared, random_tokens(m, 9, 6)), 1));
+    Session reader(m, nullptr, cpu_first ? on_gpu(g, cache) : with(cache));
+    EXPECT_EQ(reader.prepare(b), 128) << what;
+    expect_close(cpu.logits, reader.last_logits(), what);
+  }
+
+  ScratchDir dir;
+  Session on_card(m, nullptr, on_gpu(g));
+  const GenerateResult first = on_card.generate(greedy(b, 4));
+  on_card.save(dir / "chat.swst", "from the GPU");
+  std::vector<int32_t> next = concat(on_card.state().tokens, random_tokens(m, 7, 7));
+  const GenerateResult want = on_card.generate(greedy(next));
+  for (const bool gpu : {true, false}) {
+    Session resumed(m, nullptr, gpu ? on_gpu(g) : SessionOptions{});
+    EXPECT_EQ(resumed.load(dir / "chat.swst"), "from the GPU");
+    const GenerateResult got = resumed.generate(greedy(next));
+    EXPECT_EQ(got.stats.reused_tokens, int64_t(first.stats.prompt_tokens + first.stats.generated_tokens - 1));
+    EXPECT_EQ(got.tokens, want.tokens) << (gpu ? "resumed on the GPU" : "resumed on the CPU");
+    expect_close(on_card.last_logits(), resumed.last_logits(), gpu ? "resumed on the GPU" : "resumed on the CPU");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, StateCacheFamily, ::testing::Values("tiny", "tiny-q35"),

@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 
 namespace swiftlet::server {
 
@@ -122,10 +121,7 @@ void EngineWorker::run() {
     bo.predict_next = opts_.engine.predict_next;
     bo.gpu = engine_->gpu_model();
     batch_ = std::make_unique<Batch>(engine_->model(), bo);
-    if (opts_.state_cache && engine_->gpu())
-      std::fprintf(stderr, "swiftlet-server: the prefix state cache is bypassed on the GPU (its states live in "
-                           "VRAM and are not saved yet): every prompt is prefilled\n");
-    else if (opts_.state_cache)
+    if (opts_.state_cache)
       state_cache_ = std::make_shared<StateCache>(engine_->model(), opts_.state_cache_options);
   } catch (const std::exception& e) {
     std::lock_guard lock(mu_);
