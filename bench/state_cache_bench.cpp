@@ -1,6 +1,6 @@
 // Time to first token with the prefix state cache (runtime/state_cache.h), on a container:
 //
-//   swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR] [--cache-gb G] [--no-check]
+//   swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR] [--cache-gb G] [--gpu] [--no-check]
 //
 // Three conversations share their first P tokens (random ids) and differ in their last N:
 //   cold:      the first, prefilled whole (its checkpoints go to memory and to DIR);
@@ -10,7 +10,7 @@
 // Time to first token is the prompt's time until its logits are ready (the greedy pick costs
 // nothing more); the warm ones' picks are checked against fresh runs of the same prompts (two
 // more cold prefills; --no-check skips them). Prints the state sizes per checkpoint from the
-// configuration and as written.
+// configuration and as written. --gpu: on the GPU (its states copied out of VRAM and back).
 #include "core/error.h"
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
@@ -37,7 +37,7 @@ struct Args {
   std::string model, dir;
   int prompt = 1024, fresh_tokens = 8;
   std::string cache_gb;
-  bool check = true;
+  bool check = true, gpu = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -58,12 +58,14 @@ Args parse(int argc, char** argv) {
       a.cache_gb = next();
     else if (s == "--no-check")
       a.check = false;
+    else if (s == "--gpu")
+      a.gpu = true;
     else if (!s.starts_with("-") && a.model.empty())
       a.model = s;
     else
       fail(
           "unknown argument {}: usage: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR] [--cache-gb "
-          "G] [--no-check]",
+          "G] [--gpu] [--no-check]",
           s);
   }
   if (a.model.empty()) fail("give a model: swiftlet_bench_state_cache MODEL [--prompt P] [--new N] [--dir DIR]");
@@ -108,14 +110,16 @@ int run(int argc, char** argv) {
   EngineOptions eo;
   eo.model = a.model;
   apply_cache_flags(eo.load, a.cache_gb, "", "", "uring", a.prompt + a.fresh_tokens);
+  eo.gpu = a.gpu;
   Engine e(eo);
+  if (a.gpu && !e.gpu()) fail("--gpu: no usable CUDA GPU (or a build without CUDA)");
   const ModelConfig& c = e.config();
   const std::string dir = a.dir.empty() ? (fs::temp_directory_path() / "swiftlet_state_cache_bench").string() : a.dir;
   fs::remove_all(dir);
 
   const double deltanet = double(c.linear_state_bytes()), kv = double(c.kv_bytes_per_token());
-  std::printf("model %s (%s): DeltaNet state %.1f MB, KV %.1f KB per token\n", a.model.c_str(), c.family_name(),
-              deltanet / 1e6, kv / 1e3);
+  std::printf("model %s (%s, %s): DeltaNet state %.1f MB, KV %.1f KB per token\n", a.model.c_str(), c.family_name(),
+              a.gpu ? "GPU" : "CPU", deltanet / 1e6, kv / 1e3);
   std::printf("state per checkpoint at %d tokens: %.1f MB (DeltaNet %.1f MB + KV %.1f MB)\n", a.prompt,
               (deltanet + kv * a.prompt) / 1e6, deltanet / 1e6, kv * a.prompt / 1e6);
 
