@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <regex>
 
 namespace swiftlet {
 
@@ -366,6 +368,85 @@ const std::vector<int64_t>& GgufFile::get_ints(const std::string& key) const {
       v.elem == GgufType::F64)
     fail("'{}': metadata key '{}' is not an array of integers", path(), key);
   return v.ints;
+}
+
+namespace {
+
+// "NAME-00002-of-00005.gguf" -> ("NAME", 2, 5); k = 0 when the name is not a split part.
+struct SplitName {
+  std::string stem;
+  int k = 0, n = 0;
+};
+SplitName split_name(const std::string& path) {
+  static const std::regex re(R"((.*)-([0-9]{5})-of-([0-9]{5})\.gguf)");
+  std::smatch m;
+  if (!std::regex_match(path, m, re)) return {};
+  return {m[1].str(), std::stoi(m[2].str()), std::stoi(m[3].str())};
+}
+
+std::string part_path(const SplitName& s, int k) { return fmt::format("{}-{:05d}-of-{:05d}.gguf", s.stem, k, s.n); }
+
+}  // namespace
+
+GgufModel GgufModel::open(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string file = path;
+  if (fs::is_directory(path)) {
+    std::vector<std::string> models;  // single files and first parts
+    for (const auto& e : fs::directory_iterator(path)) {
+      const std::string name = e.path().filename().string();
+      if (e.path().extension() != ".gguf" || name.starts_with("mmproj")) continue;
+      const SplitName s = split_name(e.path().string());
+      if (s.k == 0 || s.k == 1) models.push_back(e.path().string());
+      else if (!fs::exists(part_path(s, 1))) models.push_back(part_path(s, 1));
+    }
+    std::sort(models.begin(), models.end());
+    models.erase(std::unique(models.begin(), models.end()), models.end());
+    if (models.empty()) fail("'{}' holds no .gguf file", path);
+    if (models.size() > 1)
+      fail("'{}' holds more than one GGUF model ({}); name the file to convert", path,
+           fmt::join(models, ", "));
+    file = models.front();
+  } else if (!fs::exists(path)) {
+    fail("'{}' does not exist", path);
+  }
+  GgufModel m;
+  m.source_ = path;
+  const SplitName s = split_name(file);
+  if (s.k == 0) {
+    m.files_.push_back(std::make_unique<GgufFile>(file));
+  } else {
+    if (s.n < 1 || s.k > s.n) fail("'{}': part {} of {} is not a valid split file name", file, s.k, s.n);
+    for (int k = 1; k <= s.n; ++k) {
+      const std::string p = part_path(s, k);
+      if (!fs::exists(p))
+        fail("part {} of {} of the split GGUF model is missing: '{}' (download every part)", k, s.n, p);
+      m.files_.push_back(std::make_unique<GgufFile>(p));
+    }
+    if (const GgufValue* c = m.meta().find("split.count"); c && c->is_integer() && c->i != s.n)
+      fail("'{}' says the model has {} parts (split.count) but its name says {}", part_path(s, 1),
+           c->i, s.n);
+  }
+  for (const auto& f : m.files_)
+    for (const GgufTensor& t : f->tensors()) {
+      auto [it, inserted] = m.by_name_.emplace(t.name, &t);
+      if (!inserted)
+        fail("tensor '{}' appears in both '{}' and '{}'", t.name, *it->second->file, f->path());
+    }
+  return m;
+}
+
+const GgufTensor* GgufModel::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+const GgufTensor& GgufModel::get(const std::string& name) const {
+  const GgufTensor* t = find(name);
+  if (!t)
+    fail("the GGUF model '{}' has no tensor '{}'; is it a complete llama.cpp file of a supported "
+         "architecture?", source_, name);
+  return *t;
 }
 
 }  // namespace swiftlet

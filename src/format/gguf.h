@@ -114,4 +114,26 @@ class GgufFile {
   std::map<std::string, size_t> by_name_;
 };
 
+// A model's GGUF files: one file, or every part of a split model (NAME-00001-of-0000N.gguf, as
+// llama.cpp's gguf-split writes them; the first part's metadata describes the model).
+class GgufModel {
+ public:
+  // `path`: a .gguf file (any part of a split model opens every part) or a directory holding one
+  // model's file or parts (vision projectors, mmproj*.gguf, are skipped). Throws Error for a
+  // missing part, a part count that disagrees with split.count, or a tensor in two parts.
+  static GgufModel open(const std::string& path);
+
+  const GgufFile& meta() const { return *files_.front(); }
+  const std::vector<std::unique_ptr<GgufFile>>& files() const { return files_; }
+  const GgufTensor* find(const std::string& name) const;
+  // Throws Error naming the model when absent.
+  const GgufTensor& get(const std::string& name) const;
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+  std::vector<std::unique_ptr<GgufFile>> files_;
+  std::map<std::string, const GgufTensor*> by_name_;
+};
+
 }  // namespace swiftlet

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 namespace swiftlet {
@@ -244,6 +245,37 @@ TEST_F(GgufTest, EveryTruncationIsAnError) {
   GgufFile whole(file(b));
   for (size_t n = 0; n < b.size(); ++n)
     EXPECT_NE(error(b.substr(0, n)), "(no error)") << "truncated to " << n << " bytes";
+}
+
+TEST_F(GgufTest, SplitModelsOpenEveryPart) {
+  namespace fs = std::filesystem;
+  auto part = [&](const std::string& tensor, int k, int n) {
+    GgufWriter w;
+    w.set_u32("split.count", uint32_t(n));
+    w.add_tensor(tensor, GgmlType::F32, {2}, std::string(8, '\0'));
+    const std::string p = dir_ / fmt::format("m-{:05d}-of-{:05d}.gguf", k, n);
+    w.write(p);
+    return p;
+  };
+  part("a", 1, 2);
+  const std::string second = part("b", 2, 2);
+  for (const std::string& open : {second, dir_.str()}) {
+    const GgufModel m = GgufModel::open(open);
+    EXPECT_EQ(m.files().size(), 2u);
+    EXPECT_NE(m.find("a"), nullptr);
+    EXPECT_NE(m.find("b"), nullptr);
+    EXPECT_NE(error_of([&] { m.get("c"); }).find("no tensor 'c'"), std::string::npos);
+  }
+  part("a", 2, 2);  // the same tensor in both parts
+  EXPECT_NE(error_of([&] { GgufModel::open(second); }).find("appears in both"), std::string::npos);
+  fs::remove(second);
+  EXPECT_NE(error_of([&] { GgufModel::open(dir_ / "m-00001-of-00002.gguf"); }).find("part 2 of 2"),
+            std::string::npos);
+  GgufWriter other;
+  other.write(dir_ / "other.gguf");
+  EXPECT_NE(error_of([&] { GgufModel::open(dir_.str()); }).find("more than one GGUF model"), std::string::npos);
+  EXPECT_EQ(GgufModel::open(dir_ / "other.gguf").files().size(), 1u);
+  EXPECT_NE(error_of([&] { GgufModel::open(dir_ / "none.gguf"); }).find("does not exist"), std::string::npos);
 }
 
 TEST_F(GgufTest, TypeNames) {
