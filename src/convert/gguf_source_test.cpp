@@ -11,6 +11,7 @@
 #include "format/gguf.h"
 #include "format/gguf_writer.h"
 #include "format/safetensors.h"
+#include "model/forward_pass.h"
 #include "kernels/cpu/ops_ref.h"
 #include "model/weights.h"
 #include "runtime/model_loader.h"
@@ -85,18 +86,9 @@ void add(GgufWriter& w, const std::string& name, std::vector<int64_t> ne, const 
   w.add_tensor(name, type, std::move(ne), std::move(bytes));
 }
 
-std::vector<float> matrix_f32(const TensorSet& ts, const std::string& path, int64_t rows, int64_t cols,
-                              const ModelConfig& c) {
-  const QMatrix m = view_linear(ts, path, rows, cols, c.quant);
-  std::vector<float> v(size_t(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) ref::dequant_row(m, r, v.data() + r * cols);
-  return v;
-}
-
-std::vector<float> vector_f32(const TensorSet& ts, const std::string& name) {
-  const TensorView& t = ts.get(name);
-  std::vector<float> v(size_t(t.numel()));
-  to_f32(t.dtype, t.data, v.data(), v.size());
+std::vector<float> rows_f32(const QMatrix& m) {
+  std::vector<float> v(static_cast<size_t>(m.rows * m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) ref::dequant_row(m, r, v.data() + r * m.cols);
   return v;
 }
 
@@ -117,12 +109,13 @@ struct GgufWriteOptions {
   bool fused_qkvz = false;            // Qwen3-Next: ssm_in (older files) instead of attn_qkv + attn_gate
 };
 
-// Writes the Hugging Face checkpoint `dir` as llama.cpp would convert it.
-void write_as_gguf(const std::string& dir, const std::string& out, const GgufWriteOptions& o) {
-  const ModelConfig c = ModelConfig::load(dir + "/config.json");
-  const TensorSet ts = TensorSet::open_dir(dir);
-  const NameScheme n = NameScheme::detect(ts, c);
-  ASSERT_FALSE(norms_hold_one_plus_w(ts, c, n)) << "a Hugging Face fixture is expected";
+// Writes the model at `path` (a checkpoint directory or a container; its weights as loaded:
+// norms holding 1 + w, DeltaNet inputs split, heads in the checkpoint's order) as llama.cpp's
+// convert_hf_to_gguf.py would have written its checkpoint.
+void write_as_gguf(const std::string& path, const std::string& out, const GgufWriteOptions& o) {
+  auto lm = load_model(path);
+  const ModelConfig& c = lm->model.config;
+  const ModelWeights& mw = lm->model.weights;
   const bool next = c.family == Family::Qwen3Next;
   const std::string arch = next ? "qwen3next" : "qwen35moe", a = arch + ".";
   GgufWriter w;
@@ -152,100 +145,101 @@ void write_as_gguf(const std::string& dir, const std::string& out, const GgufWri
 
   const int64_t H = c.hidden_size, kd = c.linear_key_dim(), dv = c.linear_value_head_dim;
   const GgmlType mt = o.matrices;
-  ModelWeights scratch;
-  std::vector<DenseTensorSpec> specs;
-  for_each_dense_tensor(c, n, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { specs.push_back(s); },
-                        stored_deltanet_layout(ts, c, n));
-  for (const DenseTensorSpec& s : specs) {
-    std::string what = s.name, b;
-    if (s.name.starts_with(n.layers)) {
-      const std::string rest = s.name.substr(n.layers.size());
-      b = "blk." + rest.substr(0, rest.find('.')) + ".";
-      what = rest.substr(rest.find('.') + 1);
-    }
-    if (s.name == n.embed) add(w, "token_embd.weight", {H, s.rows}, matrix_f32(ts, s.name, s.rows, s.cols, c), mt);
-    else if (s.name == n.lm_head) add(w, "output.weight", {H, s.rows}, matrix_f32(ts, s.name, s.rows, s.cols, c), mt);
-    else if (s.kind == TensorKind::ZeroCentredNorm) {
-      std::vector<float> v = vector_f32(ts, s.name);
-      for (float& x : v) x += 1.0f;  // llama.cpp stores 1 + w
-      static const std::map<std::string, std::string> kNorms = {
-          {"input_layernorm.weight", "attn_norm.weight"},
-          {"post_attention_layernorm.weight", "post_attention_norm.weight"},
-          {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-          {"self_attn.k_norm.weight", "attn_k_norm.weight"}};
-      add(w, s.name == n.final_norm ? "output_norm.weight" : b + kNorms.at(what), {s.rows}, v);
-    } else if (what == "linear_attn.in_proj_qkvz") {
-      const std::vector<float> v = matrix_f32(ts, s.name, s.rows, s.cols, c);
-      if (o.fused_qkvz) {
-        add(w, b + "ssm_in.weight", {H, s.rows}, v, mt);
-        continue;
+  auto matrix = [&](const std::string& name, const QMatrix& m) { add(w, name, {m.cols, m.rows}, rows_f32(m), mt); };
+  matrix("token_embd.weight", mw.embed_tokens);
+  if (!c.tie_word_embeddings) matrix("output.weight", mw.lm_head);
+  add(w, "output_norm.weight", {H}, mw.norm);  // norms: 1 + w, as llama.cpp stores them
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = mw.layers[size_t(l)];
+    const std::string b = fmt::format("blk.{}.", l);
+    add(w, b + "attn_norm.weight", {H}, L.input_layernorm);
+    add(w, b + "post_attention_norm.weight", {H}, L.post_attention_layernorm);
+    if (L.linear) {
+      const DeltaNetWeights& g = L.gdn;
+      std::vector<float> qkv = rows_f32(g.in_proj_qkv), z = rows_f32(g.in_proj_z);
+      std::vector<float> bb = rows_f32(g.in_proj_b), aa = rows_f32(g.in_proj_a);
+      if (next) {
+        if (o.fused_qkvz) {  // rows back in the checkpoint's grouped order
+          const std::vector<int64_t> order = split_row_order(c, FusedInput::Qkvz);
+          std::vector<float> fused(order.size() * size_t(H));
+          for (size_t i = 0; i < order.size(); ++i) {
+            const float* src = int64_t(i) < c.conv_dim() ? qkv.data() + i * size_t(H)
+                                                         : z.data() + (i - size_t(c.conv_dim())) * size_t(H);
+            std::memcpy(fused.data() + order[i] * H, src, size_t(H) * 4);
+          }
+          add(w, b + "ssm_in.weight", {H, int64_t(order.size())}, fused, mt);
+        } else {
+          add(w, b + "attn_qkv.weight", {H, c.conv_dim()}, qkv, mt);
+          add(w, b + "attn_gate.weight", {H, c.linear_value_dim()}, z, mt);
+        }
+        const std::vector<int64_t> order = split_row_order(c, FusedInput::Ba);
+        std::vector<float> ba(order.size() * size_t(H));
+        for (size_t i = 0; i < order.size(); ++i) {
+          const int64_t hv = c.linear_num_value_heads;
+          const float* src = int64_t(i) < hv ? bb.data() + i * size_t(H) : aa.data() + (i - size_t(hv)) * size_t(H);
+          std::memcpy(ba.data() + order[i] * H, src, size_t(H) * 4);
+        }
+        add(w, b + "ssm_ba.weight", {H, int64_t(order.size())}, ba, mt);
+      } else {
+        tile_rows(qkv, H, 2 * kd, dv, c);
+        tile_rows(z, H, 0, dv, c);
+        tile_rows(bb, H, 0, 1, c);
+        tile_rows(aa, H, 0, 1, c);
+        add(w, b + "attn_qkv.weight", {H, c.conv_dim()}, qkv, mt);
+        add(w, b + "attn_gate.weight", {H, c.linear_value_dim()}, z, mt);
+        add(w, b + "ssm_beta.weight", {H, c.linear_num_value_heads}, bb, mt);
+        add(w, b + "ssm_alpha.weight", {H, c.linear_num_value_heads}, aa, mt);
       }
-      const std::vector<int64_t> order = split_row_order(c, FusedInput::Qkvz);
-      std::vector<float> qkv, z;
-      for (size_t i = 0; i < order.size(); ++i)
-        (int64_t(i) < c.conv_dim() ? qkv : z).insert((int64_t(i) < c.conv_dim() ? qkv : z).end(),
-                                                    v.begin() + order[i] * H, v.begin() + (order[i] + 1) * H);
-      add(w, b + "attn_qkv.weight", {H, c.conv_dim()}, qkv, mt);
-      add(w, b + "attn_gate.weight", {H, c.linear_value_dim()}, z, mt);
-    } else if (what == "linear_attn.in_proj_ba") {
-      add(w, b + "ssm_ba.weight", {H, s.rows}, matrix_f32(ts, s.name, s.rows, s.cols, c), mt);
-    } else if (what == "linear_attn.in_proj_qkv" || what == "linear_attn.in_proj_z" ||
-               what == "linear_attn.in_proj_b" || what == "linear_attn.in_proj_a") {
-      std::vector<float> v = matrix_f32(ts, s.name, s.rows, s.cols, c);
-      const char* to = what.ends_with("qkv") ? "attn_qkv.weight" : what.ends_with("_z") ? "attn_gate.weight"
-                       : what.ends_with("_b") ? "ssm_beta.weight" : "ssm_alpha.weight";
-      tile_rows(v, H, what.ends_with("qkv") ? 2 * kd : 0, what.ends_with("qkv") || what.ends_with("_z") ? dv : 1, c);
-      add(w, b + to, {H, s.rows}, v, mt);
-    } else if (what == "linear_attn.conv1d.weight") {
-      std::vector<float> v = vector_f32(ts, s.name);  // [C, 1, K]: the bytes of [C, K]
-      if (!next) tile_rows(v, s.cols, 2 * kd, dv, c);
-      add(w, b + "ssm_conv1d.weight", {s.cols, s.rows}, v);
-    } else if (what == "linear_attn.A_log" || what == "linear_attn.dt_bias") {
-      std::vector<float> v = vector_f32(ts, s.name);
-      if (what.ends_with("A_log"))
-        for (float& x : v) x = -std::exp(x);
-      if (!next) tile_rows(v, 1, 0, 1, c);
-      add(w, b + (what.ends_with("A_log") ? "ssm_a" : "ssm_dt.bias"), {s.rows}, v);
-    } else if (what == "linear_attn.norm.weight") {
-      add(w, b + "ssm_norm.weight", {s.rows}, vector_f32(ts, s.name));
-    } else if (what == "linear_attn.out_proj") {
-      std::vector<float> v = matrix_f32(ts, s.name, s.rows, s.cols, c);
-      if (!next) {  // tile the columns: transpose, tile rows, transpose back
-        std::vector<float> t(v.size());
-        for (int64_t i = 0; i < s.rows; ++i)
-          for (int64_t j = 0; j < s.cols; ++j) t[size_t(j * s.rows + i)] = v[size_t(i * s.cols + j)];
-        tile_rows(t, s.rows, 0, dv, c);
-        for (int64_t i = 0; i < s.rows; ++i)
-          for (int64_t j = 0; j < s.cols; ++j) v[size_t(i * s.cols + j)] = t[size_t(j * s.rows + i)];
+      std::vector<float> conv = g.conv1d, alog = g.A_log, dt = g.dt_bias;
+      for (float& x : alog) x = -std::exp(x);  // llama.cpp stores -exp(A_log)
+      std::vector<float> out_proj = rows_f32(g.out_proj);
+      if (!next) {
+        tile_rows(conv, c.linear_conv_kernel_dim, 2 * kd, dv, c);
+        tile_rows(alog, 1, 0, 1, c);
+        tile_rows(dt, 1, 0, 1, c);
+        const int64_t R = g.out_proj.rows, C = g.out_proj.cols;  // tile the columns
+        std::vector<float> t(out_proj.size());
+        for (int64_t i = 0; i < R; ++i)
+          for (int64_t j = 0; j < C; ++j) t[size_t(j * R + i)] = out_proj[size_t(i * C + j)];
+        tile_rows(t, R, 0, dv, c);
+        for (int64_t i = 0; i < R; ++i)
+          for (int64_t j = 0; j < C; ++j) out_proj[size_t(i * C + j)] = t[size_t(j * R + i)];
       }
-      add(w, b + "ssm_out.weight", {s.cols, s.rows}, v, mt);
+      add(w, b + "ssm_conv1d.weight", {c.linear_conv_kernel_dim, c.conv_dim()}, conv);
+      add(w, b + "ssm_a", {c.linear_num_value_heads}, alog);
+      add(w, b + "ssm_dt.bias", {c.linear_num_value_heads}, dt);
+      add(w, b + "ssm_norm.weight", {dv}, g.norm);
+      add(w, b + "ssm_out.weight", {g.out_proj.cols, g.out_proj.rows}, out_proj, mt);
     } else {
-      static const std::map<std::string, std::string> kLinear = {
-          {"self_attn.q_proj", "attn_q.weight"},       {"self_attn.k_proj", "attn_k.weight"},
-          {"self_attn.v_proj", "attn_v.weight"},       {"self_attn.o_proj", "attn_output.weight"},
-          {"mlp.gate", "ffn_gate_inp.weight"},         {"mlp.shared_expert.gate_proj", "ffn_gate_shexp.weight"},
-          {"mlp.shared_expert.up_proj", "ffn_up_shexp.weight"},
-          {"mlp.shared_expert.down_proj", "ffn_down_shexp.weight"}};
-      const std::vector<float> v = matrix_f32(ts, s.name, s.rows, s.cols, c);
-      if (what == "mlp.shared_expert_gate") add(w, b + "ffn_gate_inp_shexp.weight", {H}, v);  // 1-D, as llama.cpp
-      else add(w, b + kLinear.at(what), {s.cols, s.rows}, v, mt);
+      matrix(b + "attn_q.weight", L.attn.q_proj);
+      matrix(b + "attn_k.weight", L.attn.k_proj);
+      matrix(b + "attn_v.weight", L.attn.v_proj);
+      matrix(b + "attn_output.weight", L.attn.o_proj);
+      add(w, b + "attn_q_norm.weight", {c.head_dim}, L.attn.q_norm);
+      add(w, b + "attn_k_norm.weight", {c.head_dim}, L.attn.k_norm);
     }
-  }
-  // The experts, stacked: [experts, rows, cols].
-  const TensorExperts ex(ts, c, n);
-  const int64_t I = c.moe_intermediate_size, E = c.num_experts;
-  for (int l = 0; l < c.num_layers; ++l)
-    for (int p = 0; p < 3; ++p) {
-      const int64_t rows = p == 2 ? H : I, cols = p == 2 ? I : H;
-      std::vector<float> v(size_t(E * rows * cols));
-      for (int e = 0; e < E; ++e) {
-        const ExpertWeights& x = ex.get(l, e);
-        const QMatrix& m = p == 0 ? x.gate : p == 1 ? x.up : x.down;
-        for (int64_t r = 0; r < rows; ++r) ref::dequant_row(m, r, v.data() + (e * rows + r) * cols);
+    matrix(b + "ffn_gate_inp.weight", L.moe.router);
+    matrix(b + "ffn_gate_shexp.weight", L.moe.shared_gate_proj);
+    matrix(b + "ffn_up_shexp.weight", L.moe.shared_up_proj);
+    matrix(b + "ffn_down_shexp.weight", L.moe.shared_down_proj);
+    add(w, b + "ffn_gate_inp_shexp.weight", {H}, rows_f32(L.moe.shared_expert_gate));  // 1-D, as llama.cpp
+    // The experts, stacked: [experts, rows, cols].
+    const int64_t I = c.moe_intermediate_size, E = c.num_experts;
+    std::vector<float> gate(size_t(E * I * H)), up(gate.size()), down(gate.size());
+    for (int32_t e = 0; e < E; ++e) {
+      ExpertWeights x;
+      lm->experts->acquire(l, std::span(&e, 1), std::span(&x, 1));
+      for (int64_t r = 0; r < I; ++r) {
+        ref::dequant_row(x.gate, r, gate.data() + (e * I + r) * H);
+        ref::dequant_row(x.up, r, up.data() + (e * I + r) * H);
       }
-      static const char* kExps[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
-      add(w, fmt::format("blk.{}.{}", l, kExps[p]), {cols, rows, E}, v, mt);
+      for (int64_t r = 0; r < H; ++r) ref::dequant_row(x.down, r, down.data() + (e * H + r) * I);
+      lm->experts->release(l);
     }
+    add(w, b + "ffn_gate_exps.weight", {H, I, E}, gate, mt);
+    add(w, b + "ffn_up_exps.weight", {H, I, E}, up, mt);
+    add(w, b + "ffn_down_exps.weight", {I, H, E}, down, mt);
+  }
   w.write(out);
 }
 
@@ -256,6 +250,12 @@ std::vector<float> prefill(const std::string& model, const std::vector<int32_t>&
   std::vector<float> logits;
   fwd.run(st, tokens, LogitsMode::All, logits);
   return logits;
+}
+
+float rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i] - b[i]) * double(a[i] - b[i]);
+  return float(std::sqrt(s / double(std::max<size_t>(1, a.size()))));
 }
 
 RepackOptions opts(const std::string& out, int bits) {
@@ -290,6 +290,105 @@ INSTANTIATE_TEST_SUITE_P(Gguf, GgufRepack,
                          ::testing::Values(Case{"next_8l", false}, Case{"next_8l", true},
                                            Case{"q35_text_tied", false}),
                          [](const auto& info) { return info.param.fixture + (info.param.fused_qkvz ? "_ssm_in" : ""); });
+
+// The cost of each GGUF type, and of re-quantising it into the container, on the trained model
+// (models/toy.qpack: real weights, so the logits show quantisation error rather than the random
+// fixtures' router flips). Largest logit difference over the first reference prompt against the
+// container the GGUF was written from, and against the GGUF's own dequantised weights (--bits
+// 16): what re-quantising at --bits 8 and 4 adds. docs/gguf.md has the table.
+TEST(GgufRepackTypes, EachTypeConvertsAndRequantisesWithinItsError) {
+  const std::string toy = swiftlet::testing::source_path("models/toy.qpack");
+  const auto ref = nlohmann::json::parse(read_text_file(swiftlet::testing::source_path("tests/data/trained/reference.json")));
+  const auto tokens = ref["prompts"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<float> want = prefill(toy, tokens);
+  struct Bound {
+    GgmlType type;
+    float own, bits8, bits4;  // limits on the three differences
+  };
+  // Limits: 1.5 x the differences measured when the test was written (printed below).
+  for (const Bound& b : {Bound{GgmlType::F32, 1e-4f, 2.0f, 2.4f}, Bound{GgmlType::Q8_0, 0.7f, 0.7f, 2.5f},
+                         Bound{GgmlType::Q4_0, 3.0f, 0.3f, 3.2f}}) {
+    ScratchDir tmp;
+    write_as_gguf(toy, tmp / "m.gguf", {b.type, false});
+    repack_from_gguf(tmp / "m.gguf", opts(tmp / "16.qpack", 16));
+    const std::vector<float> dequantised = prefill(tmp / "16.qpack", tokens);
+    const float own = max_abs_diff(dequantised, want);
+    float diff[2], rms[3] = {rms_diff(dequantised, want), 0, 0};
+    for (int bits : {8, 4}) {
+      repack_from_gguf(tmp / "m.gguf", opts(tmp / fmt::format("{}.qpack", bits), bits));
+      const std::vector<float> got = prefill(tmp / fmt::format("{}.qpack", bits), tokens);
+      diff[bits == 4] = max_abs_diff(got, dequantised);
+      rms[bits == 4 ? 2 : 1] = rms_diff(got, dequantised);
+    }
+    const std::string type = ggml_type_name(uint32_t(b.type));
+    std::printf("toy %-5s max|rms: vs the container %.5f|%.5f; --bits 8 vs the GGUF %.5f|%.5f; --bits 4 vs "
+                "the GGUF %.5f|%.5f\n", type.c_str(), own, rms[0], diff[0], rms[1], diff[1], rms[2]);
+    EXPECT_LT(own, b.own) << type;
+    EXPECT_LT(diff[0], b.bits8) << type;
+    EXPECT_LT(diff[1], b.bits4) << type;
+  }
+}
+
+// --bits 16 keeps a float GGUF's own type: the bytes pass through exactly.
+TEST(GgufRepackTypes, Bits16KeepsTheFloatType) {
+  const std::string fx = fixture_dir("next_8l");
+  if (!fs::exists(fx + "/reference.json")) GTEST_SKIP() << "fixture missing";
+  ScratchDir tmp;
+  write_as_gguf(fx, tmp / "m.gguf", {GgmlType::F16, false});
+  repack_from_gguf(tmp / "m.gguf", opts(tmp / "m.qpack", 16));
+  const GgufFile g(tmp / "m.gguf");
+  const TensorSet ts = TensorSet::open_files({tmp / "m.qpack/model.safetensors"});
+  const TensorView& q = ts.get("model.layers.3.self_attn.q_proj.weight");
+  EXPECT_EQ(q.dtype, DType::F16);
+  const GgufTensor* src = g.find_tensor("blk.3.attn_q.weight");
+  ASSERT_NE(src, nullptr);
+  ASSERT_EQ(q.nbytes, src->nbytes);
+  EXPECT_EQ(std::memcmp(q.data, src->data, q.nbytes), 0);
+}
+
+TEST(GgufRepackErrors, OtherArchitecturesTypesAndMissingKeysAreRefusedByName) {
+  ScratchDir tmp;
+  GgufWriter llama;
+  llama.set_string("general.architecture", "llama");
+  llama.write(tmp / "llama.gguf");
+  EXPECT_NE(error_of([&] { open_gguf_source(tmp / "llama.gguf", opts(tmp / "o", 4)); })
+                .find("architecture 'llama'; swiftlet converts qwen3next"),
+            std::string::npos);
+
+  GgufWriter iq;
+  iq.set_string("general.architecture", "qwen3next");
+  iq.add_tensor("blk.0.ffn_down_exps.weight", GgmlType::IQ2_XS, {256, 1}, std::string(74, '\0'));
+  iq.write(tmp / "iq.gguf");
+  EXPECT_EQ(error_of([&] { open_gguf_source(tmp / "iq.gguf", opts(tmp / "o", 4)); }),
+            "tensor blk.0.ffn_down_exps.weight has type IQ2_XS, which swiftlet cannot read; convert from "
+            "safetensors or a Q4_K/Q5_K/Q6_K/Q8_0 GGUF");
+
+  GgufWriter bare;
+  bare.set_string("general.architecture", "qwen35moe");
+  bare.add_tensor("token_embd.weight", GgmlType::F32, {4, 2}, std::string(32, '\0'));
+  bare.write(tmp / "bare.gguf");
+  EXPECT_NE(error_of([&] { open_gguf_source(tmp / "bare.gguf", opts(tmp / "o", 4)); })
+                .find("lacks the metadata key 'qwen35moe.embedding_length'"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(tmp / "o"));
+}
+
+// The executable: converts a GGUF; a file that is not one fails with the reason and writes nothing.
+TEST(GgufCli, RepackFromGguf) {
+  const std::string fx = fixture_dir("next_8l");
+  if (!fs::exists(fx + "/reference.json")) GTEST_SKIP() << "fixture missing";
+  ScratchDir tmp;
+  write_as_gguf(fx, tmp / "m.gguf", {GgmlType::Q8_0, false});
+  const auto ok = swiftlet::testing::run_binary(
+      "swiftlet-repack", "--from-gguf " + (tmp / "m.gguf") + " --output " + (tmp / "m.qpack") + " --bits 8 -q");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+  EXPECT_TRUE(fs::exists(tmp / "m.qpack/manifest.json"));
+  const auto bad = swiftlet::testing::run_binary(
+      "swiftlet-repack", "--from-gguf " + fx + "/config.json --output " + (tmp / "bad.qpack"));
+  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_NE(bad.out.find("is not a GGUF file"), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(tmp / "bad.qpack"));
+}
 
 }  // namespace
 }  // namespace swiftlet
