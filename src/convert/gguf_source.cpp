@@ -20,6 +20,8 @@
 //     conv1d and the columns of out_proj: put back in the checkpoint's order.
 #include "convert/repack.h"
 
+#include "convert/gguf_tokenizer.h"
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "format/gguf.h"
@@ -29,8 +31,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 namespace swiftlet {
 
@@ -144,6 +151,7 @@ class GgufSource : public RepackSource {
     bits_ = o.bits == 0 ? 4 : o.bits;
     group_ = o.group_size;
     if (bits_ != 4 && bits_ != 8 && bits_ != 16) fail("--bits must be 4, 8 or 16, got {}", bits_);
+    write_tokenizer_files();
     tiled_ = arch_ == "qwen35moe" && config_.linear_num_key_heads != config_.linear_num_value_heads;
 
     // The experts: separate gate/up/down, or gate and up fused (gate rows first).
@@ -173,12 +181,17 @@ class GgufSource : public RepackSource {
     }
   }
 
+  ~GgufSource() override {
+    std::error_code ec;
+    if (!files_dir_.empty()) std::filesystem::remove_all(files_dir_, ec);
+  }
+
   std::string describe() const override { return g_.source(); }
   const ModelConfig& config() const override { return config_; }
   int quant_bits() const override { return bits_; }
   int quant_group_size() const override { return group_; }
   std::array<ProjectionFormat, 3> expert_formats() const override { return formats_; }
-  std::vector<std::pair<std::string, std::string>> files() const override { return {}; }
+  std::vector<std::pair<std::string, std::string>> files() const override { return files_; }
 
   std::string config_json() const override {
     json c = config_json_;
@@ -235,6 +248,26 @@ class GgufSource : public RepackSource {
   }
 
  private:
+  // tokenizer.json, tokenizer_config.json and chat_template.jinja rebuilt from the metadata, in a
+  // directory of their own until the container has copied them.
+  void write_tokenizer_files() {
+    if (!g_.meta().find("tokenizer.ggml.tokens")) return;  // no tokenizer: the container has none
+    static std::atomic<int> counter{0};
+    files_dir_ = (std::filesystem::temp_directory_path() /
+                  fmt::format("swiftlet-gguf-{}-{}", ::getpid(), counter++)).string();
+    std::filesystem::create_directories(files_dir_);
+    auto put = [&](const std::string& name, const std::string& text) {
+      const std::string p = files_dir_ + "/" + name;
+      std::ofstream f(p, std::ios::binary);
+      f << text;
+      if (!f.flush()) fail("cannot write '{}'", p);
+      files_.emplace_back(name, p);
+    };
+    put("tokenizer.json", gguf_tokenizer_json(g_.meta()));
+    put("tokenizer_config.json", gguf_tokenizer_config(g_.meta()));
+    if (const std::string t = gguf_chat_template(g_.meta()); !t.empty()) put("chat_template.jinja", t);
+  }
+
   std::string expert_tensor(int layer, int p) const {
     const std::string b = fmt::format("blk.{}.", layer);
     if (p != 2 && g_.find(b + "ffn_gate_up_exps.weight")) return b + "ffn_gate_up_exps.weight";
@@ -415,6 +448,8 @@ class GgufSource : public RepackSource {
   bool tiled_ = false;
   std::array<ProjectionFormat, 3> formats_;
   std::map<std::string, QuantSpec> overrides_;
+  std::string files_dir_;
+  std::vector<std::pair<std::string, std::string>> files_;
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 // the logits must be transformers' (the fixtures' own references).
 #include "convert/repack.h"
 
+#include "convert/gguf_tokenizer.h"
+
 #include "core/dtype.h"
 #include "core/error.h"
 #include "experts/tensor_experts.h"
@@ -14,6 +16,8 @@
 #include "model/forward_pass.h"
 #include "kernels/cpu/ops_ref.h"
 #include "model/weights.h"
+#include "core/zstd_frame.h"
+#include "tokenizer/tokenizer.h"
 #include "runtime/model_loader.h"
 #include "support/test_paths.h"
 #include "support/test_util.h"
@@ -107,7 +111,45 @@ void tile_rows(std::vector<float>& m, int64_t cols, int64_t row0, int64_t head_d
 struct GgufWriteOptions {
   GgmlType matrices = GgmlType::F32;  // type of the weight matrices (1-D tensors stay F32)
   bool fused_qkvz = false;            // Qwen3-Next: ssm_in (older files) instead of attn_qkv + attn_gate
+  bool tokenizer = false;             // the model's tokenizer.json and chat template as tokenizer.ggml.*
 };
+
+// tokenizer.ggml.* as llama.cpp writes them for a Qwen tokenizer.json: every token by id, type
+// 1 (normal), 3 (control: special added tokens) or 4 (user-defined: other added tokens), merges
+// as "a b", the eos and padding ids, the chat template.
+void add_tokenizer(GgufWriter& w, const std::string& model_dir) {
+  const std::string path = Tokenizer::file_in(model_dir);
+  std::string text = read_text_file(path);
+  if (is_zstd_frame(text)) text = zstd_decompress(text, path);
+  const auto j = nlohmann::json::parse(text);
+  std::map<int64_t, std::pair<std::string, int32_t>> by_id;
+  for (const auto& [tok, id] : j["model"]["vocab"].items()) by_id[id.get<int64_t>()] = {tok, 1};
+  for (const auto& t : j["added_tokens"]) by_id[t["id"].get<int64_t>()] = {t["content"], t["special"].get<bool>() ? 3 : 4};
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  for (const auto& [id, tt] : by_id) {
+    ASSERT_EQ(id, int64_t(tokens.size())) << "ids must be contiguous";
+    tokens.push_back(tt.first);
+    types.push_back(tt.second);
+  }
+  std::vector<std::string> merges;
+  for (const auto& m : j["model"]["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  w.set_string("tokenizer.ggml.model", "gpt2");
+  w.set_string("tokenizer.ggml.pre", "qwen2");
+  w.set_strings("tokenizer.ggml.tokens", tokens);
+  w.set_i32s("tokenizer.ggml.token_type", types);
+  w.set_strings("tokenizer.ggml.merges", merges);
+  const auto cfg = nlohmann::json::parse(read_text_file(model_dir + "/tokenizer_config.json"));
+  auto id_of = [&](const std::string& t) {
+    for (size_t i = 0; i < tokens.size(); ++i)
+      if (tokens[i] == t) return uint32_t(i);
+    return uint32_t(0);
+  };
+  w.set_u32("tokenizer.ggml.eos_token_id", id_of(cfg["eos_token"]));
+  w.set_u32("tokenizer.ggml.padding_token_id", id_of(cfg["pad_token"]));
+  w.set_string("tokenizer.chat_template", cfg["chat_template"]);
+}
 
 // Writes the model at `path` (a checkpoint directory or a container; its weights as loaded:
 // norms holding 1 + w, DeltaNet inputs split, heads in the checkpoint's order) as llama.cpp's
@@ -142,6 +184,7 @@ void write_as_gguf(const std::string& path, const std::string& out, const GgufWr
   w.set_u32(a + "expert_used_count", uint32_t(c.num_experts_per_tok));
   w.set_u32(a + "expert_feed_forward_length", uint32_t(c.moe_intermediate_size));
   w.set_u32(a + "expert_shared_feed_forward_length", uint32_t(c.shared_expert_intermediate_size));
+  if (o.tokenizer) add_tokenizer(w, path);
 
   const int64_t H = c.hidden_size, kd = c.linear_key_dim(), dv = c.linear_value_head_dim;
   const GgmlType mt = o.matrices;
@@ -309,8 +352,14 @@ TEST(GgufRepackTypes, EachTypeConvertsAndRequantisesWithinItsError) {
   for (const Bound& b : {Bound{GgmlType::F32, 1e-4f, 2.0f, 2.4f}, Bound{GgmlType::Q8_0, 0.7f, 0.7f, 2.5f},
                          Bound{GgmlType::Q4_0, 3.0f, 0.3f, 3.2f}}) {
     ScratchDir tmp;
-    write_as_gguf(toy, tmp / "m.gguf", {b.type, false});
+    write_as_gguf(toy, tmp / "m.gguf", {b.type, false, b.type == GgmlType::F32});
     repack_from_gguf(tmp / "m.gguf", opts(tmp / "16.qpack", 16));
+    if (b.type == GgmlType::F32) {  // the tokenizer and template come along
+      const Tokenizer tok = Tokenizer::from_file(Tokenizer::file_in(tmp / "16.qpack"));
+      EXPECT_EQ(tok.encode("Hello world! This is a test of the tokenizer."),
+                (std::vector<int32_t>{9707, 1879, 0, 1096, 374, 264, 1273, 315, 279, 45958, 13}));
+      EXPECT_TRUE(fs::exists(tmp / "16.qpack/chat_template.jinja"));
+    }
     const std::vector<float> dequantised = prefill(tmp / "16.qpack", tokens);
     const float own = max_abs_diff(dequantised, want);
     float diff[2], rms[3] = {rms_diff(dequantised, want), 0, 0};
@@ -371,6 +420,54 @@ TEST(GgufRepackErrors, OtherArchitecturesTypesAndMissingKeysAreRefusedByName) {
                 .find("lacks the metadata key 'qwen35moe.embedding_length'"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(tmp / "o"));
+}
+
+// Done-when: the tokenizer rebuilt from the GGUF's metadata gives the original's ids on the
+// tokenizer goldens (made with Hugging Face tokenizers), and the chat template comes along.
+TEST(GgufRepackTokenizer, RebuiltTokenizerMatchesTheGoldens) {
+  const std::string toy = swiftlet::testing::source_path("models/toy.qpack");
+  ScratchDir tmp;
+  GgufWriter w;
+  add_tokenizer(w, toy);
+  w.write(tmp / "tok.gguf");
+  const GgufFile f(tmp / "tok.gguf");
+  const Tokenizer tok = Tokenizer::from_json_string(gguf_tokenizer_json(f));
+  const auto goldens = nlohmann::json::parse(read_text_file(swiftlet::testing::source_path("tests/data/tokenizer/qwen3_goldens.json")));
+  EXPECT_EQ(tok.vocab_size(), goldens["vocab_size"].get<int32_t>());
+  int checked = 0, failures = 0;
+  for (const auto& c : goldens["encode"]) {
+    const std::string text = c["text"];
+    const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want_plain = (c.contains("ids_plain") ? c["ids_plain"] : c["ids"]).get<std::vector<int32_t>>();
+    if (tok.encode(text) != want && ++failures <= 10) ADD_FAILURE() << c["name"];
+    if (tok.encode(text, false) != want_plain && ++failures <= 10) ADD_FAILURE() << c["name"] << " (plain)";
+    ++checked;
+  }
+  EXPECT_EQ(failures, 0);
+  EXPECT_GE(checked, 400);
+  const auto orig = nlohmann::json::parse(read_text_file(toy + "/tokenizer_config.json"));
+  EXPECT_EQ(gguf_chat_template(f), orig["chat_template"].get<std::string>());
+  const auto cfg = nlohmann::json::parse(gguf_tokenizer_config(f));
+  EXPECT_EQ(cfg["eos_token"], "<|im_end|>");
+  EXPECT_EQ(cfg["pad_token"], "<|endoftext|>");
+  EXPECT_EQ(cfg["chat_template"], orig["chat_template"]);
+}
+
+TEST(GgufRepackTokenizer, OtherTokenizersAreRefusedByName) {
+  ScratchDir tmp;
+  GgufWriter w;
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.write(tmp / "spm.gguf");
+  EXPECT_NE(error_of([&] { gguf_tokenizer_json(GgufFile(tmp / "spm.gguf")); }).find("tokenizer.ggml.model is 'llama'"),
+            std::string::npos);
+  GgufWriter p;
+  p.set_string("tokenizer.ggml.model", "gpt2");
+  p.set_string("tokenizer.ggml.pre", "llama-bpe");
+  p.set_strings("tokenizer.ggml.tokens", {"a"});
+  p.set_strings("tokenizer.ggml.merges", {});
+  p.write(tmp / "pre.gguf");
+  EXPECT_NE(error_of([&] { gguf_tokenizer_json(GgufFile(tmp / "pre.gguf")); }).find("tokenizer.ggml.pre is 'llama-bpe'"),
+            std::string::npos);
 }
 
 // The executable: converts a GGUF; a file that is not one fails with the reason and writes nothing.
