@@ -151,6 +151,10 @@ class GgufSource : public RepackSource {
     bits_ = o.bits == 0 ? 4 : o.bits;
     group_ = o.group_size;
     if (bits_ != 4 && bits_ != 8 && bits_ != 16) fail("--bits must be 4, 8 or 16, got {}", bits_);
+    ModelWeights scratch;  // every dense tensor present and of its shape before anything is written
+    for_each_dense_tensor(
+        config_, names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { check_shape(s); },
+        DeltaNetLayout::Split);
     write_tokenizer_files();
     tiled_ = arch_ == "qwen35moe" && config_.linear_num_key_heads != config_.linear_num_value_heads;
 
@@ -364,6 +368,24 @@ class GgufSource : public RepackSource {
       return g_.find(b + "ssm_beta_alpha.weight") ? b + "ssm_beta_alpha.weight" : b + "ssm_ba.weight";
     if (what == "linear_attn.dt_bias" && g_.find(b + "ssm_dt")) return b + "ssm_dt";
     return name;  // get() names it as missing
+  }
+
+  // Throws Error unless the GGUF tensor behind `s` exists and has its shape: a matrix [rows, cols]
+  // exactly (a transposed one has the same size), anything else the right number of values.
+  void check_shape(const DenseTensorSpec& s) const {
+    const GgufTensor& t = g_.get(gguf_name(s));
+    if (t.name.ends_with("ssm_in.weight") || t.name.ends_with("ssm_ba.weight") ||
+        t.name.ends_with("ssm_beta_alpha.weight"))
+      return;  // fused: fused_part() checks the whole
+    std::vector<int64_t> ne = t.ne;
+    while (ne.size() > 1 && ne.back() == 1) ne.pop_back();
+    const bool ok = s.kind == TensorKind::Linear
+                        ? ne == std::vector<int64_t>{s.cols, s.rows} ||
+                              (s.rows == 1 && ne == std::vector<int64_t>{s.cols})  // ffn_gate_inp_shexp is 1-D
+                        : t.numel() == s.rows * s.cols;
+    if (!ok)
+      fail("'{}': tensor {} has shape {}; {} needs [{}, {}] (rows, columns)", g_.source(), t.name,
+           t.shape_str(), s.name, s.rows, s.cols);
   }
 
   // The fp32 values of the container tensor `s`, changed back from llama.cpp's conventions.

@@ -470,6 +470,44 @@ TEST(GgufRepackTokenizer, OtherTokenizersAreRefusedByName) {
             std::string::npos);
 }
 
+// A copy of a GGUF file with one tensor's dimensions replaced (same bytes).
+void rewrite_with_shape(const std::string& in, const std::string& out, const std::string& name, std::vector<int64_t> ne) {
+  const GgufFile f(in);
+  GgufWriter w;
+  for (const auto& [k, v] : f.metadata()) w.set(k, v);
+  for (const GgufTensor& t : f.tensors())
+    w.add_tensor(t.name, GgmlType(t.type), t.name == name ? ne : t.ne,
+                 std::string(reinterpret_cast<const char*>(t.data), t.nbytes));
+  w.write(out);
+}
+
+// Refused when the source opens, before anything is written.
+TEST(GgufRepackErrors, ATransposedOrMissingTensorIsRefusedByName) {
+  const std::string fx = fixture_dir("next_8l");
+  if (!fs::exists(fx + "/reference.json")) GTEST_SKIP() << "fixture missing";
+  ScratchDir tmp;
+  write_as_gguf(fx, tmp / "m.gguf", {});
+  const GgufFile good(tmp / "m.gguf");
+  const GgufTensor& o = *good.find_tensor("blk.3.attn_output.weight");
+  rewrite_with_shape(tmp / "m.gguf", tmp / "t.gguf", o.name, {o.ne[1], o.ne[0]});
+  const std::string e = error_of([&] { open_gguf_source(tmp / "t.gguf", opts(tmp / "t.qpack", 4)); });
+  EXPECT_NE(e.find("tensor blk.3.attn_output.weight has shape"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(tmp / "t.qpack"));
+  // Without the gate of Qwen3-Next's DeltaNet input (and no ssm_in): named as missing.
+  {
+    const GgufFile f(tmp / "m.gguf");
+    GgufWriter w;
+    for (const auto& [k, v] : f.metadata()) w.set(k, v);
+    for (const GgufTensor& t : f.tensors())
+      if (t.name != "blk.0.attn_gate.weight")
+        w.add_tensor(t.name, GgmlType(t.type), t.ne, std::string(reinterpret_cast<const char*>(t.data), t.nbytes));
+    w.write(tmp / "missing.gguf");
+  }
+  const std::string m = error_of([&] { open_gguf_source(tmp / "missing.gguf", opts(tmp / "m.qpack", 4)); });
+  EXPECT_NE(m.find("no tensor 'blk.0.ssm_in.weight'"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(tmp / "m.qpack"));
+}
+
 // The executable: converts a GGUF; a file that is not one fails with the reason and writes nothing.
 TEST(GgufCli, RepackFromGguf) {
   const std::string fx = fixture_dir("next_8l");
