@@ -85,8 +85,8 @@ json hf_config(const GgufModel& g, const std::string& arch) {
   c["linear_key_head_dim"] = f.get_int(a + "ssm.state_size");
   const int64_t inner = f.get_int(a + "ssm.inner_size");
   if (value_heads <= 0 || inner % value_heads != 0)
-    fail("'{}': {}ssm.inner_size {} is not a multiple of {}ssm.time_step_rank {}", g.source(), a,
-         inner, a, value_heads);
+    fail("'{}': {}ssm.inner_size {} is not a multiple of {}ssm.time_step_rank {}", g.source(), a, inner, a,
+         value_heads);
   c["linear_value_head_dim"] = inner / value_heads;
   c["linear_conv_kernel_dim"] = f.get_int(a + "ssm.conv_kernel");
   c["full_attention_interval"] = f.find(a + "full_attention_interval") ? f.get_int(a + "full_attention_interval") : 4;
@@ -126,9 +126,12 @@ TensorBytes float_bytes(const float* v, size_t n, DType dt) {
 
 DType float_type_of(const GgufTensor& t) {
   switch (GgmlType(t.type)) {
-    case GgmlType::F16: return DType::F16;
-    case GgmlType::BF16: return DType::BF16;
-    default: return DType::F32;  // F32, and the block types' dequantised values
+    case GgmlType::F16:
+      return DType::F16;
+    case GgmlType::BF16:
+      return DType::BF16;
+    default:
+      return DType::F32;  // F32, and the block types' dequantised values
   }
 }
 
@@ -136,12 +139,13 @@ class GgufSource : public RepackSource {
  public:
   GgufSource(const std::string& path, const RepackOptions& o) : g_(GgufModel::open(path)) {
     const GgufFile& f = g_.meta();
-    if (!f.find("general.architecture"))
-      fail("'{}' has no general.architecture; is it a llama.cpp model file?", path);
+    if (!f.find("general.architecture")) fail("'{}' has no general.architecture; is it a llama.cpp model file?", path);
     arch_ = f.get_string("general.architecture");
     if (arch_ != "qwen3next" && arch_ != "qwen35moe")
-      fail("'{}' is a GGUF file of architecture '{}'; swiftlet converts qwen3next (Qwen3-Next) and "
-           "qwen35moe (Qwen3.5/3.6 MoE)", path, arch_);
+      fail(
+          "'{}' is a GGUF file of architecture '{}'; swiftlet converts qwen3next (Qwen3-Next) and "
+          "qwen35moe (Qwen3.5/3.6 MoE)",
+          path, arch_);
     for (const auto& file : g_.files())
       for (const GgufTensor& t : file->tensors())
         if (t.name.find("nextn") == std::string::npos) check_gguf_readable(t);
@@ -166,8 +170,8 @@ class GgufSource : public RepackSource {
       auto check = [&](const std::string& name, int64_t rows, int64_t cols) {
         const GgufTensor& t = g_.get(name);
         if (t.ne != std::vector<int64_t>{cols, rows, E})
-          fail("'{}': tensor {} has shape {}; expected [{}, {}, {}] (experts, rows, columns)", path,
-               name, t.shape_str(), E, rows, cols);
+          fail("'{}': tensor {} has shape {}; expected [{}, {}, {}] (experts, rows, columns)", path, name,
+               t.shape_str(), E, rows, cols);
       };
       if (fused) {
         check(b + "ffn_gate_up_exps.weight", 2 * I, H);
@@ -213,8 +217,7 @@ class GgufSource : public RepackSource {
     ModelWeights scratch;
     overrides_.clear();
     for_each_dense_tensor(
-        config_, names_, scratch,
-        [&](const DenseTensorSpec& s, auto&&, auto&&) { items.push_back(resident_item(s)); },
+        config_, names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { items.push_back(resident_item(s)); },
         DeltaNetLayout::Split);
     return items;
   }
@@ -257,8 +260,8 @@ class GgufSource : public RepackSource {
   void write_tokenizer_files() {
     if (!g_.meta().find("tokenizer.ggml.tokens")) return;  // no tokenizer: the container has none
     static std::atomic<int> counter{0};
-    files_dir_ = (std::filesystem::temp_directory_path() /
-                  fmt::format("swiftlet-gguf-{}-{}", ::getpid(), counter++)).string();
+    files_dir_ =
+        (std::filesystem::temp_directory_path() / fmt::format("swiftlet-gguf-{}-{}", ::getpid(), counter++)).string();
     std::filesystem::create_directories(files_dir_);
     auto put = [&](const std::string& name, const std::string& text) {
       const std::string p = files_dir_ + "/" + name;
@@ -384,8 +387,8 @@ class GgufSource : public RepackSource {
                               (s.rows == 1 && ne == std::vector<int64_t>{s.cols})  // ffn_gate_inp_shexp is 1-D
                         : t.numel() == s.rows * s.cols;
     if (!ok)
-      fail("'{}': tensor {} has shape {}; {} needs [{}, {}] (rows, columns)", g_.source(), t.name,
-           t.shape_str(), s.name, s.rows, s.cols);
+      fail("'{}': tensor {} has shape {}; {} needs [{}, {}] (rows, columns)", g_.source(), t.name, t.shape_str(),
+           s.name, s.rows, s.cols);
   }
 
   // The fp32 values of the container tensor `s`, changed back from llama.cpp's conventions.
@@ -394,17 +397,22 @@ class GgufSource : public RepackSource {
     const auto [b, what] = split(s.name);
     const int64_t kd = config_.linear_key_dim(), dv = config_.linear_value_head_dim;
     const int64_t H = config_.hidden_size;
-    if (t.name.ends_with("ssm_in.weight"))
-      return fused_part(t, FusedInput::Qkvz, what.ends_with("qkv") ? 0 : 1, H);
+    if (t.name.ends_with("ssm_in.weight")) return fused_part(t, FusedInput::Qkvz, what.ends_with("qkv") ? 0 : 1, H);
     if (t.name.ends_with("ssm_ba.weight") || t.name.ends_with("ssm_beta_alpha.weight"))
       return fused_part(t, FusedInput::Ba, what.ends_with("_b") ? 0 : 1, H);
     std::vector<float> v = values(t, s.rows * s.cols);
-    if (what == "linear_attn.in_proj_qkv") untile_rows(v, H, 2 * kd, dv);
-    else if (what == "linear_attn.in_proj_z") untile_rows(v, H, 0, dv);
-    else if (what == "linear_attn.in_proj_b" || what == "linear_attn.in_proj_a") untile_rows(v, H, 0, 1);
-    else if (what == "linear_attn.conv1d.weight") untile_rows(v, s.cols, 2 * kd, dv);
-    else if (what == "linear_attn.dt_bias") untile_rows(v, 1, 0, 1);
-    else if (what == "linear_attn.out_proj") untile_cols(v, s.rows, s.cols, dv);
+    if (what == "linear_attn.in_proj_qkv")
+      untile_rows(v, H, 2 * kd, dv);
+    else if (what == "linear_attn.in_proj_z")
+      untile_rows(v, H, 0, dv);
+    else if (what == "linear_attn.in_proj_b" || what == "linear_attn.in_proj_a")
+      untile_rows(v, H, 0, 1);
+    else if (what == "linear_attn.conv1d.weight")
+      untile_rows(v, s.cols, 2 * kd, dv);
+    else if (what == "linear_attn.dt_bias")
+      untile_rows(v, 1, 0, 1);
+    else if (what == "linear_attn.out_proj")
+      untile_cols(v, s.rows, s.cols, dv);
     else if (what == "linear_attn.A_log") {
       for (float& x : v) {
         if (!(x < 0)) fail("'{}': {} holds {}, but llama.cpp stores -exp(A_log) < 0", g_.source(), t.name, x);

@@ -79,9 +79,12 @@ void add(GgufWriter& w, const std::string& name, std::vector<int64_t> ne, const 
   const int64_t row = ne[0];
   if ((type == GgmlType::Q8_0 || type == GgmlType::Q4_0) && row % 32 != 0) type = GgmlType::F32;
   std::string bytes;
-  if (type == GgmlType::Q8_0) bytes = quantise_q8_0(v.data(), int64_t(v.size()));
-  else if (type == GgmlType::Q4_0) bytes = quantise_q4_0(v.data(), int64_t(v.size()));
-  else if (type == GgmlType::F32) bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  if (type == GgmlType::Q8_0)
+    bytes = quantise_q8_0(v.data(), int64_t(v.size()));
+  else if (type == GgmlType::Q4_0)
+    bytes = quantise_q4_0(v.data(), int64_t(v.size()));
+  else if (type == GgmlType::F32)
+    bytes.assign(reinterpret_cast<const char*>(v.data()), v.size() * 4);
   else
     for (float x : v) {
       const uint16_t h = type == GgmlType::F16 ? f32_to_f16(x) : f32_to_bf16(x);
@@ -124,7 +127,8 @@ void add_tokenizer(GgufWriter& w, const std::string& model_dir) {
   const auto j = nlohmann::json::parse(text);
   std::map<int64_t, std::pair<std::string, int32_t>> by_id;
   for (const auto& [tok, id] : j["model"]["vocab"].items()) by_id[id.get<int64_t>()] = {tok, 1};
-  for (const auto& t : j["added_tokens"]) by_id[t["id"].get<int64_t>()] = {t["content"], t["special"].get<bool>() ? 3 : 4};
+  for (const auto& t : j["added_tokens"])
+    by_id[t["id"].get<int64_t>()] = {t["content"], t["special"].get<bool>() ? 3 : 4};
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   for (const auto& [id, tt] : by_id) {
@@ -330,9 +334,10 @@ TEST_P(GgufRepack, F32GgufGivesTransformersLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gguf, GgufRepack,
-                         ::testing::Values(Case{"next_8l", false}, Case{"next_8l", true},
-                                           Case{"q35_text_tied", false}),
-                         [](const auto& info) { return info.param.fixture + (info.param.fused_qkvz ? "_ssm_in" : ""); });
+                         ::testing::Values(Case{"next_8l", false}, Case{"next_8l", true}, Case{"q35_text_tied", false}),
+                         [](const auto& info) {
+                           return info.param.fixture + (info.param.fused_qkvz ? "_ssm_in" : "");
+                         });
 
 // The cost of each GGUF type, and of re-quantising it into the container, on the trained model
 // (models/toy.qpack: real weights, so the logits show quantisation error rather than the random
@@ -341,7 +346,8 @@ INSTANTIATE_TEST_SUITE_P(Gguf, GgufRepack,
 // 16): what re-quantising at --bits 8 and 4 adds. docs/gguf.md has the table.
 TEST(GgufRepackTypes, EachTypeConvertsAndRequantisesWithinItsError) {
   const std::string toy = swiftlet::testing::source_path("models/toy.qpack");
-  const auto ref = nlohmann::json::parse(read_text_file(swiftlet::testing::source_path("tests/data/trained/reference.json")));
+  const auto ref =
+      nlohmann::json::parse(read_text_file(swiftlet::testing::source_path("tests/data/trained/reference.json")));
   const auto tokens = ref["prompts"][0]["prompt_ids"].get<std::vector<int32_t>>();
   const std::vector<float> want = prefill(toy, tokens);
   struct Bound {
@@ -370,8 +376,10 @@ TEST(GgufRepackTypes, EachTypeConvertsAndRequantisesWithinItsError) {
       rms[bits == 4 ? 2 : 1] = rms_diff(got, dequantised);
     }
     const std::string type = ggml_type_name(uint32_t(b.type));
-    std::printf("toy %-5s max|rms: vs the container %.5f|%.5f; --bits 8 vs the GGUF %.5f|%.5f; --bits 4 vs "
-                "the GGUF %.5f|%.5f\n", type.c_str(), own, rms[0], diff[0], rms[1], diff[1], rms[2]);
+    std::printf(
+        "toy %-5s max|rms: vs the container %.5f|%.5f; --bits 8 vs the GGUF %.5f|%.5f; --bits 4 vs "
+        "the GGUF %.5f|%.5f\n",
+        type.c_str(), own, rms[0], diff[0], rms[1], diff[1], rms[2]);
     EXPECT_LT(own, b.own) << type;
     EXPECT_LT(diff[0], b.bits8) << type;
     EXPECT_LT(diff[1], b.bits4) << type;
@@ -400,8 +408,9 @@ TEST(GgufRepackErrors, OtherArchitecturesTypesAndMissingKeysAreRefusedByName) {
   GgufWriter llama;
   llama.set_string("general.architecture", "llama");
   llama.write(tmp / "llama.gguf");
-  EXPECT_NE(error_of([&] { open_gguf_source(tmp / "llama.gguf", opts(tmp / "o", 4)); })
-                .find("architecture 'llama'; swiftlet converts qwen3next"),
+  EXPECT_NE(error_of([&] {
+              open_gguf_source(tmp / "llama.gguf", opts(tmp / "o", 4));
+            }).find("architecture 'llama'; swiftlet converts qwen3next"),
             std::string::npos);
 
   GgufWriter iq;
@@ -416,8 +425,9 @@ TEST(GgufRepackErrors, OtherArchitecturesTypesAndMissingKeysAreRefusedByName) {
   bare.set_string("general.architecture", "qwen35moe");
   bare.add_tensor("token_embd.weight", GgmlType::F32, {4, 2}, std::string(32, '\0'));
   bare.write(tmp / "bare.gguf");
-  EXPECT_NE(error_of([&] { open_gguf_source(tmp / "bare.gguf", opts(tmp / "o", 4)); })
-                .find("lacks the metadata key 'qwen35moe.embedding_length'"),
+  EXPECT_NE(error_of([&] {
+              open_gguf_source(tmp / "bare.gguf", opts(tmp / "o", 4));
+            }).find("lacks the metadata key 'qwen35moe.embedding_length'"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(tmp / "o"));
 }
@@ -432,13 +442,15 @@ TEST(GgufRepackTokenizer, RebuiltTokenizerMatchesTheGoldens) {
   w.write(tmp / "tok.gguf");
   const GgufFile f(tmp / "tok.gguf");
   const Tokenizer tok = Tokenizer::from_json_string(gguf_tokenizer_json(f));
-  const auto goldens = nlohmann::json::parse(read_text_file(swiftlet::testing::source_path("tests/data/tokenizer/qwen3_goldens.json")));
+  const auto goldens =
+      nlohmann::json::parse(read_text_file(swiftlet::testing::source_path("tests/data/tokenizer/qwen3_goldens.json")));
   EXPECT_EQ(tok.vocab_size(), goldens["vocab_size"].get<int32_t>());
   int checked = 0, failures = 0;
   for (const auto& c : goldens["encode"]) {
     const std::string text = c["text"];
     const std::vector<int32_t> want = c["ids"].get<std::vector<int32_t>>();
-    const std::vector<int32_t> want_plain = (c.contains("ids_plain") ? c["ids_plain"] : c["ids"]).get<std::vector<int32_t>>();
+    const std::vector<int32_t> want_plain =
+        (c.contains("ids_plain") ? c["ids_plain"] : c["ids"]).get<std::vector<int32_t>>();
     if (tok.encode(text) != want && ++failures <= 10) ADD_FAILURE() << c["name"];
     if (tok.encode(text, false) != want_plain && ++failures <= 10) ADD_FAILURE() << c["name"] << " (plain)";
     ++checked;
@@ -466,12 +478,14 @@ TEST(GgufRepackTokenizer, OtherTokenizersAreRefusedByName) {
   p.set_strings("tokenizer.ggml.tokens", {"a"});
   p.set_strings("tokenizer.ggml.merges", {});
   p.write(tmp / "pre.gguf");
-  EXPECT_NE(error_of([&] { gguf_tokenizer_json(GgufFile(tmp / "pre.gguf")); }).find("tokenizer.ggml.pre is 'llama-bpe'"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { gguf_tokenizer_json(GgufFile(tmp / "pre.gguf")); }).find("tokenizer.ggml.pre is 'llama-bpe'"),
+      std::string::npos);
 }
 
 // A copy of a GGUF file with one tensor's dimensions replaced (same bytes).
-void rewrite_with_shape(const std::string& in, const std::string& out, const std::string& name, std::vector<int64_t> ne) {
+void rewrite_with_shape(const std::string& in, const std::string& out, const std::string& name,
+                        std::vector<int64_t> ne) {
   const GgufFile f(in);
   GgufWriter w;
   for (const auto& [k, v] : f.metadata()) w.set(k, v);
@@ -518,8 +532,8 @@ TEST(GgufCli, RepackFromGguf) {
       "swiftlet-repack", "--from-gguf " + (tmp / "m.gguf") + " --output " + (tmp / "m.qpack") + " --bits 8 -q");
   EXPECT_EQ(ok.status, 0) << ok.out;
   EXPECT_TRUE(fs::exists(tmp / "m.qpack/manifest.json"));
-  const auto bad = swiftlet::testing::run_binary(
-      "swiftlet-repack", "--from-gguf " + fx + "/config.json --output " + (tmp / "bad.qpack"));
+  const auto bad = swiftlet::testing::run_binary("swiftlet-repack",
+                                                 "--from-gguf " + fx + "/config.json --output " + (tmp / "bad.qpack"));
   EXPECT_EQ(bad.status, 1) << bad.out;
   EXPECT_NE(bad.out.find("is not a GGUF file"), std::string::npos) << bad.out;
   EXPECT_FALSE(fs::exists(tmp / "bad.qpack"));

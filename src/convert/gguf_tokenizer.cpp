@@ -20,8 +20,10 @@ std::string pre_regex(const std::string& pre, const std::string& path) {
     return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
   if (pre == "qwen35")
     return R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  fail("'{}': tokenizer.ggml.pre is '{}'; swiftlet rebuilds the qwen2 and qwen35 pre-tokenizers only "
-       "(convert from the safetensors checkpoint, whose tokenizer.json is copied)", path, pre);
+  fail(
+      "'{}': tokenizer.ggml.pre is '{}'; swiftlet rebuilds the qwen2 and qwen35 pre-tokenizers only "
+      "(convert from the safetensors checkpoint, whose tokenizer.json is copied)",
+      path, pre);
 }
 
 const std::string* token_name(const GgufFile& f, const char* key) {
@@ -36,12 +38,13 @@ const std::string* token_name(const GgufFile& f, const char* key) {
 std::string gguf_tokenizer_json(const GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
   if (model != "gpt2")
-    fail("'{}': tokenizer.ggml.model is '{}'; swiftlet rebuilds byte-level BPE ('gpt2') tokenizers only",
-         f.path(), model);
+    fail("'{}': tokenizer.ggml.model is '{}'; swiftlet rebuilds byte-level BPE ('gpt2') tokenizers only", f.path(),
+         model);
   const std::string pre = f.find("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "qwen2";
   const std::vector<std::string>& tokens = f.get_strings("tokenizer.ggml.tokens");
   const std::vector<std::string>& merges = f.get_strings("tokenizer.ggml.merges");
-  const std::vector<int64_t>* types = f.find("tokenizer.ggml.token_type") ? &f.get_ints("tokenizer.ggml.token_type") : nullptr;
+  const std::vector<int64_t>* types =
+      f.find("tokenizer.ggml.token_type") ? &f.get_ints("tokenizer.ggml.token_type") : nullptr;
   if (types && types->size() != tokens.size())
     fail("'{}': tokenizer.ggml.token_type has {} entries for {} tokens", f.path(), types->size(), tokens.size());
 
@@ -53,8 +56,13 @@ std::string gguf_tokenizer_json(const GgufFile& f) {
     const int64_t type = types ? (*types)[id] : kNormal;
     if (type == kControl || type == kUserDefined) {
       // Qwen's added tokens: matched as written (not normalised), special for control tokens.
-      added.push_back({{"id", id}, {"content", tokens[id]}, {"single_word", false}, {"lstrip", false},
-                       {"rstrip", false}, {"normalized", false}, {"special", type == kControl}});
+      added.push_back({{"id", id},
+                       {"content", tokens[id]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", type == kControl}});
     } else if (type == kNormal) {
       if (vocab.contains(tokens[id]))
         fail("'{}': token '{}' appears twice in tokenizer.ggml.tokens", f.path(), tokens[id]);
@@ -62,7 +70,8 @@ std::string gguf_tokenizer_json(const GgufFile& f) {
     }
     // Other types (unknown, unused, byte) have no place in a byte-level BPE vocabulary.
   }
-  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  const json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
   json j;
   j["version"] = "1.0";
   j["truncation"] = nullptr;
@@ -71,13 +80,23 @@ std::string gguf_tokenizer_json(const GgufFile& f) {
   j["normalizer"] = {{"type", "NFC"}};
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", pre_regex(pre, f.path())}}}, {"behavior", "Isolated"}, {"invert", false}},
+                         {{{"type", "Split"},
+                           {"pattern", {{"Regex", pre_regex(pre, f.path())}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}},
                           byte_level}}};
   j["post_processor"] = byte_level;
   j["decoder"] = byte_level;
-  j["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-                {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-                {"vocab", std::move(vocab)}, {"merges", merges}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", ""},
+                {"end_of_word_suffix", ""},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", std::move(vocab)},
+                {"merges", merges}};
   return j.dump(1) + "\n";
 }
 

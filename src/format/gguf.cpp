@@ -60,11 +60,24 @@ constexpr uint64_t kMaxArray = 1u << 24;
 // Bytes a value of scalar type t takes, 0 for strings and arrays (variable), -1 if unknown.
 int scalar_bytes(uint32_t t) {
   switch (GgufType(t)) {
-    case GgufType::U8: case GgufType::I8: case GgufType::Bool: return 1;
-    case GgufType::U16: case GgufType::I16: return 2;
-    case GgufType::U32: case GgufType::I32: case GgufType::F32: return 4;
-    case GgufType::U64: case GgufType::I64: case GgufType::F64: return 8;
-    case GgufType::String: case GgufType::Array: return 0;
+    case GgufType::U8:
+    case GgufType::I8:
+    case GgufType::Bool:
+      return 1;
+    case GgufType::U16:
+    case GgufType::I16:
+      return 2;
+    case GgufType::U32:
+    case GgufType::I32:
+    case GgufType::F32:
+      return 4;
+    case GgufType::U64:
+    case GgufType::I64:
+    case GgufType::F64:
+      return 8;
+    case GgufType::String:
+    case GgufType::Array:
+      return 0;
   }
   return -1;
 }
@@ -89,8 +102,10 @@ class Cursor {
   std::string read_string(const char* what) {
     const uint64_t n = read<uint64_t>(what);
     if (n > left())
-      fail("'{}' is a corrupt GGUF file: {} at byte {} claims {} bytes, but only {} are left "
-           "(truncated download?)", path_, what, pos() - 8, n, left());
+      fail(
+          "'{}' is a corrupt GGUF file: {} at byte {} claims {} bytes, but only {} are left "
+          "(truncated download?)",
+          path_, what, pos() - 8, n, left());
     std::string s(reinterpret_cast<const char*>(p_), size_t(n));
     p_ += n;
     return s;
@@ -100,16 +115,18 @@ class Cursor {
   uint64_t read_count(const char* what, size_t min_bytes) {
     const uint64_t n = read<uint64_t>(what);
     if (n > left() / min_bytes)
-      fail("'{}' is a corrupt GGUF file: {} {} at byte {} cannot fit in the {} bytes left "
-           "(truncated download, or not a GGUF file)", path_, what, n, pos() - 8, left());
+      fail(
+          "'{}' is a corrupt GGUF file: {} {} at byte {} cannot fit in the {} bytes left "
+          "(truncated download, or not a GGUF file)",
+          path_, what, n, pos() - 8, left());
     return n;
   }
 
  private:
   void need(size_t n, const char* what) const {
     if (n > left())
-      fail("'{}' is a corrupt GGUF file: it ends at byte {} inside {} (truncated download?)", path_,
-           pos() + left(), what);
+      fail("'{}' is a corrupt GGUF file: it ends at byte {} inside {} (truncated download?)", path_, pos() + left(),
+           what);
   }
   const uint8_t* begin_;
   const uint8_t* p_;
@@ -119,19 +136,48 @@ class Cursor {
 
 void read_scalar(Cursor& c, GgufType t, GgufValue& v, const char* what) {
   switch (t) {
-    case GgufType::U8: v.u = c.read<uint8_t>(what); v.i = int64_t(v.u); break;
-    case GgufType::I8: v.i = c.read<int8_t>(what); break;
-    case GgufType::U16: v.u = c.read<uint16_t>(what); v.i = int64_t(v.u); break;
-    case GgufType::I16: v.i = c.read<int16_t>(what); break;
-    case GgufType::U32: v.u = c.read<uint32_t>(what); v.i = int64_t(v.u); break;
-    case GgufType::I32: v.i = c.read<int32_t>(what); break;
-    case GgufType::U64: v.u = c.read<uint64_t>(what); v.i = int64_t(v.u); break;
-    case GgufType::I64: v.i = c.read<int64_t>(what); break;
-    case GgufType::Bool: v.i = c.read<uint8_t>(what); break;
-    case GgufType::F32: v.f = c.read<float>(what); break;
-    case GgufType::F64: v.f = c.read<double>(what); break;
-    case GgufType::String: v.s = c.read_string(what); break;
-    case GgufType::Array: SWIFTLET_CHECK(false, "arrays are read by read_value");
+    case GgufType::U8:
+      v.u = c.read<uint8_t>(what);
+      v.i = int64_t(v.u);
+      break;
+    case GgufType::I8:
+      v.i = c.read<int8_t>(what);
+      break;
+    case GgufType::U16:
+      v.u = c.read<uint16_t>(what);
+      v.i = int64_t(v.u);
+      break;
+    case GgufType::I16:
+      v.i = c.read<int16_t>(what);
+      break;
+    case GgufType::U32:
+      v.u = c.read<uint32_t>(what);
+      v.i = int64_t(v.u);
+      break;
+    case GgufType::I32:
+      v.i = c.read<int32_t>(what);
+      break;
+    case GgufType::U64:
+      v.u = c.read<uint64_t>(what);
+      v.i = int64_t(v.u);
+      break;
+    case GgufType::I64:
+      v.i = c.read<int64_t>(what);
+      break;
+    case GgufType::Bool:
+      v.i = c.read<uint8_t>(what);
+      break;
+    case GgufType::F32:
+      v.f = c.read<float>(what);
+      break;
+    case GgufType::F64:
+      v.f = c.read<double>(what);
+      break;
+    case GgufType::String:
+      v.s = c.read_string(what);
+      break;
+    case GgufType::Array:
+      SWIFTLET_CHECK(false, "arrays are read by read_value");
   }
 }
 
@@ -139,8 +185,10 @@ GgufValue read_value(Cursor& c, const std::string& path, const std::string& key)
   GgufValue v;
   const uint32_t t = c.read<uint32_t>("a metadata value's type");
   if (scalar_bytes(t) < 0)
-    fail("'{}' is a corrupt GGUF file: metadata key '{}' has value type {}, which GGUF does not "
-         "define", path, key, t);
+    fail(
+        "'{}' is a corrupt GGUF file: metadata key '{}' has value type {}, which GGUF does not "
+        "define",
+        path, key, t);
   v.type = GgufType(t);
   if (v.type != GgufType::Array) {
     read_scalar(c, v.type, v, "a metadata value");
@@ -149,17 +197,23 @@ GgufValue read_value(Cursor& c, const std::string& path, const std::string& key)
   const uint32_t et = c.read<uint32_t>("an array's element type");
   const int eb = scalar_bytes(et);
   if (eb < 0)
-    fail("'{}' is a corrupt GGUF file: metadata array '{}' has element type {}, which GGUF does "
-         "not define", path, key, et);
+    fail(
+        "'{}' is a corrupt GGUF file: metadata array '{}' has element type {}, which GGUF does "
+        "not define",
+        path, key, et);
   if (GgufType(et) == GgufType::Array)
-    fail("'{}': metadata key '{}' is an array of arrays, which swiftlet does not read (llama.cpp "
-         "writes none); convert from the safetensors checkpoint instead", path, key);
+    fail(
+        "'{}': metadata key '{}' is an array of arrays, which swiftlet does not read (llama.cpp "
+        "writes none); convert from the safetensors checkpoint instead",
+        path, key);
   v.elem = GgufType(et);
   // A string element takes at least its 8-byte length.
   const uint64_t n = c.read_count("array length", eb == 0 ? 8 : size_t(eb));
   if (n > kMaxArray)
-    fail("'{}': metadata array '{}' has {} elements; swiftlet reads at most {} (a vocabulary "
-         "holds a few hundred thousand)", path, key, n, kMaxArray);
+    fail(
+        "'{}': metadata array '{}' has {} elements; swiftlet reads at most {} (a vocabulary "
+        "holds a few hundred thousand)",
+        path, key, n, kMaxArray);
   GgufValue e;
   if (v.elem == GgufType::String) {
     v.strings.reserve(n);
@@ -194,14 +248,13 @@ std::string ggml_type_name(uint32_t t) {
 }
 
 std::string_view gguf_type_name(GgufType t) {
-  static constexpr std::string_view names[] = {"u8",  "i8",   "u16",    "i16",   "u32", "i32", "f32",
+  static constexpr std::string_view names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                                "bool", "string", "array", "u64", "i64", "f64"};
   return uint32_t(t) < std::size(names) ? names[uint32_t(t)] : "unknown";
 }
 
 bool GgufValue::is_integer() const {
-  return type != GgufType::F32 && type != GgufType::F64 && type != GgufType::String &&
-         type != GgufType::Array;
+  return type != GgufType::F32 && type != GgufType::F64 && type != GgufType::String && type != GgufType::Array;
 }
 
 size_t GgufValue::array_size() const { return ints.size() + floats.size() + strings.size(); }
@@ -224,12 +277,15 @@ GgufFile::GgufFile(const std::string& path, Residency mode) : file_(path, mode) 
   c.read<uint32_t>("the magic");
   version_ = c.read<uint32_t>("the version");
   if (version_ == 1)
-    fail("'{}' is a GGUF version 1 file, which swiftlet does not read; convert it to the current "
-         "version with llama.cpp (or download a newer file)", p);
+    fail(
+        "'{}' is a GGUF version 1 file, which swiftlet does not read; convert it to the current "
+        "version with llama.cpp (or download a newer file)",
+        p);
   if (version_ != 2 && version_ != 3)
-    fail("'{}' has GGUF version {} (0x{:08x}); swiftlet reads versions 2 and 3 (a big-endian "
-         "file shows a byte-swapped version: swiftlet reads little-endian files only)", p,
-         version_, version_);
+    fail(
+        "'{}' has GGUF version {} (0x{:08x}); swiftlet reads versions 2 and 3 (a big-endian "
+        "file shows a byte-swapped version: swiftlet reads little-endian files only)",
+        p, version_, version_);
   // Each tensor info takes at least 8 (name) + 4 (dims) + 4 (type) + 8 (offset) bytes; each
   // key-value pair at least 8 (key) + 4 (type) + 1 (value) bytes.
   const uint64_t n_tensors = c.read<uint64_t>("the tensor count");
@@ -243,24 +299,23 @@ GgufFile::GgufFile(const std::string& path, Residency mode) : file_(path, mode) 
   }
   if (const GgufValue* a = find("general.alignment")) {
     if (a->type != GgufType::U32)
-      fail("'{}' is a corrupt GGUF file: general.alignment must be a u32, not {}", p,
-           gguf_type_name(a->type));
+      fail("'{}' is a corrupt GGUF file: general.alignment must be a u32, not {}", p, gguf_type_name(a->type));
     if (a->u == 0 || (a->u & (a->u - 1)) != 0)
       fail("'{}' is a corrupt GGUF file: general.alignment {} is not a power of two", p, a->u);
     alignment_ = a->u;
   }
 
   if (n_tensors > c.left() / 24)
-    fail("'{}' is a corrupt GGUF file: tensor count {} cannot fit in the {} bytes after the "
-         "metadata", p, n_tensors, c.left());
+    fail(
+        "'{}' is a corrupt GGUF file: tensor count {} cannot fit in the {} bytes after the "
+        "metadata",
+        p, n_tensors, c.left());
   tensors_.reserve(n_tensors);
   std::vector<uint64_t> rel(n_tensors);
   for (uint64_t k = 0; k < n_tensors; ++k) {
     GgufTensor t;
     t.name = c.read_string("a tensor name");
-    auto bad = [&](const std::string& why) {
-      fail("'{}' is a corrupt GGUF file: tensor '{}': {}", p, t.name, why);
-    };
+    auto bad = [&](const std::string& why) { fail("'{}' is a corrupt GGUF file: tensor '{}': {}", p, t.name, why); };
     const uint32_t nd = c.read<uint32_t>("a tensor's dimension count");
     if (nd == 0 || nd > kMaxDims) bad(fmt::format("{} dimensions (ggml allows 1 to {})", nd, kMaxDims));
     uint64_t numel = 1;
@@ -276,15 +331,13 @@ GgufFile::GgufFile(const std::string& path, Residency mode) : file_(path, mode) 
     const auto info = ggml_type_info(t.type);
     if (!info) bad(fmt::format("type number {} is not a ggml tensor type swiftlet knows", t.type));
     if (t.ne[0] % info->block != 0)
-      bad(fmt::format("its rows of {} elements are not whole {} blocks of {}", t.ne[0], info->name,
-                      info->block));
+      bad(fmt::format("its rows of {} elements are not whole {} blocks of {}", t.ne[0], info->name, info->block));
     const uint64_t blocks = numel / uint64_t(info->block);
     if (blocks > std::numeric_limits<uint64_t>::max() / info->block_bytes) bad("its size overflows");
     t.nbytes = size_t(blocks * info->block_bytes);
     rel[k] = c.read<uint64_t>("a tensor's offset");
     if (rel[k] % alignment_ != 0)
-      bad(fmt::format("its data offset {} is not a multiple of the file's alignment {}", rel[k],
-                      alignment_));
+      bad(fmt::format("its data offset {} is not a multiple of the file's alignment {}", rel[k], alignment_));
     if (by_name_.count(t.name)) bad("the name appears twice");
     by_name_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
@@ -298,9 +351,10 @@ GgufFile::GgufFile(const std::string& path, Residency mode) : file_(path, mode) 
   for (size_t k = 0; k < tensors_.size(); ++k) {
     GgufTensor& t = tensors_[k];
     if (data_offset_ > size || rel[k] > size - data_offset_ || t.nbytes > size - data_offset_ - rel[k])
-      fail("'{}' is truncated or corrupt: tensor '{}' ({} {}, {} bytes at data offset {}) ends "
-           "past the file's {} bytes (download it again)", p, t.name, t.type_name(), t.shape_str(),
-           t.nbytes, rel[k], size);
+      fail(
+          "'{}' is truncated or corrupt: tensor '{}' ({} {}, {} bytes at data offset {}) ends "
+          "past the file's {} bytes (download it again)",
+          p, t.name, t.type_name(), t.shape_str(), t.nbytes, rel[k], size);
     t.offset = data_offset_ + rel[k];
     t.data = file_.data() + t.offset;
     t.file = &file_.path();
@@ -310,8 +364,7 @@ GgufFile::GgufFile(const std::string& path, Residency mode) : file_(path, mode) 
   std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
   for (size_t k = 1; k < order.size(); ++k)
     if (order[k - 1]->offset + order[k - 1]->nbytes > order[k]->offset)
-      fail("'{}' is a corrupt GGUF file: tensors '{}' and '{}' overlap", p, order[k - 1]->name,
-           order[k]->name);
+      fail("'{}' is a corrupt GGUF file: tensors '{}' and '{}' overlap", p, order[k - 1]->name, order[k]->name);
 }
 
 const GgufTensor* GgufFile::find_tensor(const std::string& name) const {
@@ -326,16 +379,13 @@ const GgufValue* GgufFile::find(const std::string& key) const {
 
 const GgufValue& GgufFile::get(const std::string& key, const char* want) const {
   const GgufValue* v = find(key);
-  if (!v)
-    fail("'{}' lacks the metadata key '{}' ({}); it is not a complete llama.cpp model file", path(),
-         key, want);
+  if (!v) fail("'{}' lacks the metadata key '{}' ({}); it is not a complete llama.cpp model file", path(), key, want);
   return *v;
 }
 
 int64_t GgufFile::get_int(const std::string& key) const {
   const GgufValue& v = get(key, "an integer");
-  if (!v.is_integer())
-    fail("'{}': metadata key '{}' is a {}, not an integer", path(), key, gguf_type_name(v.type));
+  if (!v.is_integer()) fail("'{}': metadata key '{}' is a {}, not an integer", path(), key, gguf_type_name(v.type));
   if (v.type == GgufType::U64 && v.u > uint64_t(std::numeric_limits<int64_t>::max()))
     fail("'{}': metadata key '{}' = {} is out of range", path(), key, v.u);
   return v.i;
@@ -364,8 +414,7 @@ const std::vector<std::string>& GgufFile::get_strings(const std::string& key) co
 
 const std::vector<int64_t>& GgufFile::get_ints(const std::string& key) const {
   const GgufValue& v = get(key, "an array of integers");
-  if (v.type != GgufType::Array || v.elem == GgufType::String || v.elem == GgufType::F32 ||
-      v.elem == GgufType::F64)
+  if (v.type != GgufType::Array || v.elem == GgufType::String || v.elem == GgufType::F32 || v.elem == GgufType::F64)
     fail("'{}': metadata key '{}' is not an array of integers", path(), key);
   return v.ints;
 }
@@ -397,15 +446,16 @@ GgufModel GgufModel::open(const std::string& path) {
       const std::string name = e.path().filename().string();
       if (e.path().extension() != ".gguf" || name.starts_with("mmproj")) continue;
       const SplitName s = split_name(e.path().string());
-      if (s.k == 0 || s.k == 1) models.push_back(e.path().string());
-      else if (!fs::exists(part_path(s, 1))) models.push_back(part_path(s, 1));
+      if (s.k == 0 || s.k == 1)
+        models.push_back(e.path().string());
+      else if (!fs::exists(part_path(s, 1)))
+        models.push_back(part_path(s, 1));
     }
     std::sort(models.begin(), models.end());
     models.erase(std::unique(models.begin(), models.end()), models.end());
     if (models.empty()) fail("'{}' holds no .gguf file", path);
     if (models.size() > 1)
-      fail("'{}' holds more than one GGUF model ({}); name the file to convert", path,
-           fmt::join(models, ", "));
+      fail("'{}' holds more than one GGUF model ({}); name the file to convert", path, fmt::join(models, ", "));
     file = models.front();
   } else if (!fs::exists(path)) {
     fail("'{}' does not exist", path);
@@ -424,14 +474,12 @@ GgufModel GgufModel::open(const std::string& path) {
       m.files_.push_back(std::make_unique<GgufFile>(p));
     }
     if (const GgufValue* c = m.meta().find("split.count"); c && c->is_integer() && c->i != s.n)
-      fail("'{}' says the model has {} parts (split.count) but its name says {}", part_path(s, 1),
-           c->i, s.n);
+      fail("'{}' says the model has {} parts (split.count) but its name says {}", part_path(s, 1), c->i, s.n);
   }
   for (const auto& f : m.files_)
     for (const GgufTensor& t : f->tensors()) {
       auto [it, inserted] = m.by_name_.emplace(t.name, &t);
-      if (!inserted)
-        fail("tensor '{}' appears in both '{}' and '{}'", t.name, *it->second->file, f->path());
+      if (!inserted) fail("tensor '{}' appears in both '{}' and '{}'", t.name, *it->second->file, f->path());
     }
   return m;
 }
@@ -444,8 +492,10 @@ const GgufTensor* GgufModel::find(const std::string& name) const {
 const GgufTensor& GgufModel::get(const std::string& name) const {
   const GgufTensor* t = find(name);
   if (!t)
-    fail("the GGUF model '{}' has no tensor '{}'; is it a complete llama.cpp file of a supported "
-         "architecture?", source_, name);
+    fail(
+        "the GGUF model '{}' has no tensor '{}'; is it a complete llama.cpp file of a supported "
+        "architecture?",
+        source_, name);
   return *t;
 }
 

@@ -108,13 +108,20 @@ using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_fn(uint32_t t) {
   switch (GgmlType(t)) {
-    case GgmlType::Q8_0: return q8_0;
-    case GgmlType::Q4_0: return q4_0;
-    case GgmlType::Q4_1: return q4_1;
-    case GgmlType::Q4_K: return q4_k;
-    case GgmlType::Q5_K: return q5_k;
-    case GgmlType::Q6_K: return q6_k;
-    default: return nullptr;
+    case GgmlType::Q8_0:
+      return q8_0;
+    case GgmlType::Q4_0:
+      return q4_0;
+    case GgmlType::Q4_1:
+      return q4_1;
+    case GgmlType::Q4_K:
+      return q4_k;
+    case GgmlType::Q5_K:
+      return q5_k;
+    case GgmlType::Q6_K:
+      return q6_k;
+    default:
+      return nullptr;
   }
 }
 
@@ -122,33 +129,47 @@ BlockFn block_fn(uint32_t t) {
 
 bool gguf_type_readable(uint32_t t) {
   switch (GgmlType(t)) {
-    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: return true;
-    default: return block_fn(t) != nullptr;
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      return true;
+    default:
+      return block_fn(t) != nullptr;
   }
 }
 
 void check_gguf_readable(const GgufTensor& t) {
   if (!gguf_type_readable(t.type))
-    fail("tensor {} has type {}, which swiftlet cannot read; convert from safetensors or a "
-         "Q4_K/Q5_K/Q6_K/Q8_0 GGUF", t.name, t.type_name());
+    fail(
+        "tensor {} has type {}, which swiftlet cannot read; convert from safetensors or a "
+        "Q4_K/Q5_K/Q6_K/Q8_0 GGUF",
+        t.name, t.type_name());
 }
 
 void gguf_dequantize(uint32_t t, const uint8_t* src, size_t nbytes, int64_t n, float* out) {
   if (!gguf_type_readable(t))
-    fail("GGUF type {} cannot be read by swiftlet; convert from safetensors or a Q4_K/Q5_K/Q6_K/Q8_0 "
-         "GGUF", ggml_type_name(t));
+    fail(
+        "GGUF type {} cannot be read by swiftlet; convert from safetensors or a Q4_K/Q5_K/Q6_K/Q8_0 "
+        "GGUF",
+        ggml_type_name(t));
   const GgmlTypeInfo info = *ggml_type_info(t);
-  if (n < 0 || n % info.block != 0)
-    fail("{} values are not whole {} blocks of {}", n, info.name, info.block);
+  if (n < 0 || n % info.block != 0) fail("{} values are not whole {} blocks of {}", n, info.name, info.block);
   const size_t blocks = size_t(n / info.block);
   if (nbytes != blocks * info.block_bytes)
     fail("{} {} values take {} bytes, not {}", n, info.name, blocks * info.block_bytes, nbytes);
   if (n == 0) return;  // an empty tensor: nothing to read (its data pointer may be null)
   switch (GgmlType(t)) {
-    case GgmlType::F32: to_f32(DType::F32, src, out, size_t(n)); return;
-    case GgmlType::F16: to_f32(DType::F16, src, out, size_t(n)); return;
-    case GgmlType::BF16: to_f32(DType::BF16, src, out, size_t(n)); return;
-    default: break;
+    case GgmlType::F32:
+      to_f32(DType::F32, src, out, size_t(n));
+      return;
+    case GgmlType::F16:
+      to_f32(DType::F16, src, out, size_t(n));
+      return;
+    case GgmlType::BF16:
+      to_f32(DType::BF16, src, out, size_t(n));
+      return;
+    default:
+      break;
   }
   const BlockFn fn = block_fn(t);
   for (size_t k = 0; k < blocks; ++k) fn(src + k * info.block_bytes, out + k * size_t(info.block));

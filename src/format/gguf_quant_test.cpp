@@ -114,8 +114,8 @@ TEST(GgufQuant, Q5_K) {
 
 TEST(GgufQuant, Q6_K) {
   std::vector<uint8_t> b(210);
-  for (int i = 0; i < 128; ++i) b[i] = uint8_t(i * 11 + 7);           // low nibbles
-  for (int i = 0; i < 64; ++i) b[128 + i] = uint8_t(i * 29 + 3);      // top bit pairs
+  for (int i = 0; i < 128; ++i) b[i] = uint8_t(i * 11 + 7);       // low nibbles
+  for (int i = 0; i < 64; ++i) b[128 + i] = uint8_t(i * 29 + 3);  // top bit pairs
   const int8_t sc[16] = {1, -2, 3, -4, 5, 6, -7, 8, 127, -128, 10, 11, -12, 13, 14, -15};
   std::memcpy(b.data() + 192, sc, 16);
   put16(b, 208, kQuarter);
@@ -155,8 +155,7 @@ TEST(GgufQuant, LengthsMustBeWholeBlocksOfTheirBytes) {
             std::string::npos);
   EXPECT_NE(error_of([&] { gguf_dequantize(8, b.data(), 67, 64, y); }).find("take 68 bytes, not 67"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { gguf_dequantize(12, b.data(), b.size(), 64, y); }).find("blocks of 256"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { gguf_dequantize(12, b.data(), b.size(), 64, y); }).find("blocks of 256"), std::string::npos);
   EXPECT_EQ(error_of([&] { gguf_dequantize(8, b.data(), b.size(), 64, y); }), "(no error)");
   EXPECT_EQ(error_of([&] { gguf_dequantize(0, nullptr, 0, 0, nullptr); }), "(no error)");  // empty
 }
@@ -194,8 +193,7 @@ TEST(GgufQuant, RowsOfATensorInAFile) {
   EXPECT_EQ(y[0], 2.0f);
   EXPECT_EQ(y[31], 2.0f);
   EXPECT_EQ(y[32], 3.0f);
-  EXPECT_NE(error_of([&] { gguf_dequantize_rows(t, 2, 2, y.data()); }).find("outside its 3 rows"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { gguf_dequantize_rows(t, 2, 2, y.data()); }).find("outside its 3 rows"), std::string::npos);
 }
 
 }  // namespace

@@ -217,8 +217,7 @@ TEST_F(GgufTest, BadTensorInfosAreErrorsNamingTheTensor) {
   EXPECT_NE(error(one_tensor({1, 1, 1, 1, 1}, 0, 0, 32)).find("5 dimensions"), std::string::npos);
   EXPECT_NE(error(one_tensor({4, -2}, 0, 0, 32)).find("negative"), std::string::npos);
   EXPECT_NE(error(one_tensor({1ll << 40, 1ll << 40}, 0, 0, 32)).find("overflows"), std::string::npos);
-  EXPECT_NE(error(one_tensor({4, 2}, 0, 16, 64)).find("not a multiple of the file's alignment 32"),
-            std::string::npos);
+  EXPECT_NE(error(one_tensor({4, 2}, 0, 16, 64)).find("not a multiple of the file's alignment 32"), std::string::npos);
   const std::string past = error(one_tensor({4, 2}, 0, 0, 31));
   EXPECT_NE(past.find("'w'"), std::string::npos) << past;
   EXPECT_NE(past.find("truncated"), std::string::npos) << past;
@@ -269,8 +268,7 @@ TEST_F(GgufTest, SplitModelsOpenEveryPart) {
   part("a", 2, 2);  // the same tensor in both parts
   EXPECT_NE(error_of([&] { GgufModel::open(second); }).find("appears in both"), std::string::npos);
   fs::remove(second);
-  EXPECT_NE(error_of([&] { GgufModel::open(dir_ / "m-00001-of-00002.gguf"); }).find("part 2 of 2"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { GgufModel::open(dir_ / "m-00001-of-00002.gguf"); }).find("part 2 of 2"), std::string::npos);
   GgufWriter other;
   other.write(dir_ / "other.gguf");
   EXPECT_NE(error_of([&] { GgufModel::open(dir_.str()); }).find("more than one GGUF model"), std::string::npos);
@@ -281,7 +279,7 @@ TEST_F(GgufTest, SplitModelsOpenEveryPart) {
 TEST_F(GgufTest, TypeNames) {
   EXPECT_EQ(ggml_type_name(17), "IQ2_XS");
   EXPECT_EQ(ggml_type_name(30), "BF16");
-  EXPECT_EQ(ggml_type_name(4), "type 4");  // Q4_2, long removed
+  EXPECT_EQ(ggml_type_name(4), "type 4");            // Q4_2, long removed
   EXPECT_EQ(ggml_type_info(14)->block_bytes, 210u);  // Q6_K
 }
 

@@ -26,19 +26,44 @@ void put_string(std::string& out, const std::string& s) {
 // One scalar of type t from the value's fields (ints from `i`, floats from `f`).
 void put_scalar(std::string& out, GgufType t, int64_t i, uint64_t u, double f, const std::string& s) {
   switch (t) {
-    case GgufType::U8: put<uint8_t>(out, uint8_t(i)); break;
-    case GgufType::I8: put<int8_t>(out, int8_t(i)); break;
-    case GgufType::U16: put<uint16_t>(out, uint16_t(i)); break;
-    case GgufType::I16: put<int16_t>(out, int16_t(i)); break;
-    case GgufType::U32: put<uint32_t>(out, uint32_t(i)); break;
-    case GgufType::I32: put<int32_t>(out, int32_t(i)); break;
-    case GgufType::U64: put<uint64_t>(out, u ? u : uint64_t(i)); break;
-    case GgufType::I64: put<int64_t>(out, i); break;
-    case GgufType::Bool: put<uint8_t>(out, i ? 1 : 0); break;
-    case GgufType::F32: put<float>(out, float(f)); break;
-    case GgufType::F64: put<double>(out, f); break;
-    case GgufType::String: put_string(out, s); break;
-    case GgufType::Array: SWIFTLET_CHECK(false, "no arrays of arrays");
+    case GgufType::U8:
+      put<uint8_t>(out, uint8_t(i));
+      break;
+    case GgufType::I8:
+      put<int8_t>(out, int8_t(i));
+      break;
+    case GgufType::U16:
+      put<uint16_t>(out, uint16_t(i));
+      break;
+    case GgufType::I16:
+      put<int16_t>(out, int16_t(i));
+      break;
+    case GgufType::U32:
+      put<uint32_t>(out, uint32_t(i));
+      break;
+    case GgufType::I32:
+      put<int32_t>(out, int32_t(i));
+      break;
+    case GgufType::U64:
+      put<uint64_t>(out, u ? u : uint64_t(i));
+      break;
+    case GgufType::I64:
+      put<int64_t>(out, i);
+      break;
+    case GgufType::Bool:
+      put<uint8_t>(out, i ? 1 : 0);
+      break;
+    case GgufType::F32:
+      put<float>(out, float(f));
+      break;
+    case GgufType::F64:
+      put<double>(out, f);
+      break;
+    case GgufType::String:
+      put_string(out, s);
+      break;
+    case GgufType::Array:
+      SWIFTLET_CHECK(false, "no arrays of arrays");
   }
 }
 
@@ -102,8 +127,7 @@ void GgufWriter::set_i32s(const std::string& key, const std::vector<int32_t>& v)
   set(key, std::move(x));
 }
 
-void GgufWriter::add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> ne,
-                            std::string bytes) {
+void GgufWriter::add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> ne, std::string bytes) {
   const auto info = ggml_type_info(uint32_t(type));
   SWIFTLET_CHECK(info && !ne.empty(), "bad GGUF tensor {}", name);
   int64_t n = 1;
