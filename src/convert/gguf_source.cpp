@@ -29,6 +29,7 @@
 #include "format/quantize.h"
 #include "model/weights.h"
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -365,11 +366,17 @@ class GgufSource : public RepackSource {
     SWIFTLET_CHECK(it != kNames.end(), "no GGUF name for {}", s.name);
     const std::string name = b + it->second;
     if (g_.find(name)) return name;
-    // Older files: Qwen3-Next's fused inputs, dt_bias without its suffix.
-    if (what == "linear_attn.in_proj_qkv" || what == "linear_attn.in_proj_z") return b + "ssm_in.weight";
+    // Other forms: Qwen3-Next's fused inputs (ssm_in in older files), dt_bias without its suffix.
+    std::vector<std::string> alts;
+    if (what == "linear_attn.in_proj_qkv" || what == "linear_attn.in_proj_z") alts = {b + "ssm_in.weight"};
     if (what == "linear_attn.in_proj_b" || what == "linear_attn.in_proj_a")
-      return g_.find(b + "ssm_beta_alpha.weight") ? b + "ssm_beta_alpha.weight" : b + "ssm_ba.weight";
-    if (what == "linear_attn.dt_bias" && g_.find(b + "ssm_dt")) return b + "ssm_dt";
+      alts = {b + "ssm_ba.weight", b + "ssm_beta_alpha.weight"};
+    if (what == "linear_attn.dt_bias") alts = {b + "ssm_dt"};
+    for (const std::string& alt : alts)
+      if (g_.find(alt)) return alt;
+    if (!alts.empty())
+      fail("the GGUF model '{}' has neither tensor {} nor {} (for {}); is it a complete llama.cpp file?", g_.source(),
+           name, fmt::join(alts, " nor "), s.name);
     return name;  // get() names it as missing
   }
 
