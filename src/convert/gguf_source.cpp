@@ -160,7 +160,6 @@ class GgufSource : public RepackSource {
     for_each_dense_tensor(
         config_, names_, scratch, [&](const DenseTensorSpec& s, auto&&, auto&&) { check_shape(s); },
         DeltaNetLayout::Split);
-    write_tokenizer_files();
     tiled_ = arch_ == "qwen35moe" && config_.linear_num_key_heads != config_.linear_num_value_heads;
 
     // The experts: separate gate/up/down, or gate and up fused (gate rows first).
@@ -188,6 +187,8 @@ class GgufSource : public RepackSource {
       formats_[size_t(p)] = bits_ == 16 || cols % group_ != 0 ? ProjectionFormat{16, group_, float_type_of(t)}
                                                               : ProjectionFormat{bits_, group_, DType::BF16};
     }
+    // Last: a constructor that throws leaves no temporary directory behind.
+    write_tokenizer_files();
   }
 
   ~GgufSource() override {
