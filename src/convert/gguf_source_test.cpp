@@ -73,14 +73,35 @@ std::string quantise_q4_0(const float* x, int64_t n) {
   return out;
 }
 
+std::string quantise_q4_1(const float* x, int64_t n) {
+  std::string out;
+  for (int64_t b = 0; b < n; b += 32) {
+    float lo = x[b], hi = x[b];
+    for (int j = 0; j < 32; ++j) lo = std::min(lo, x[b + j]), hi = std::max(hi, x[b + j]);
+    const float d = (hi - lo) / 15.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    const uint16_t dh = f32_to_f16(d), mh = f32_to_f16(lo);
+    out.append(reinterpret_cast<const char*>(&dh), 2);
+    out.append(reinterpret_cast<const char*>(&mh), 2);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = std::min(15, int((x[b + j] - lo) * id + 0.5f));
+      const int q1 = std::min(15, int((x[b + 16 + j] - lo) * id + 0.5f));
+      out.push_back(char(q0 | q1 << 4));
+    }
+  }
+  return out;
+}
+
 // Matrices (rows of `row` values) in `type` where their rows are whole blocks, else F32.
 void add(GgufWriter& w, const std::string& name, std::vector<int64_t> ne, const std::vector<float>& v,
          GgmlType type = GgmlType::F32) {
   const int64_t row = ne[0];
-  if ((type == GgmlType::Q8_0 || type == GgmlType::Q4_0) && row % 32 != 0) type = GgmlType::F32;
+  if ((type == GgmlType::Q8_0 || type == GgmlType::Q4_0 || type == GgmlType::Q4_1) && row % 32 != 0)
+    type = GgmlType::F32;
   std::string bytes;
   if (type == GgmlType::Q8_0)
     bytes = quantise_q8_0(v.data(), int64_t(v.size()));
+  else if (type == GgmlType::Q4_1)
+    bytes = quantise_q4_1(v.data(), int64_t(v.size()));
   else if (type == GgmlType::Q4_0)
     bytes = quantise_q4_0(v.data(), int64_t(v.size()));
   else if (type == GgmlType::F32)
@@ -356,7 +377,7 @@ TEST(GgufRepackTypes, EachTypeConvertsAndRequantisesWithinItsError) {
   };
   // Limits: 1.5 x the differences measured when the test was written (printed below).
   for (const Bound& b : {Bound{GgmlType::F32, 1e-4f, 2.0f, 2.4f}, Bound{GgmlType::Q8_0, 0.7f, 0.7f, 2.5f},
-                         Bound{GgmlType::Q4_0, 3.0f, 0.3f, 3.2f}}) {
+                         Bound{GgmlType::Q4_0, 3.0f, 0.3f, 3.2f}, Bound{GgmlType::Q4_1, 5.0f, 1.7f, 3.2f}}) {
     ScratchDir tmp;
     write_as_gguf(toy, tmp / "m.gguf", {b.type, false, b.type == GgmlType::F32});
     repack_from_gguf(tmp / "m.gguf", opts(tmp / "16.qpack", 16));
