@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(safetensors config qpack tokenizer_load tokenizer_encode chat_template stream routes)
+((${#targets[@]})) || targets=(safetensors gguf config qpack tokenizer_load tokenizer_encode chat_template stream routes)
 
 # -O1 with line tables: what libFuzzer + ASan want, and the quickest to compile in CI.
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only" \

@@ -34,9 +34,11 @@ ALLOWED = {
 }
 # Where a layer's unit tests may reach beyond its table (tests only, never the library):
 # - the scalar reference ops of kernels/cpu are the oracle of format's and the CUDA kernels' tests;
-# - runtime's and server's tests make their models with convert/ (synthetic containers, repacks).
+# - runtime's and server's tests make their models with convert/ (synthetic containers, repacks);
+# - convert's GGUF tests load the tokenizer it rebuilds from a GGUF's metadata.
 TEST_EXTRA = {
     "format": ["kernels/cpu"],
+    "convert": ["tokenizer"],
     "kernels/cuda": ["kernels/cpu"],
     "runtime": ["convert"],
     "server": ["convert"],

@@ -3,6 +3,7 @@
 //
 //   swiftlet-repack --from-dir DIR --output OUT.qpack [--bits 4|8|16] [--force]
 //   swiftlet-repack --from-hf ORG/REPO [--revision R] --output OUT.qpack
+//   swiftlet-repack --from-gguf FILE|DIR --output OUT.qpack [--bits 4|8|16]
 //   swiftlet-repack --synthetic PRESET [--tokenizer tokenizer.json] --output OUT.qpack
 #include "core/error.h"
 #include "core/version.h"
@@ -24,13 +25,15 @@ void on_signal(int) { swiftlet::request_repack_interrupt(); }
 int main(int argc, char** argv) {
   CLI::App app{"swiftlet-repack: build a .qpack container (streams layer by layer; the output "
                "appears only when complete)"};
-  std::string from_dir, from_hf, revision = "main", synthetic, download_dir;
+  std::string from_dir, from_hf, from_gguf, revision = "main", synthetic, download_dir;
   bool list_presets = false, keep_download = false, quiet = false;
   swiftlet::RepackOptions o;
   app.set_version_flag("--version", std::string(swiftlet::version()));
   auto* src = app.add_option_group("source", "what to convert (exactly one)");
   src->add_option("--from-dir", from_dir, "Hugging Face (bf16: quantised) or MLX-quantised (copied) checkpoint directory");
   src->add_option("--from-hf", from_hf, "ORG/REPO on the Hugging Face hub (downloaded, then converted)");
+  src->add_option("--from-gguf", from_gguf, "llama.cpp GGUF model (qwen3next or qwen35moe; a file, any "
+                  "part of a split model, or a directory holding one): dequantised, then written at --bits");
   src->add_option("--synthetic", synthetic, "random weights of a preset's shapes (see --list-presets)");
   src->add_flag("--list-presets", list_presets, "list the synthetic presets");
   src->require_option(1);
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
     swiftlet::RepackStats st;
     if (!synthetic.empty()) st = swiftlet::repack_synthetic(synthetic, o);
     else if (!from_dir.empty()) st = swiftlet::repack_from_dir(from_dir, o);
+    else if (!from_gguf.empty()) st = swiftlet::repack_from_gguf(from_gguf, o);
     else st = swiftlet::repack_from_hf(from_hf, revision, download_dir, keep_download, o);
     std::printf("%s: %.3f GB (resident %.3f GB, experts %.3f GB) in %.1f s\n", st.output.c_str(),
                 double(st.total_bytes) / 1e9, double(st.resident_bytes) / 1e9,

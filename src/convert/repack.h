@@ -81,7 +81,16 @@ class RepackSource {
 // A Hugging Face (bf16: quantised to opts.bits) or MLX-quantised (bytes copied) checkpoint.
 std::unique_ptr<RepackSource> open_checkpoint_source(const std::string& dir, const RepackOptions& opts);
 
+// A llama.cpp GGUF model (qwen3next or qwen35moe; a file, a split model's part, or a directory
+// holding one model): every tensor dequantised, then written at opts.bits (gguf_source.cpp).
+std::unique_ptr<RepackSource> open_gguf_source(const std::string& path, const RepackOptions& opts);
+
 RepackStats write_container(RepackSource& src, const RepackOptions& opts);
+
+inline RepackStats repack_from_gguf(const std::string& path, const RepackOptions& opts) {
+  auto src = open_gguf_source(path, opts);
+  return write_container(*src, opts);
+}
 
 inline RepackStats repack_from_dir(const std::string& dir, const RepackOptions& opts) {
   auto src = open_checkpoint_source(dir, opts);

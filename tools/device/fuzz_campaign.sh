@@ -16,7 +16,7 @@ bundle=$(realpath "$1"); secs=$2; workers=${3:-2}; out=${4:-build-fz}
 cd "$(dirname "$0")/../.."
 export LD_LIBRARY_PATH=$bundle/lib ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=0 \
        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-read -ra targets <<< "${FUZZ_TARGETS:-safetensors config qpack tokenizer_load tokenizer_encode chat_template stream routes}"
+read -ra targets <<< "${FUZZ_TARGETS:-safetensors gguf config qpack tokenizer_load tokenizer_encode chat_template stream routes}"
 mkdir -p build-fz/crashes "$out"
 end=$((SECONDS + secs))
 worker() {  # TARGET INDEX
