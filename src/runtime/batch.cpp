@@ -23,6 +23,7 @@ Batch::Batch(const Model& model, BatchOptions opts)
   if (opts_.prefill_chunk < 1) fail("the batch's prefill chunk must be at least 1 token, got {}", opts_.prefill_chunk);
   forward_->set_predict_next(opts_.predict_next);
   if (opts_.gpu) gpu_runner_ = make_gpu_forward(opts_.gpu);
+  if (opts_.prefetch_masks.value_or(opts_.gpu != nullptr)) prefetcher_ = std::make_unique<MaskPrefetcher>();
 }
 
 Batch::~Batch() = default;
@@ -159,6 +160,14 @@ std::vector<Batch::Finished> Batch::step() {
     }
   }
   rows_ += run.size();
+  // The masks the next step may need, made while this one runs the model (newcomers' first
+  // masks too, during their prompts).
+  if (prefetcher_) {
+    std::vector<MaskJob> jobs;
+    for (auto& mp : members_)
+      if (mp->req.constraint && !mp->error && !mp->gen->finished()) jobs.push_back(mp->req.constraint->next_mask());
+    prefetcher_->submit(std::move(jobs));
+  }
   if (!run.empty()) decode(run, tokens);
 
   std::vector<Finished> done;
