@@ -43,6 +43,10 @@ void TokenConstraint::set_bits(std::span<float> logits, const std::vector<uint64
     const uint64_t word = w < bits.size() ? bits[w] : 0;
     if (word == ~uint64_t(0)) continue;
     const size_t end = std::min(n, (w + 1) * 64);
+    if (word == 0) {  // most words of a structural state's mask
+      std::fill(logits.begin() + ptrdiff_t(w * 64), logits.begin() + ptrdiff_t(end), kOff);
+      continue;
+    }
     for (size_t t = w * 64; t < end; ++t)
       if (!((word >> (t & 63)) & 1)) logits[t] = kOff;
   }
