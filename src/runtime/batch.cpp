@@ -123,8 +123,18 @@ void Batch::decode(std::vector<Member*>& run, std::vector<int32_t>& tokens) {
   hand_out(together);
 }
 
+void Batch::prefetch_masks() {
+  if (!prefetcher_) return;
+  std::vector<MaskJob> jobs;
+  for (auto& mp : members_)
+    if (mp->req.constraint && !mp->error && !mp->gen->finished()) jobs.push_back(mp->req.constraint->next_mask());
+  prefetcher_->submit(std::move(jobs));
+}
+
 std::vector<Batch::Finished> Batch::step() {
   ++steps_;
+  // A newcomer's first mask is made during its prompt (it samples in the step its prompt ends).
+  if (prefilling() > 0) prefetch_masks();
   // The oldest newcomer feeds a chunk of its prompt (first come, first served: each prompt is
   // bounded, so none waits forever, and the first to come gets its first token soonest).
   for (auto& mp : members_) {
@@ -160,14 +170,8 @@ std::vector<Batch::Finished> Batch::step() {
     }
   }
   rows_ += run.size();
-  // The masks the next step may need, made while this one runs the model (newcomers' first
-  // masks too, during their prompts).
-  if (prefetcher_) {
-    std::vector<MaskJob> jobs;
-    for (auto& mp : members_)
-      if (mp->req.constraint && !mp->error && !mp->gen->finished()) jobs.push_back(mp->req.constraint->next_mask());
-    prefetcher_->submit(std::move(jobs));
-  }
+  // The masks the next step may need, made while this one runs the model.
+  prefetch_masks();
   if (!run.empty()) decode(run, tokens);
 
   std::vector<Finished> done;

@@ -71,6 +71,7 @@ class Batch {
  private:
   struct Member;
   void decode(std::vector<Member*>& run, std::vector<int32_t>& tokens);
+  void prefetch_masks();  // submits every constrained member's next mask to prefetcher_
 
   const Model& model_;
   BatchOptions opts_;
