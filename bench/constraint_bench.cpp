@@ -5,15 +5,22 @@
 // structural state nearly every pick is refused and the mask is needed, the worst case (a trained
 // model mostly picks what the grammar allows: BM_AgreeingModel). Compare with BM_SampleOnly (the
 // sampler alone) and with a decode step: the constraint's cost does not depend on the model's size.
+// BM_WarmSchema is a later request of a schema whose masks an earlier one made (the engine's
+// GrammarCache), BM_PrefetchDuringStep the masks made on a worker while a GPU step of 2.5 ms
+// runs (MaskPrefetcher), timing only what stays on the generation loop's path.
 //
 //   ./build/bin/swiftlet_bench_constraint
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "runtime/grammar_cache.h"
 #include "runtime/json_schema.h"
+#include "runtime/mask_prefetcher.h"
 #include "runtime/sampler.h"
 #include "runtime/token_constraint.h"
 #include "tokenizer/tokenizer.h"
@@ -183,6 +190,112 @@ void BM_FreshMask(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_FreshMask)->Arg(0)->Arg(1)->ArgName("in_string")->Unit(benchmark::kMillisecond);
+
+// A request of a schema an earlier request decoded (the server's GrammarCache, warm): the same
+// random logits as BM_ConstrainedDocument's first document, so the same states, whose masks are
+// all there. Arg 1 takes other logits (another path through the warm grammar).
+void BM_WarmSchema(benchmark::State& state) {
+  const int schema = int(state.range(0));
+  const bool same_path = state.range(1) == 0;
+  SamplingParams p;
+  p.temperature = 1;
+  p.top_k = 0;
+  p.top_p = 1;
+  const std::vector<int32_t> stops = {tokenizer().token_id("<|im_end|>")};
+  const auto& pool = logit_pool();
+  GrammarCache cache(trie());
+  std::vector<float> logits(kLogits), unmasked(kLogits);
+  auto document = [&](uint64_t seed, size_t first_logits, bool timed, int64_t& tokens) {
+    p.seed = seed;
+    Sampler sampler(p, kLogits);
+    TokenConstraint c(cache.get(grammar(schema)), stops);
+    for (int i = 0; i < kMaxTokens; ++i) {
+      if (timed) state.PauseTiming();
+      logits = pool[(first_logits + size_t(i)) % pool.size()];
+      if (timed) state.ResumeTiming();
+      const int32_t t = sample_constrained(sampler, c, logits, unmasked, {}, kMaxTokens - i);
+      ++tokens;
+      if (t == stops[0]) break;
+    }
+    return c.masks_computed();
+  };
+  int64_t warm_tokens = 0, tokens = 0, masks = 0, documents = 0;
+  for (uint64_t seed = 7; seed < 11; ++seed) document(seed, 0, false, warm_tokens);  // earlier requests
+  for (auto _ : state) {
+    masks += int64_t(document(same_path ? 7 : 100 + uint64_t(documents), same_path ? 0 : 5 + size_t(documents), true, tokens));
+    ++documents;
+  }
+  state.counters["tokens_per_doc"] = double(tokens) / double(documents);
+  state.counters["masks_per_doc"] = double(masks) / double(documents);
+  state.counters["us_per_token"] = benchmark::Counter(double(tokens) * 1e-6, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_WarmSchema)->ArgsProduct({{0, 1, 2}, {0, 1}})->ArgNames({"schema", "other_path"})->Unit(benchmark::kMillisecond);
+
+// A cold schema decoded as on the GPU: after each token a "decode step" of 2.5 ms (the host
+// thread waiting for the GPU; here a sleep) during which, with arg 1, a MaskPrefetcher makes the
+// next state's mask. Timed: only the sampling (sample_constrained), the part on the loop's path;
+// mask_us_per_token: of that, the masks (apply: made, or waited for, or copied from the cache).
+void BM_PrefetchDuringStep(benchmark::State& state) {
+  const auto g = grammar(int(state.range(0)));
+  const bool prefetch = state.range(1) != 0;
+  SamplingParams p;
+  p.temperature = 1;
+  p.top_k = 0;
+  p.top_p = 1;
+  p.seed = 7;
+  const std::vector<int32_t> stops = {tokenizer().token_id("<|im_end|>")};
+  const auto& pool = logit_pool();
+  std::vector<float> logits(kLogits), unmasked(kLogits);
+  int64_t tokens = 0, masks = 0, documents = 0;
+  double sampling_s = 0, mask_s = 0;
+  MaskPrefetcher pre;
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  for (auto _ : state) {
+    Sampler sampler(p, kLogits);
+    TokenConstraint c(g, trie(), stops);  // a new schema: nothing cached
+    double doc_s = 0;
+    auto step = [&] {  // the forward pass of the token just accepted
+      if (prefetch) pre.submit(c.next_mask());
+      std::this_thread::sleep_for(std::chrono::microseconds(2500));
+    };
+    step();  // the prompt
+    for (int i = 0; i < kMaxTokens; ++i) {
+      logits = pool[size_t(i) % pool.size()];
+      // sample_constrained, with the mask (apply) timed on its own.
+      const auto t0 = Clock::now();
+      unmasked.assign(logits.begin(), logits.end());
+      int32_t t = sampler.sample(logits, {});
+      if (!c.allows(t, kMaxTokens - i)) {
+        logits.swap(unmasked);
+        const auto m0 = Clock::now();
+        c.apply(logits, kMaxTokens - i);
+        mask_s += seconds_since(m0);
+        t = sampler.sample(logits, {});
+      }
+      c.accept(t);
+      doc_s += seconds_since(t0);
+      ++tokens;
+      if (t == stops[0]) break;
+      step();
+    }
+    pre.drain();
+    state.SetIterationTime(doc_s);
+    sampling_s += doc_s;
+    masks += int64_t(c.masks_computed());
+    ++documents;
+  }
+  state.counters["tokens_per_doc"] = double(tokens) / double(documents);
+  state.counters["masks_on_path_per_doc"] = double(masks) / double(documents);
+  state.counters["us_per_token"] = sampling_s * 1e6 / double(tokens);
+  state.counters["mask_us_per_token"] = mask_s * 1e6 / double(tokens);
+}
+BENCHMARK(BM_PrefetchDuringStep)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
+    ->ArgNames({"schema", "prefetch"})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
 
 // Building the vocabulary trie, once per process (Engine::vocab_trie).
 void BM_VocabTrie(benchmark::State& state) {

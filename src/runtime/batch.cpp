@@ -23,6 +23,7 @@ Batch::Batch(const Model& model, BatchOptions opts)
   if (opts_.prefill_chunk < 1) fail("the batch's prefill chunk must be at least 1 token, got {}", opts_.prefill_chunk);
   forward_->set_predict_next(opts_.predict_next);
   if (opts_.gpu) gpu_runner_ = make_gpu_forward(opts_.gpu);
+  if (opts_.prefetch_masks.value_or(opts_.gpu != nullptr)) prefetcher_ = std::make_unique<MaskPrefetcher>();
 }
 
 Batch::~Batch() = default;
@@ -122,8 +123,18 @@ void Batch::decode(std::vector<Member*>& run, std::vector<int32_t>& tokens) {
   hand_out(together);
 }
 
+void Batch::prefetch_masks() {
+  if (!prefetcher_) return;
+  std::vector<MaskJob> jobs;
+  for (auto& mp : members_)
+    if (mp->req.constraint && !mp->error && !mp->gen->finished()) jobs.push_back(mp->req.constraint->next_mask());
+  prefetcher_->submit(std::move(jobs));
+}
+
 std::vector<Batch::Finished> Batch::step() {
   ++steps_;
+  // A newcomer's first mask is made during its prompt (it samples in the step its prompt ends).
+  if (prefilling() > 0) prefetch_masks();
   // The oldest newcomer feeds a chunk of its prompt (first come, first served: each prompt is
   // bounded, so none waits forever, and the first to come gets its first token soonest).
   for (auto& mp : members_) {
@@ -159,6 +170,8 @@ std::vector<Batch::Finished> Batch::step() {
     }
   }
   rows_ += run.size();
+  // The masks the next step may need, made while this one runs the model.
+  prefetch_masks();
   if (!run.empty()) decode(run, tokens);
 
   std::vector<Finished> done;

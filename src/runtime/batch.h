@@ -12,6 +12,7 @@
 
 #include <exception>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace swiftlet {
@@ -26,6 +27,9 @@ struct BatchOptions {
   // Members whose sessions run on this GPU model decode together on it (gpu_decode_batch);
   // null: only CPU sessions batch, GPU ones step alone.
   std::shared_ptr<GpuModel> gpu;
+  // Constrained members' next masks made on a worker thread during each step's forward pass
+  // (mask_prefetcher.h). Unset: when the batch has a GPU model (the CPU's pass uses every core).
+  std::optional<bool> prefetch_masks;
 };
 
 class Batch {
@@ -61,10 +65,13 @@ class Batch {
   // Steps so far, and the members they decoded (their mean is the mean batch size).
   uint64_t steps() const { return steps_; }
   uint64_t decoded_rows() const { return rows_; }
+  // The worker that makes masks ahead; null when prefetching is off.
+  MaskPrefetcher* mask_prefetcher() { return prefetcher_.get(); }
 
  private:
   struct Member;
   void decode(std::vector<Member*>& run, std::vector<int32_t>& tokens);
+  void prefetch_masks();  // submits every constrained member's next mask to prefetcher_
 
   const Model& model_;
   BatchOptions opts_;
@@ -72,6 +79,7 @@ class Batch {
   std::unique_ptr<ForwardPass> gpu_runner_;  // the GPU batch's buffers and graph (BatchOptions::gpu)
   std::vector<std::unique_ptr<Member>> members_;  // in the order they joined
   std::vector<float> logits_;                     // [members decoded][vocab]
+  std::unique_ptr<MaskPrefetcher> prefetcher_;     // BatchOptions::prefetch_masks
   Id next_id_ = 1;
   uint64_t steps_ = 0, rows_ = 0;
 };

@@ -114,6 +114,19 @@ std::shared_ptr<const VocabTrie> Engine::vocab_trie() const {
   return trie_;
 }
 
+std::shared_ptr<GrammarCache> Engine::grammar_cache() const {
+  std::shared_ptr<const VocabTrie> trie = vocab_trie();
+  std::lock_guard lock(grammar_cache_mu_);
+  if (!grammar_cache_) grammar_cache_ = std::make_shared<GrammarCache>(std::move(trie));
+  return grammar_cache_;
+}
+
+std::optional<GrammarCacheStats> Engine::grammar_cache_stats() const {
+  std::lock_guard lock(grammar_cache_mu_);
+  if (!grammar_cache_) return std::nullopt;
+  return grammar_cache_->stats();
+}
+
 std::unique_ptr<Session> Engine::new_session(SessionOptions opts) const {
   opts.backend = opts_.backend;
   opts.predict_next = opts_.predict_next;

@@ -2,6 +2,7 @@
 // the sampling defaults of generation_config.json and the stop tokens.
 #pragma once
 
+#include "runtime/grammar_cache.h"
 #include "runtime/model_loader.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
@@ -51,6 +52,12 @@ class Engine {
   // The vocabulary as a byte trie for constrained decoding (token_constraint.h), built on first
   // use from any thread. Throws Error when there is no tokenizer.
   std::shared_ptr<const VocabTrie> vocab_trie() const;
+  // The grammars of constrained answers with their matcher states and token masks, shared by
+  // every request of this engine (grammar_cache.h); made on first use from any thread. Throws
+  // Error when there is no tokenizer.
+  std::shared_ptr<GrammarCache> grammar_cache() const;
+  // Its counters; none before the first constrained request.
+  std::optional<GrammarCacheStats> grammar_cache_stats() const;
 
   std::unique_ptr<Session> new_session(SessionOptions opts = {}) const;
   // The GPU model sessions run on; null on the CPU (no --gpu, or no usable GPU).
@@ -67,6 +74,8 @@ class Engine {
   std::vector<int32_t> stop_tokens_;
   mutable std::once_flag trie_once_;
   mutable std::shared_ptr<const VocabTrie> trie_;
+  mutable std::mutex grammar_cache_mu_;
+  mutable std::shared_ptr<GrammarCache> grammar_cache_;  // guarded by grammar_cache_mu_
 };
 
 }  // namespace swiftlet

@@ -56,6 +56,24 @@ uint32_t Grammar::repeat(const Sequence& x, int min, int max) {
   return rule({head});
 }
 
+std::string Grammar::key() const {
+  std::string k;
+  auto put = [&](uint32_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(root_);
+  put(uint32_t(rules_.size()));
+  for (const auto& alts : rules_) {
+    put(uint32_t(alts.size()));
+    for (uint32_t start : alts) put(start);
+  }
+  put(uint32_t(elements_.size()));
+  for (const Element& e : elements_) {
+    k.push_back(char(e.kind));
+    if (e.kind == Element::Kind::Rule) put(e.rule);
+    if (e.kind == Element::Kind::Bytes) k.append(reinterpret_cast<const char*>(e.set.bits.data()), sizeof e.set.bits);
+  }
+  return k;
+}
+
 void Grammar::finalize() {
   for (size_t r = 0; r < rules_.size(); ++r)
     if (rules_[r].empty()) fail("grammar rule {} has no alternatives", r);

@@ -77,6 +77,9 @@ class Grammar {
   // Bytes needed at least to match from element position `pos` to the end of its alternative.
   uint32_t min_bytes_from(uint32_t pos) const { return min_from_[pos]; }
   static constexpr uint32_t kInfinite = 1u << 30;
+  // The rules and the root as bytes: two grammars with the same key are one grammar (the same
+  // matcher states, the same token masks). GrammarCache shares compiled grammars by it.
+  std::string key() const;
 
  private:
   void check_no_left_recursion(const std::vector<uint32_t>& rule_min) const;

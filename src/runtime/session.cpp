@@ -64,7 +64,9 @@ std::unique_ptr<ForwardPass> make_pass(const Model& model, const SessionOptions&
 
 Session::Session(const Model& model, const Tokenizer* tokenizer, SessionOptions opts)
     : model_(model), tokenizer_(tokenizer), opts_(opts), forward_(make_pass(model, opts_)),
-      state_(SessionState::create(model.config)) {}
+      state_(SessionState::create(model.config)) {
+  if (opts_.prefetch_masks.value_or(opts_.gpu != nullptr)) prefetcher_ = std::make_unique<MaskPrefetcher>();
+}
 
 void Session::reset() {
   forward_->reset(state_);
@@ -247,8 +249,15 @@ std::string Session::load(const std::string& path) {
 GenerateResult Session::generate(const GenerateRequest& req, const TokenCallback& on_token,
                                  const std::atomic<bool>* cancel) {
   Generation gen(*this, req, on_token, cancel);
+  // The mask of the answer's first state is made during the prompt, each next one during the
+  // step that runs the token before it.
+  auto prefetch = [&] {
+    if (prefetcher_ && req.constraint) prefetcher_->submit(req.constraint->next_mask());
+  };
+  prefetch();
   gen.prompt_done(prepare(req.prompt, cancel, req.message_starts));
   while (std::optional<int32_t> next = gen.next()) {
+    prefetch();
     forward_->run(state_, std::span(&*next, 1), LogitsMode::Last, logits_);
     logits_pos_ = state_.pos;
   }

@@ -5,6 +5,7 @@
 #include "model/forward_pass.h"
 #include "model/gpu_forward.h"
 #include "model/qwen3_hybrid.h"
+#include "runtime/mask_prefetcher.h"
 #include "runtime/sampler.h"
 #include "runtime/state_cache.h"
 #include "runtime/token_constraint.h"
@@ -85,6 +86,9 @@ struct SessionOptions {
   // from its longest cached prefix, and the states at the prompt's checkpoints are kept there.
   // Null: none. On the GPU its states are copied between VRAM and the cache.
   std::shared_ptr<StateCache> state_cache;
+  // A constrained answer's next mask made on a worker thread while the model runs
+  // (mask_prefetcher.h). Unset: on the GPU only (the CPU's forward pass uses every core).
+  std::optional<bool> prefetch_masks;
 };
 
 class Batch;
@@ -138,6 +142,8 @@ class Session {
   bool on_gpu() const { return opts_.gpu != nullptr; }
   // Bytes of prompt-sized activation buffers held by the pass that runs (CPU or GPU memory).
   size_t buffer_bytes() const { return forward_->buffer_bytes(); }
+  // The worker that makes masks ahead in generate(); null when prefetching is off.
+  MaskPrefetcher* mask_prefetcher() { return prefetcher_.get(); }
 
  private:
   friend class Batch;
@@ -160,6 +166,7 @@ class Session {
   size_t pending_done_ = 0;       // of pending_, those fed
   size_t pending_mark_ = 0;       // of pending_, where a snapshot is due (0: none)
   std::vector<size_t> pending_saves_;  // of pending_, where the state cache keeps a checkpoint, ascending
+  std::unique_ptr<MaskPrefetcher> prefetcher_;  // SessionOptions::prefetch_masks
 };
 
 // One answer being generated on a session: samples each token from the session's logits,

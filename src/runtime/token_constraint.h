@@ -4,7 +4,8 @@
 // A token is allowed when the matcher survives all its bytes. The allowed set of a matcher
 // state is found by walking the vocabulary as a byte trie from that state (a subtree is skipped
 // as soon as its prefix is dead) and is cached per state, so a state seen again costs a bitmask
-// copy onto the logits. Special tokens never match grammar text; the stop tokens are allowed
+// copy onto the logits; the states and masks of a grammar are shared by every request that uses
+// it (grammar_cache.h). Special tokens never match grammar text; the stop tokens are allowed
 // exactly when the text so far is complete.
 //
 // The answer must also fit the tokens left (max_tokens): every single byte is a token, so a
@@ -15,82 +16,72 @@
 #pragma once
 
 #include "runtime/grammar.h"
+#include "runtime/grammar_cache.h"
 #include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace swiftlet {
 
-// The vocabulary as a trie over token bytes (special tokens left out). Immutable; shared.
-class VocabTrie {
- public:
-  explicit VocabTrie(const Tokenizer& tok);
-
-  struct Node {
-    uint32_t first_edge = 0, edge_count = 0;
-    int32_t token = -1;  // the token whose bytes end here, or -1
-  };
-  struct Edge {
-    uint8_t byte;
-    uint32_t child;
-  };
-  const std::vector<Node>& nodes() const { return nodes_; }
-  const std::vector<Edge>& edges() const { return edges_; }
-  int32_t vocab_size() const { return vocab_size_; }
-  std::string_view token_bytes(int32_t id) const { return tok_.token_bytes(id); }
-  bool is_special(int32_t id) const { return tok_.is_special(id); }
-
- private:
-  Tokenizer tok_;
-  std::vector<Node> nodes_;  // nodes_[0] is the root
-  std::vector<Edge> edges_;
-  int32_t vocab_size_;
+// What a mask prefetch needs (mask_prefetcher.h): the grammar, a state of its matcher and the
+// bytes accepted since; no reference to the constraint, which its thread keeps using.
+struct MaskJob {
+  std::shared_ptr<SharedGrammar> grammar;  // null: nothing to prepare
+  int32_t state = GrammarMatcher::kDead;
+  std::string bytes;
+  uint64_t owner = 0;
+  // Steps the state over the bytes and makes its mask unless the cache has it.
+  void run() const;
 };
 
 class TokenConstraint {
  public:
+  // Masks kept for this answer only.
   TokenConstraint(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const VocabTrie> vocab,
                   std::vector<int32_t> stop_tokens);
+  // Matcher states and masks shared with the other answers of the same grammar (GrammarCache).
+  TokenConstraint(std::shared_ptr<SharedGrammar> grammar, std::vector<int32_t> stop_tokens);
 
   // Whether `token` may come next: its bytes keep the text a prefix of the grammar's and the
   // shortest completion after it fits in the tokens left after it (a stop token: the text is
   // complete). `tokens_left`: how many tokens this answer may still take, this one included.
-  // Cheap (the token's bytes through the matcher): the sampler tries its pick first.
+  // Cheap (the token's bytes through this answer's own matcher, no lock): the sampler tries its
+  // pick first.
   bool allows(int32_t token, int64_t tokens_left);
   // Sets the logits of the tokens that may not come next to -inf.
   void apply(std::span<float> logits, int64_t tokens_left);
   // Moves past a sampled token.
   void accept(int32_t token);
 
-  bool complete() const { return state_ >= 0 && matcher_.accepting(state_); }
+  bool complete() const { return state_ >= 0 && own_.accepting(state_); }
   bool failed() const { return state_ < 0; }  // a token the grammar did not allow came through
+  // The mask the next apply() would use, to make ahead of need on another thread; its grammar
+  // is null when that mask is already made (or the answer failed).
+  MaskJob next_mask();
   // Diagnostics for benchmarks and tests.
-  size_t states() const { return matcher_.state_count(); }
-  size_t masks_computed() const { return masks_computed_; }
+  size_t states() const { return shared_->states(); }
+  size_t masks_computed() const { return masks_computed_; }  // made by apply(), on the answer's path
+  size_t masks_reused() const { return masks_reused_; }      // found made (before, ahead, or for another answer)
+  uint64_t id() const { return id_; }
+  const SharedGrammar& shared() const { return *shared_; }
 
  private:
-  struct Mask {
-    std::vector<uint64_t> bits;  // [vocab/64] allowed tokens
-    uint32_t max_after = 0;      // largest shortest-completion over the allowed tokens' states
-    bool any = false;            // some token is allowed
-  };
-  // Walks the trie from `state`; with a budget, keeps only tokens whose shortest completion
-  // after them is at most `budget` bytes.
-  Mask walk(int32_t state, uint32_t budget);
+  void catch_up();  // brings shared_state_ to this answer's text (takes the grammar's lock)
   void set_bits(std::span<float> logits, const std::vector<uint64_t>& bits, bool allow_stop) const;
 
-  std::shared_ptr<const Grammar> grammar_;
-  std::shared_ptr<const VocabTrie> vocab_;
+  std::shared_ptr<SharedGrammar> shared_;
   std::vector<int32_t> stop_tokens_;
-  GrammarMatcher matcher_;
-  int32_t state_;
-  std::vector<Mask> masks_;  // per matcher state; empty bits: not computed yet
-  size_t masks_computed_ = 0;
-  std::vector<std::pair<uint32_t, int32_t>> walk_stack_;  // (trie node, matcher state)
+  GrammarMatcher own_;  // this answer's path through the grammar: allows/accept take no lock
+  int32_t state_;       // in own_
+  int32_t shared_state_;  // the same text's state in shared_'s matcher, `behind_` bytes ago
+  std::string behind_;
+  uint64_t id_;
+  size_t masks_computed_ = 0, masks_reused_ = 0;
 };
 
 // Picks the next token under a constraint, as the generation loop does: the sampler's pick is

@@ -1,5 +1,6 @@
 #include "server/engine_worker.h"
 
+#include "runtime/json_schema.h"
 #include "server/metrics.h"
 #include "support/test_util.h"
 #include "support/tiny_model.h"
@@ -159,6 +160,39 @@ TEST_F(EngineWorkerTest, ANewConversationReusesTheSharedPrefixFromTheStateCache)
   EXPECT_NE(page.find("swiftlet_state_cache_tokens_saved_total " + std::to_string(preamble) + "\n"),
             std::string::npos)
       << page;
+}
+
+// Two requests of one schema, each with its own compile of it as the routes make them: the
+// second finds the first one's grammar and masks in the engine's cache, answers as a constraint
+// of its own would, and /metrics counts it.
+TEST_F(EngineWorkerTest, RequestsOfOneSchemaShareItsMasks) {
+  start(/*max_queue=*/8, /*sessions=*/2);
+  const Engine& e = *worker_->engine();
+  const char* schema = R"({"type":"object","properties":{"n":{"type":"integer"},"s":{"type":"string","maxLength":6}},
+      "required":["n","s"]})";
+  auto grammar = [&] { return std::make_shared<const Grammar>(json_schema_grammar(nlohmann::ordered_json::parse(schema))); };
+  auto constrained = [&](std::shared_ptr<TokenConstraint> c) {
+    JobSpec s = spec(encode("Give me JSON:"), 24);
+    s.constraint = std::move(c);
+    return wait_done(*worker_->submit(std::move(s)));
+  };
+  const Outcome want = constrained(std::make_shared<TokenConstraint>(grammar(), e.vocab_trie(), e.stop_tokens()));
+  ASSERT_EQ(want.done.kind, JobEvent::Kind::Done);
+  EXPECT_FALSE(e.grammar_cache_stats()) << "made on the first constrained request that uses it";
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(constrained(std::make_shared<TokenConstraint>(e.grammar_cache()->get(grammar()), e.stop_tokens())).text,
+              want.text);
+  const std::optional<GrammarCacheStats> st = e.grammar_cache_stats();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->grammars, 1u);
+  EXPECT_EQ(st->grammar_hits, 1u);
+  EXPECT_GT(st->masks_computed, 0u);
+  EXPECT_GE(st->masks_shared, st->masks_computed) << "the second request takes the same path";
+  LiveGauges g;
+  g.grammar_cache = st;
+  const std::string page = metrics_.prometheus(g);
+  EXPECT_NE(page.find("swiftlet_grammar_cache_grammar_hits_total 1\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("swiftlet_token_masks_shared_total " + std::to_string(st->masks_shared) + "\n"), std::string::npos);
 }
 
 TEST_F(EngineWorkerTest, BoundedQueueAndCancel) {

@@ -173,6 +173,26 @@ std::string Metrics::prometheus(const LiveGauges& live) const {
     metric(out, "swiftlet_state_cache_files_evicted_total", "counter",
            "State files removed to keep --state-cache-gb.", double(c->evicted_disk));
   }
+  if (const auto& c = live.grammar_cache) {
+    metric(out, "swiftlet_grammar_cache_grammars", "gauge",
+           "Grammars of constrained answers kept, with their matcher states and token masks.", double(c->grammars));
+    metric(out, "swiftlet_grammar_cache_grammar_hits_total", "counter",
+           "Constrained requests whose grammar was already kept.", double(c->grammar_hits));
+    metric(out, "swiftlet_grammar_cache_grammar_misses_total", "counter",
+           "Constrained requests that brought a grammar not kept.", double(c->grammar_misses));
+    metric(out, "swiftlet_token_masks_computed_total", "counter",
+           "Token masks computed (a walk of the vocabulary trie), prefetched ones included.", double(c->masks_computed));
+    metric(out, "swiftlet_token_masks_prefetched_total", "counter",
+           "Token masks computed ahead of need while the model ran.", double(c->masks_prefetched));
+    metric(out, "swiftlet_token_mask_hits_total", "counter", "Token masks found already computed.",
+           double(c->mask_hits));
+    metric(out, "swiftlet_token_masks_shared_total", "counter",
+           "Token masks found already computed for another request.", double(c->masks_shared));
+    metric(out, "swiftlet_token_masks_evicted_total", "counter",
+           "Token masks dropped to keep the cache's bound (least recently used).", double(c->masks_evicted));
+    metric(out, "swiftlet_token_masks", "gauge", "Token masks kept.", double(c->masks));
+    metric(out, "swiftlet_token_mask_bytes", "gauge", "Bytes of the token masks kept.", double(c->mask_bytes));
+  }
   return out;
 }
 

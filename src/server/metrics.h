@@ -26,6 +26,7 @@ struct LiveGauges {
   int parallel = 0;  // requests generated together at most (--parallel)
   int64_t max_context = 0;
   std::optional<StateCacheStats> state_cache;  // the prefix state cache (--state-cache), when on
+  std::optional<GrammarCacheStats> grammar_cache;  // constrained answers' grammars, once one came
 };
 
 class Metrics {

@@ -70,7 +70,8 @@ PlannedJob plan_job(const CompletionRequest& req, const Engine& engine, int64_t 
     out.think_opened = text.ends_with("<think>\n");
     AnswerGrammar answer = answer_grammar(req, engine.template_kind(), out.think_opened);
     if (answer.grammar)
-      spec.constraint = std::make_shared<TokenConstraint>(std::move(answer.grammar), engine.vocab_trie(), engine.stop_tokens());
+      spec.constraint = std::make_shared<TokenConstraint>(engine.grammar_cache()->get(std::move(answer.grammar)),
+                                                          engine.stop_tokens());
     out.unenforced = std::move(answer.unenforced);
     const int32_t im_start = tok.token_id("<|im_start|>");
     for (size_t i = spec.prompt.size(); i-- > 0;)
@@ -402,6 +403,7 @@ Reply Routes::metrics() const {
   g.parallel = worker_.options().parallel > 0 ? worker_.options().parallel : worker_.options().sessions;
   g.max_context = worker_.options().max_context;
   g.state_cache = worker_.state_cache_stats();
+  if (const Engine* e = worker_.engine()) g.grammar_cache = e->grammar_cache_stats();
   Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = metrics_.prometheus(g);
