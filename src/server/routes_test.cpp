@@ -86,7 +86,8 @@ TEST(Routes, WrongTypesAndValuesAre400NamingTheField) {
       {{{"messages", json::array({{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}})}}, "messages[0].content[0].type"},
       {{{"messages", json::array()}}, "messages"},
   };
-  for (const auto& [extra, param] : cases) {
+  for (const auto& [extra_fields, param] : cases) {
+    const json& extra = extra_fields;  // a lambda may not capture a structured binding in clang 14
     auto [status, p] = api_error([&] { parse_chat_request(chat(extra)); });
     EXPECT_EQ(status, 400) << extra.dump();
     EXPECT_EQ(p, param) << extra.dump();

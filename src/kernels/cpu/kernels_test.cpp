@@ -24,8 +24,14 @@
 #include <random>
 
 // Counts operator new calls while g_count_news is set (Kernels.MatmulDoesNotAllocate). Not
-// under AddressSanitizer, which supplies its own operator new.
-#if !defined(__SANITIZE_ADDRESS__)
+// under AddressSanitizer, which supplies its own operator new (GCC says so with
+// __SANITIZE_ADDRESS__, clang with __has_feature).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SWIFTLET_ASAN 1
+#endif
+#endif
+#if !defined(__SANITIZE_ADDRESS__) && !defined(SWIFTLET_ASAN)
 #define SWIFTLET_COUNT_NEWS 1
 namespace {
 std::atomic<bool> g_count_news{false};
