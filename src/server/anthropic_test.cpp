@@ -69,7 +69,7 @@ TEST(Anthropic, BadRequestsName400sInDots) {
             "messages.0.content.0.tool_use_id");
   EXPECT_EQ(api_error(body({user, {{"role", "assistant"}, {"content", "prefill"}}})).second, "messages.1");
   EXPECT_EQ(api_error(body({{{"role", "system"}, {"content", "x"}}})).second, "messages.0.role");
-  json b = body({user});
+  json b = body(json::array({user}));
   b["tool_choice"] = {{"type", "tool"}, {"name", "missing"}};
   EXPECT_EQ(api_error(b).second, "tool_choice.name");
   const ApiError e = invalid_request("bad", "messages.0.role");
