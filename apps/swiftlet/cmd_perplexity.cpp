@@ -98,6 +98,8 @@ void run_perplexity(const PerplexityOptions& o) {
 
   std::fprintf(stderr, "perplexity: %zu tokens, %lld windows of %lld, %lld scored per window\n", tokens.size(),
                (long long)windows, (long long)ctx, (long long)per_window);
+  const ExpertSource* experts = engine.model().experts.get();
+  const ExpertStats experts_before = experts ? experts->expert_stats() : ExpertStats{};
   MeanStat nll, base_nll, kl, top1, same;
   std::vector<double> kls;
   std::vector<RowResult> rows(static_cast<size_t>(per_window));
@@ -145,6 +147,15 @@ void run_perplexity(const PerplexityOptions& o) {
   TraceFlag::finish(trace.get(), o.trace.path);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
 
+  ExpertStats ex = experts ? experts->expert_stats() : ExpertStats{};
+  ex.hits -= experts_before.hits;
+  ex.misses -= experts_before.misses;
+  ex.skipped -= experts_before.skipped;
+  ex.bytes_read -= experts_before.bytes_read;
+  const MissPolicy& on_miss = engine.on_miss();
+  const std::string experts_text =
+      fmt::format("experts: {} | {} hits, {} misses, {} skipped | read {:.3f} GB\n", on_miss.label(), ex.hits,
+                  ex.misses, ex.skipped, double(ex.bytes_read) / 1e9);
   const double ppl = std::exp(nll.mean()), ppl_err = ppl * nll.stderr_of_mean();
   json j = {{"model", o.model.model},
             {"file", o.file},
@@ -158,7 +169,11 @@ void run_perplexity(const PerplexityOptions& o) {
             {"ppl_stderr", ppl_err},
             {"top1_accuracy", top1.mean()},
             {"seconds", secs},
-            {"tok_s", double(windows * ctx) / secs}};
+            {"tok_s", double(windows * ctx) / secs},
+            {"on_miss", on_miss.name()},
+            {"lossy", on_miss.lossy()},
+            {"experts",
+             {{"hits", ex.hits}, {"misses", ex.misses}, {"skipped", ex.skipped}, {"bytes_read", ex.bytes_read}}}};
   std::string kl_text;
   if (base) {
     const double base_ppl = std::exp(base_nll.mean());
@@ -185,10 +200,10 @@ void run_perplexity(const PerplexityOptions& o) {
     return;
   }
   std::printf("%zu tokens, %lld windows of %lld, %llu scored tokens (%.1f s, %.1f tok/s)\n"
-              "PPL = %.4f +/- %.4f (mean NLL %.6f +/- %.6f), top-1 accuracy %.2f%%\n%s",
+              "PPL = %.4f +/- %.4f (mean NLL %.6f +/- %.6f), top-1 accuracy %.2f%%\n%s%s",
               tokens.size(), (long long)windows, (long long)ctx, (unsigned long long)nll.n, secs,
               double(windows * ctx) / secs, ppl, ppl_err, nll.mean(), nll.stderr_of_mean(), 100 * top1.mean(),
-              kl_text.c_str());
+              experts_text.c_str(), kl_text.c_str());
 }
 }  // namespace
 
