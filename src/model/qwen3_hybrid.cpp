@@ -366,17 +366,11 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
     observer_->routed(li, row_pos_[0], tokens, std::span(chosen, size_t(T * top_k)),
                       std::span(chosen_w, size_t(T * top_k)));
   // --on-miss skip:W: experts the source does not hold and no token keeps are left out before
-  // anything asks for them (miss_policy.h); the observer above saw the router's choice. An
-  // expert guessed for this layer (predict_next_layer) has its read under way: its bytes are
-  // spent, so it counts as held.
+  // anything asks for them (miss_policy.h); the observer above saw the router's choice.
   if (miss_.lossy()) {
-    const bool guessed = predicted_layer_ == li && !predicted_.empty();
-    const int skipped = skip_missed_experts(
-        miss_, E, top_k, c_.norm_topk_prob, std::span(chosen, size_t(T * top_k)), std::span(chosen_w, size_t(T * top_k)),
-        [&](int32_t e) {
-          return m_.experts->ready(li, e) ||
-                 (guessed && std::find(predicted_.begin(), predicted_.end(), e) != predicted_.end());
-        });
+    const int skipped = skip_missed_experts(miss_, E, top_k, c_.norm_topk_prob, std::span(chosen, size_t(T * top_k)),
+                                            std::span(chosen_w, size_t(T * top_k)),
+                                            [&](int32_t e) { return m_.experts->ready(li, e); });
     if (skipped > 0) m_.experts->skipped(li, skipped);
   }
   std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_expert;  // expert -> (token, weight)

@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <random>
 #include <set>
 #include <utility>
@@ -22,13 +21,13 @@
 namespace swiftlet {
 namespace {
 
-struct TinyRun {
+struct Run {
   std::vector<float> logits;  // prefill's last row, then each decode step's
   ExpertStats stats;
 };
 
 // 17 prompt tokens and 6 greedy steps through a cache of `slots` experts.
-TinyRun run_tiny(uint64_t slots, const MissPolicy* policy) {
+Run run_tiny(uint64_t slots, const MissPolicy* policy) {
   const std::string path = testing::tiny_qpack_with_tokenizer();
   LoadOptions o;
   o.cache_bytes = slots * QpackContainer::open(path).layout.expert_stride;
@@ -39,7 +38,7 @@ TinyRun run_tiny(uint64_t slots, const MissPolicy* policy) {
   std::vector<int32_t> prompt;
   std::mt19937 rng(3);
   for (int i = 0; i < 17; ++i) prompt.push_back(int32_t(rng() % 1000));
-  TinyRun r;
+  Run r;
   std::vector<float> row;
   fwd.run(st, prompt, LogitsMode::Last, row);
   r.logits = row;
@@ -53,12 +52,12 @@ TinyRun run_tiny(uint64_t slots, const MissPolicy* policy) {
 }
 
 TEST(OnMiss, ExactAndSkipZeroAreTheBitsOfARunWithoutTheOption) {
-  const TinyRun plain = run_tiny(2, nullptr);
+  const Run plain = run_tiny(2, nullptr);
   ASSERT_GT(plain.stats.misses, 0u);
   for (const char* flag : {"exact", "skip:0"}) {
     SCOPED_TRACE(flag);
     const MissPolicy p = parse_miss_policy(flag);
-    const TinyRun got = run_tiny(2, &p);
+    const Run got = run_tiny(2, &p);
     EXPECT_EQ(got.logits, plain.logits);  // bit for bit
     EXPECT_EQ(got.stats.skipped, 0u);
     EXPECT_EQ(got.stats.misses, plain.stats.misses);
@@ -66,7 +65,7 @@ TEST(OnMiss, ExactAndSkipZeroAreTheBitsOfARunWithoutTheOption) {
   }
   // A lossy threshold through the same cache leaves experts out: fewer reads, counted.
   const MissPolicy lossy = parse_miss_policy("skip:0.3");
-  const TinyRun skip = run_tiny(2, &lossy);
+  const Run skip = run_tiny(2, &lossy);
   EXPECT_GT(skip.stats.skipped, 0u);
   EXPECT_LT(skip.stats.misses, plain.stats.misses);
   EXPECT_LT(skip.stats.bytes_read, plain.stats.bytes_read);
@@ -82,14 +81,12 @@ class ScriptedSource final : public ExpertSource {
   explicit ScriptedSource(ExpertSource& inner) : inner_(inner), zeros_(size_t(1) << 20, 0) {}
   std::set<Key> missing, zeroed, prefetched, acquired;
   int skipped_count = 0;
-  bool guesses = false;  // wants_predictions(): the model guesses the next layer's experts
 
   int max_batch() const override { return inner_.max_batch(); }
   void prefetch(int layer, std::span<const int32_t> experts) override {
     for (int32_t e : experts) prefetched.insert({layer, e});
   }
   bool ready(int layer, int expert) const override { return missing.count({layer, expert}) == 0; }
-  bool wants_predictions() const override { return guesses; }
   void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) override {
     inner_.acquire(layer, experts, out);
     for (size_t i = 0; i < experts.size(); ++i) {
@@ -104,10 +101,8 @@ class ScriptedSource final : public ExpertSource {
  private:
   void zero(QMatrix& m) const {
     EXPECT_LE(m.total_bytes(), zeros_.size());
-    if (m.format == WeightFormat::Affine)
-      m.scales = m.biases = zeros_.data();  // w = 0 * q + 0
-    else
-      m.data = zeros_.data();
+    if (m.format == WeightFormat::Affine) m.scales = m.biases = zeros_.data();  // w = 0 * q + 0
+    else m.data = zeros_.data();
   }
   ExpertSource& inner_;
   std::vector<uint8_t> zeros_;
@@ -116,8 +111,6 @@ class ScriptedSource final : public ExpertSource {
 struct Routed : RoutingObserver {
   std::vector<std::vector<int32_t>> experts;  // [layer] the token's choices, router order
   std::vector<std::vector<float>> weights;
-  std::map<int, std::vector<int32_t>> guessed;  // layer -> the experts guessed for it
-  void predicted(int layer, int64_t, std::span<const int32_t> e) override { guessed[layer].assign(e.begin(), e.end()); }
   void routed(int layer, int64_t, std::span<const int32_t>, std::span<const int32_t> e,
               std::span<const float> w) override {
     experts.resize(size_t(layer) + 1);
@@ -218,40 +211,6 @@ TEST_F(OnMissScripted, TheTopOneIsKeptWhateverW) {
   EXPECT_EQ(at_layer, (std::set<Key>{{kLayer, e[0]}}));
   const double s = (double(w[0]) + w[1] + w[2] + w[3]) / double(w[0]);
   expect_scaled(got, exact_with_zeroed({e[0], e[1], e[2], e[3]}), exact_with_zeroed({e[1], e[2], e[3]}), s);
-}
-
-// A guessed expert (next-layer prediction) has its read under way when its layer routes: it is
-// kept even below W, since its bytes are spent; the other missed ones below W are left out.
-TEST_F(OnMissScripted, AGuessedExpertIsKept) {
-  const std::vector<int32_t>& e = routes_.experts[kLayer];
-  src_->guesses = true;
-  Routed seen;
-  {
-    Forward f(model_, Backend::CpuF32);
-    f.set_predict_next(1);
-    f.set_routing_observer(&seen);
-    run(f);
-  }
-  ASSERT_TRUE(seen.guessed.count(kLayer));
-  const std::vector<int32_t>& g = seen.guessed[kLayer];
-  std::set<Key> want = {{kLayer, e[0]}};
-  int left_out = 0;
-  for (size_t i = 1; i < e.size(); ++i) {
-    if (std::count(g.begin(), g.end(), e[i])) want.insert({kLayer, e[i]});
-    else ++left_out;
-  }
-  ASSERT_GT(want.size(), 1u) << "the guess should share a non-top-1 expert with the routing";
-  for (int32_t x : e) src_->missing.insert({kLayer, x});
-  src_->acquired.clear();
-  Forward f(model_, Backend::CpuF32);
-  f.set_predict_next(1);
-  f.set_miss_policy(MissPolicy{0.999f});
-  run(f);
-  std::set<Key> at_layer;
-  for (const Key& k : src_->acquired)
-    if (k.first == kLayer) at_layer.insert(k);
-  EXPECT_EQ(at_layer, want);
-  EXPECT_EQ(src_->skipped_count, left_out);
 }
 
 TEST(OnMiss, TheGpuRefusesALossyPolicy) {
