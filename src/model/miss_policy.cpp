@@ -14,8 +14,7 @@ std::string MissPolicy::name() const { return lossy() ? fmt::format("skip:{:g}",
 std::string MissPolicy::label() const { return lossy() ? fmt::format("lossy ({})", name()) : "exact"; }
 
 MissPolicy parse_miss_policy(std::string_view text) {
-  constexpr const char* kForms =
-      "'exact' (the default) or 'skip:W' with W a router weight in [0, 1), e.g. skip:0.05";
+  constexpr const char* kForms = "'exact' (the default) or 'skip:W' with W a router weight in [0, 1), e.g. skip:0.05";
   if (text == "exact") return {};
   if (!text.starts_with("skip:")) fail("--on-miss '{}' is not understood: give {}", text, kForms);
   const std::string w(text.substr(5));
@@ -61,8 +60,10 @@ int skip_missed_experts(const MissPolicy& policy, int num_experts, int top_k, bo
     bool lost = false;
     for (int i = 0; i < top_k; ++i) {
       before += tw[size_t(i)];
-      if (state[size_t(te[size_t(i)])] == kDroppable) lost = true;
-      else kept += tw[size_t(i)];
+      if (state[size_t(te[size_t(i)])] == kDroppable)
+        lost = true;
+      else
+        kept += tw[size_t(i)];
     }
     if (!lost) continue;
     const double scale = kept > 0 ? before / kept : 1.0;  // kept > 0 unless the top-1's weight is 0

@@ -21,13 +21,13 @@
 namespace swiftlet {
 namespace {
 
-struct Run {
+struct TinyRun {
   std::vector<float> logits;  // prefill's last row, then each decode step's
   ExpertStats stats;
 };
 
 // 17 prompt tokens and 6 greedy steps through a cache of `slots` experts.
-Run run_tiny(uint64_t slots, const MissPolicy* policy) {
+TinyRun run_tiny(uint64_t slots, const MissPolicy* policy) {
   const std::string path = testing::tiny_qpack_with_tokenizer();
   LoadOptions o;
   o.cache_bytes = slots * QpackContainer::open(path).layout.expert_stride;
@@ -38,7 +38,7 @@ Run run_tiny(uint64_t slots, const MissPolicy* policy) {
   std::vector<int32_t> prompt;
   std::mt19937 rng(3);
   for (int i = 0; i < 17; ++i) prompt.push_back(int32_t(rng() % 1000));
-  Run r;
+  TinyRun r;
   std::vector<float> row;
   fwd.run(st, prompt, LogitsMode::Last, row);
   r.logits = row;
@@ -52,12 +52,12 @@ Run run_tiny(uint64_t slots, const MissPolicy* policy) {
 }
 
 TEST(OnMiss, ExactAndSkipZeroAreTheBitsOfARunWithoutTheOption) {
-  const Run plain = run_tiny(2, nullptr);
+  const TinyRun plain = run_tiny(2, nullptr);
   ASSERT_GT(plain.stats.misses, 0u);
   for (const char* flag : {"exact", "skip:0"}) {
     SCOPED_TRACE(flag);
     const MissPolicy p = parse_miss_policy(flag);
-    const Run got = run_tiny(2, &p);
+    const TinyRun got = run_tiny(2, &p);
     EXPECT_EQ(got.logits, plain.logits);  // bit for bit
     EXPECT_EQ(got.stats.skipped, 0u);
     EXPECT_EQ(got.stats.misses, plain.stats.misses);
@@ -65,7 +65,7 @@ TEST(OnMiss, ExactAndSkipZeroAreTheBitsOfARunWithoutTheOption) {
   }
   // A lossy threshold through the same cache leaves experts out: fewer reads, counted.
   const MissPolicy lossy = parse_miss_policy("skip:0.3");
-  const Run skip = run_tiny(2, &lossy);
+  const TinyRun skip = run_tiny(2, &lossy);
   EXPECT_GT(skip.stats.skipped, 0u);
   EXPECT_LT(skip.stats.misses, plain.stats.misses);
   EXPECT_LT(skip.stats.bytes_read, plain.stats.bytes_read);
@@ -101,8 +101,10 @@ class ScriptedSource final : public ExpertSource {
  private:
   void zero(QMatrix& m) const {
     EXPECT_LE(m.total_bytes(), zeros_.size());
-    if (m.format == WeightFormat::Affine) m.scales = m.biases = zeros_.data();  // w = 0 * q + 0
-    else m.data = zeros_.data();
+    if (m.format == WeightFormat::Affine)
+      m.scales = m.biases = zeros_.data();  // w = 0 * q + 0
+    else
+      m.data = zeros_.data();
   }
   ExpertSource& inner_;
   std::vector<uint8_t> zeros_;
