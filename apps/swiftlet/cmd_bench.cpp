@@ -15,6 +15,7 @@
 // step acquires and the time per step by part. With --gpu the batches run on the GPU
 // (gpu_decode_batch; each batch size prefills its own streams, whose states live in their passes;
 // a step of one stream and one of the largest batch are also profiled by part).
+#include "bench_measure.h"
 #include "bench_modes.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -73,35 +74,6 @@ std::vector<int32_t> bench_prompt(int n, int vocab) {
   std::vector<int32_t> ids;
   for (int i = 0; i < n; ++i) ids.push_back(int32_t(rng() % uint32_t(std::min(vocab, 100000))));
   return ids;
-}
-
-// Read bandwidth of this machine's memory with every compute thread (GB/s), over a buffer far
-// larger than the caches, best of a few passes.
-double measure_memory_bandwidth(size_t bytes) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::vector<uint64_t> buf(n, 1);
-  ThreadPool& pool = ThreadPool::global();
-  const int64_t tasks = int64_t(pool.size()) * 16;
-  std::vector<uint64_t> sums(static_cast<size_t>(tasks));
-  double best = 0;
-  for (int pass = 0; pass < 4; ++pass) {
-    const auto t0 = Clock::now();
-    pool.parallel_for(tasks, [&](int64_t t) {
-      const size_t a = n * size_t(t) / size_t(tasks), b = n * size_t(t + 1) / size_t(tasks);
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (size_t i = a; i + 4 <= b; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      sums[size_t(t)] = s0 + s1 + s2 + s3;
-    });
-    best = std::max(best, double(n * sizeof(uint64_t)) / since(t0) / 1e9);
-  }
-  volatile uint64_t keep = 0;  // the sums are used, so the loads are not optimised away
-  for (uint64_t v : sums) keep = keep + v;
-  return best;
 }
 
 // One configuration, in this process: prints one JSON object on stdout.
@@ -466,43 +438,6 @@ void run_streams_child(const BenchOptions& o) {
             {"rows", rows}};
   j["memory_gb_s"] = measure_memory_bandwidth(size_t(256) << 20);
   std::printf("%s\n", j.dump().c_str());
-}
-
-// Random expert reads from the container for `seconds`: GB/s with `depth` reads in flight.
-double measure_disk(const QpackContainer& qc, IoMode mode, int depth, double seconds) {
-  std::unique_ptr<ExpertReader> r = make_expert_reader(qc, mode, depth);
-  const size_t stride = size_t(qc.layout.expert_stride);
-  std::vector<uint8_t*> bufs;
-  for (int i = 0; i < depth; ++i) {
-    bufs.push_back(static_cast<uint8_t*>(std::aligned_alloc(4096, stride)));
-    r->register_buffer(i, bufs.back(), stride);
-  }
-  std::mt19937 rng(99);
-  auto submit = [&](int slot) {
-    r->submit(int(rng() % uint32_t(qc.layout.layer_count)), int(rng() % uint32_t(qc.layout.expert_count)),
-              bufs[size_t(slot)], stride, uint64_t(slot), slot);
-  };
-  std::vector<ReadDone> done;
-  uint64_t bytes = 0;
-  const auto t0 = Clock::now();
-  for (int i = 0; i < depth; ++i) submit(i);
-  double t = 0;
-  while ((t = since(t0)) < seconds) {
-    done.clear();
-    r->reap(true, done);
-    for (const ReadDone& d : done) {
-      if (!d.error.empty()) fail("{}", d.error);
-      bytes += stride;
-      submit(int(d.tag));
-    }
-  }
-  while (r->outstanding() > 0) {
-    done.clear();
-    r->reap(true, done);
-  }
-  r.reset();
-  for (uint8_t* b : bufs) std::free(b);
-  return double(bytes) / t / 1e9;
 }
 
 // "cpu (avx512-vnni)": the backend and, for the fast CPU kernels, the instruction set they run.
