@@ -82,7 +82,8 @@ TEST_F(QpackCli, CacheFlagsAndBench) {
   CmdOut base = swiftlet::testing::run_binary("swiftlet", gen + " --cache-gb all -q", /*stdout_only=*/true);
   ASSERT_EQ(base.status, 0) << base.out;
   for (const char* flags : {"--cache-mb 0.0164", "--cache-mb 0.05 --io serial", "--ram-budget 4G --predict-next 2",
-                            "--resident read", "--resident map --io uring --predict-next 0"}) {
+                            "--resident read", "--resident map --io uring --predict-next 0",
+                            "--cache-mb 0.0164 --on-miss exact", "--cache-mb 0.0164 --on-miss skip:0"}) {
     CmdOut r = swiftlet::testing::run_binary("swiftlet", gen + " -q " + flags, /*stdout_only=*/true);
     ASSERT_EQ(r.status, 0) << flags << "\n" << r.out;
     EXPECT_EQ(r.out, base.out) << flags;
@@ -96,7 +97,9 @@ TEST_F(QpackCli, CacheFlagsAndBench) {
   };
   for (const Bad& b : {Bad{"--ram-budget 10M", "cannot be met"}, Bad{"--ram-budget lots", "cannot read 'lots'"},
                        Bad{"--cache-gb 1 --ram-budget 4G", "only one of"}, Bad{"--io async", "unknown --io mode"},
-                       Bad{"--cache-mb 0", "cannot be empty"}, Bad{"--resident swap", "unknown residency"}}) {
+                       Bad{"--cache-mb 0", "cannot be empty"}, Bad{"--resident swap", "unknown residency"},
+                       Bad{"--on-miss skip:abc", "'exact' (the default) or 'skip:W'"},
+                       Bad{"--on-miss skip:1.5", "W must be a number in [0, 1)"}, Bad{"--on-miss bogus", "skip:W"}}) {
     CmdOut e = sh("swiftlet", gen + " " + b.flags);
     EXPECT_EQ(e.status, 1) << b.flags << "\n" << e.out;
     EXPECT_NE(e.out.find(b.message), std::string::npos) << b.flags << "\n" << e.out;
@@ -105,8 +108,21 @@ TEST_F(QpackCli, CacheFlagsAndBench) {
                      "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");
   ASSERT_EQ(r.status, 0) << r.out;
   for (const char* want : {"disk bound", "peakRSS", "def ", "0.05M", "all", "serial", "worst case",
-                           "every configuration generated the same 4 tokens: yes"})
+                           "every exact configuration generated the same 4 tokens: yes"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  // --on-miss: a list to compare, every row saying which it is; the exact row gives the same
+  // tokens as above.
+  r = sh("swiftlet", "bench " + q + " --cache 0.02M --io-modes uring --predict off --on-miss exact,skip:0.2 "
+                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  for (const char* want : {"  exact", "lossy (skip:0.2)", "lossy configurations against the exact tokens: 0.02M skip:0.2"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+  r = sh("swiftlet", "bench " + q + " --on-miss exact,skip:2 --disk-seconds 0.2");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("W must be a number in [0, 1)"), std::string::npos) << r.out;
+  r = sh("swiftlet", gen + " --cache-mb 0.0164 --on-miss skip:0.3");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("experts, lossy (skip:0.3): "), std::string::npos) << r.out;
   // --gpu reaches each configuration's process: it runs on the GPU (its own table) or says why not.
   r = sh("swiftlet", "bench " + q + " --gpu --gpu-cache-gb 1 --cache default --io-modes uring --predict off "
                      "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");

@@ -29,6 +29,9 @@ void ModelFlags::add(CLI::App* cmd, FlagSet set) {
   cmd->add_option("--predict-next", predict_next,
                   "decode: guess the experts of the next N layers with their routers and start reading them early "
                   "(default 1; 0: off)");
+  cmd->add_option("--on-miss", on_miss,
+                  "a routed expert not in memory: exact (wait for its read; default) or skip:W (lossy: leave it out "
+                  "when its router weight is below W, never a token's top-1, and renormalise the others; CPU only)");
   cmd->add_flag("--gpu", gpu, "decode on an NVIDIA GPU (CUDA builds; falls back to the CPU without one)");
   cmd->add_option("--gpu-cache-gb", gpu_cache_gb,
                   "VRAM for routed experts, in GB (default: all free GPU memory less 2 GiB)");
@@ -45,6 +48,7 @@ EngineOptions ModelFlags::engine_options() const {
   apply_cache_flags(o.load, cache_gb, cache_mb, ram_budget, io, context);
   o.load.budget_sessions = sessions;
   o.predict_next = predict_next;
+  o.on_miss = parse_miss_policy(on_miss);
   o.chunked_prefill = chunked_prefill;
   o.load.resident = parse_residency(resident);
   if (!gpu_cache_gb.empty() && !gpu) fail("--gpu-cache-gb needs --gpu");

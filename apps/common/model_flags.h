@@ -17,7 +17,7 @@ namespace swiftlet::cli {
 enum class FlagSet { Cli, Server };
 
 // MODEL, --backend, --isa, --threads, --tokenizer, --no-verify; the expert cache and IO flags
-// --cache-gb, --cache-mb, --ram-budget, --io, --resident, --predict-next, --chunked-prefill;
+// --cache-gb, --cache-mb, --ram-budget, --io, --resident, --predict-next, --on-miss, --chunked-prefill;
 // --gpu, --gpu-cache-gb.
 struct ModelFlags {
   std::string model, backend = "cpu", isa = "auto", tokenizer;
@@ -27,6 +27,7 @@ struct ModelFlags {
   int64_t context = 4096;
   int sessions = 1;  // session states the RAM budget leaves room for
   int predict_next = 1;
+  std::string on_miss = "exact";  // --on-miss: exact or skip:W (model/miss_policy.h)
   bool chunked_prefill = false;
   bool gpu = false;          // --gpu
   std::string gpu_cache_gb;  // --gpu-cache-gb

@@ -134,7 +134,8 @@ int serve(int argc, char** argv) {
   swiftlet::server::Routes routes(worker, metrics, {alias.empty() ? default_model_id(mf.model) : alias});
   swiftlet::server::HttpServer server(routes, metrics, so);
   const int port = server.bind();
-  std::printf("swiftlet-server: listening on http://%s:%d (loading %s)\n", so.host.c_str(), port, mf.model.c_str());
+  std::printf("swiftlet-server: listening on http://%s:%d (loading %s; experts %s)\n", so.host.c_str(), port,
+              mf.model.c_str(), wo.engine.on_miss.label().c_str());
   std::fflush(stdout);
 
   std::atomic<bool> finished{false};

@@ -1,5 +1,5 @@
 // swiftlet bench MODEL [--cache default,1G,budget:3G,all] [--io uring,serial] [--predict off,on]
-//   [--prompt-tokens N] [--decode N] [--disk-seconds S] [--routing-trace FILE] [--json]
+//   [--on-miss exact,skip:0.05] [--prompt-tokens N] [--decode N] [--disk-seconds S] [--routing-trace FILE] [--json]
 // Streaming benchmark: for every combination of cache setting, IO mode and prediction it runs a
 // fresh process (so peak RSS is that configuration's own) that prefills a fixed prompt and
 // decodes greedily, then prints one table with what the issue asks for: peak RSS, prefill and
@@ -15,6 +15,8 @@
 // step acquires and the time per step by part. With --gpu the batches run on the GPU
 // (gpu_decode_batch; each batch size prefills its own streams, whose states live in their passes;
 // a step of one stream and one of the largest batch are also profiled by part).
+#include "bench_measure.h"
+#include "bench_modes.h"
 #include "cli_util.h"
 #include "commands.h"
 
@@ -72,35 +74,6 @@ std::vector<int32_t> bench_prompt(int n, int vocab) {
   std::vector<int32_t> ids;
   for (int i = 0; i < n; ++i) ids.push_back(int32_t(rng() % uint32_t(std::min(vocab, 100000))));
   return ids;
-}
-
-// Read bandwidth of this machine's memory with every compute thread (GB/s), over a buffer far
-// larger than the caches, best of a few passes.
-double measure_memory_bandwidth(size_t bytes) {
-  const size_t n = bytes / sizeof(uint64_t);
-  std::vector<uint64_t> buf(n, 1);
-  ThreadPool& pool = ThreadPool::global();
-  const int64_t tasks = int64_t(pool.size()) * 16;
-  std::vector<uint64_t> sums(static_cast<size_t>(tasks));
-  double best = 0;
-  for (int pass = 0; pass < 4; ++pass) {
-    const auto t0 = Clock::now();
-    pool.parallel_for(tasks, [&](int64_t t) {
-      const size_t a = n * size_t(t) / size_t(tasks), b = n * size_t(t + 1) / size_t(tasks);
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (size_t i = a; i + 4 <= b; i += 4) {
-        s0 += buf[i];
-        s1 += buf[i + 1];
-        s2 += buf[i + 2];
-        s3 += buf[i + 3];
-      }
-      sums[size_t(t)] = s0 + s1 + s2 + s3;
-    });
-    best = std::max(best, double(n * sizeof(uint64_t)) / since(t0) / 1e9);
-  }
-  volatile uint64_t keep = 0;  // the sums are used, so the loads are not optimised away
-  for (uint64_t v : sums) keep = keep + v;
-  return best;
 }
 
 // One configuration, in this process: prints one JSON object on stdout.
@@ -190,6 +163,7 @@ void run_child(const BenchOptions& o) {
             {"verify_s", e.verify_seconds},
             {"predicted", e.predicted},
             {"predicted_used", e.predicted_used},
+            {"skipped", e.skipped},
             {"prediction_accuracy", pred.accuracy()},
             {"cache_budget", e.cache_budget},
             {"cache_experts", plan.cache_experts},
@@ -272,6 +246,7 @@ void run_streams_child(const BenchOptions& o) {
   const int64_t V = c.vocab_size;
   Forward fwd(m, engine.backend());
   fwd.set_predict_next(eo.predict_next);
+  fwd.set_miss_policy(eo.on_miss);
   std::optional<RoutingTrace> trace;
   std::optional<TraceRouteOverride> replay;
   std::optional<StreamRouteOverride> per_stream;
@@ -345,6 +320,7 @@ void run_streams_child(const BenchOptions& o) {
     }
     r.fwd = std::make_unique<Forward>(m, engine.backend());
     r.fwd->set_predict_next(eo.predict_next);
+    r.fwd->set_miss_policy(eo.on_miss);
     if (per_stream) r.fwd->set_route_override(&*per_stream);
     r.st.assign(start.begin(), start.begin() + n);
     for (SessionState& x : r.st) r.ptr.push_back(&x);
@@ -464,43 +440,6 @@ void run_streams_child(const BenchOptions& o) {
   std::printf("%s\n", j.dump().c_str());
 }
 
-// Random expert reads from the container for `seconds`: GB/s with `depth` reads in flight.
-double measure_disk(const QpackContainer& qc, IoMode mode, int depth, double seconds) {
-  std::unique_ptr<ExpertReader> r = make_expert_reader(qc, mode, depth);
-  const size_t stride = size_t(qc.layout.expert_stride);
-  std::vector<uint8_t*> bufs;
-  for (int i = 0; i < depth; ++i) {
-    bufs.push_back(static_cast<uint8_t*>(std::aligned_alloc(4096, stride)));
-    r->register_buffer(i, bufs.back(), stride);
-  }
-  std::mt19937 rng(99);
-  auto submit = [&](int slot) {
-    r->submit(int(rng() % uint32_t(qc.layout.layer_count)), int(rng() % uint32_t(qc.layout.expert_count)),
-              bufs[size_t(slot)], stride, uint64_t(slot), slot);
-  };
-  std::vector<ReadDone> done;
-  uint64_t bytes = 0;
-  const auto t0 = Clock::now();
-  for (int i = 0; i < depth; ++i) submit(i);
-  double t = 0;
-  while ((t = since(t0)) < seconds) {
-    done.clear();
-    r->reap(true, done);
-    for (const ReadDone& d : done) {
-      if (!d.error.empty()) fail("{}", d.error);
-      bytes += stride;
-      submit(int(d.tag));
-    }
-  }
-  while (r->outstanding() > 0) {
-    done.clear();
-    r->reap(true, done);
-  }
-  r.reset();
-  for (uint8_t* b : bufs) std::free(b);
-  return double(bytes) / t / 1e9;
-}
-
 // "cpu (avx512-vnni)": the backend and, for the fast CPU kernels, the instruction set they run.
 std::string backend_name(const ModelFlags& m) {
   if (m.backend == "reference") return m.backend;
@@ -509,7 +448,8 @@ std::string backend_name(const ModelFlags& m) {
 
 std::string pred_name(int depth) { return depth == 0 ? "off" : fmt::format("+{}", depth); }
 
-std::string child_args(const BenchOptions& o, const std::string& cache, const std::string& io, int predict) {
+std::string child_args(const BenchOptions& o, const std::string& cache, const std::string& io, int predict,
+                       const std::string& on_miss) {
   const ModelFlags& m = o.model;
   std::string a = fmt::format("bench '{}' --child --backend {} --io {} --prompt-tokens {} --decode {}", m.model,
                               m.backend, io, o.prompt_tokens, o.decode);
@@ -517,7 +457,7 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   if (m.isa != "auto") a += " --isa " + m.isa;
   if (m.no_verify) a += " --no-verify";
   a += " --resident " + m.resident;
-  a += fmt::format(" --predict-next {}", predict);
+  a += fmt::format(" --predict-next {} --on-miss {}", predict, on_miss);
   if (o.warm) a += " --warm";
   if (!o.routing_trace.empty()) a += fmt::format(" --routing-trace '{}'", o.routing_trace);
   if (!o.streams.empty()) a += fmt::format(" --streams {}", o.streams);
@@ -530,12 +470,13 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   return a;
 }
 
-json run_config(const BenchOptions& o, const std::string& cache, const std::string& io, int predict) {
+json run_config(const BenchOptions& o, const std::string& cache, const std::string& io, int predict,
+                const std::string& on_miss) {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) fail("cannot find this executable (/proc/self/exe)");
   self[n] = 0;
-  const std::string cmd = fmt::format("'{}' {}", self, child_args(o, cache, io, predict));
+  const std::string cmd = fmt::format("'{}' {}", self, child_args(o, cache, io, predict, on_miss));
   std::fprintf(stderr, "bench: %s\n", cmd.c_str());
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) fail("cannot run '{}'", cmd);
@@ -550,6 +491,8 @@ json run_config(const BenchOptions& o, const std::string& cache, const std::stri
   j["cache"] = cache;
   j["io"] = io;
   j["predict"] = predict;
+  j["on_miss"] = on_miss;
+  j["mode"] = on_miss_label(on_miss);
   return j;
 }
 
@@ -561,9 +504,9 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
   bool same = true;
   std::string table = fmt::format(
       "{:<12} {:<6} {:<5} {:>3} {:>9} {:>9} {:>6} {:>6} {:>8} {:>6} {:>8} {:>7} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} "
-      "{:>6} {:>7}\n",
+      "{:>6} {:>7}  {}\n",
       "cache", "io", "pred", "N", "aggregate", "perstream", "xagg", "xper", "experts", "hit%", "MB read", "IOwait",
-      "%mem", "attn", "gdn", "rt+sh", "expert", "wait", "lmhead", "step");
+      "%mem", "attn", "gdn", "rt+sh", "expert", "wait", "lmhead", "step", "mode");
   table += fmt::format(
       "{:<12} {:<6} {:<5} {:>3} {:>9} {:>9} {:>6} {:>6} {:>8} {:>6} {:>8} {:>7} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} "
       "{:>6} {:>7}\n",
@@ -593,7 +536,7 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
       auto cpu_only = [&](double v) { return o.model.gpu ? std::string("-") : fmt::format("{:.1f}", v); };
       table += fmt::format(
           "{:<12} {:<6} {:<5} {:>3} {:>9.2f} {:>9.2f} {:>6.2f} {:>6.2f} {:>8.1f} {:>6.1f} {:>8.1f} {:>7.1f} {:>6} | "
-          "{:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7.1f}\n",
+          "{:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7.1f}  {}\n",
           cache, cfg["io"].get<std::string>(), pred_name(cfg["predict"].get<int>()), r["streams"].get<int>(), agg,
           r["per_stream_tok_s"].get<double>(), agg / base_agg, r["per_stream_tok_s"].get<double>() / base_per,
           acquired, hits + misses ? 100.0 * double(hits) / double(hits + misses) : 0.0,
@@ -601,7 +544,7 @@ void report_streams(const BenchOptions& o, const QpackContainer& qc, const std::
           cpu_only(100.0 * agg / mem_bound), cpu_only(pf["attention_ms"].get<double>()),
           cpu_only(pf["delta_net_ms"].get<double>()), cpu_only(pf["router_shared_ms"].get<double>()),
           cpu_only(pf["expert_compute_ms"].get<double>()), cpu_only(pf["expert_acquire_ms"].get<double>()),
-          cpu_only(pf["lm_head_ms"].get<double>()), pf["total_ms"].get<double>());
+          cpu_only(pf["lm_head_ms"].get<double>()), pf["total_ms"].get<double>(), cfg["mode"].get<std::string>());
     }
   }
   if (o.json) {
@@ -650,6 +593,7 @@ void run_bench(const BenchOptions& o) {
   if (!o.streams.empty()) {
     parse_streams(o.streams);  // refused here, before any run
   }
+  const std::vector<std::string> on_miss = on_miss_settings(o.model.on_miss);  // refused here, before any run
 
   // The disk first: random reads of whole experts, as decode does them.
   const int k = std::max(1, qc.config.num_experts_per_tok);
@@ -670,7 +614,7 @@ void run_bench(const BenchOptions& o) {
         if (depth < 0 || depth > 4 || (depth == 0 && pr != "off" && pr != "0"))
           fail("--predict takes off, on or a number of layers ahead (1-4), not '{}'", pr);
         if (depth > 0 && io == "serial") continue;  // serial mode reads nothing ahead
-        rows.push_back(run_config(o, cache, io, depth));
+        for (const std::string& m : on_miss) rows.push_back(run_config(o, cache, io, depth, m));
       }
 
   std::fprintf(stderr, "bench: measuring random expert reads again...\n");
@@ -684,22 +628,26 @@ void run_bench(const BenchOptions& o) {
   for (const json& r : rows) membw = std::max(membw, r["memory_gb_s"].get<double>());
   if (!o.streams.empty()) return report_streams(o, qc, routing, rows, membw, disk);
   const uint64_t stride = qc.layout.expert_stride;
-  const std::string first_hash = rows.empty() ? "" : rows[0]["tokens_hash"].get<std::string>();
+  // Exact rows must all generate the same tokens; a lossy row is compared with them.
+  std::string first_hash;
+  for (const json& r : rows)
+    if (first_hash.empty() && r["on_miss"] == "exact") first_hash = r["tokens_hash"].get<std::string>();
   bool same = true;
+  std::string lossy_same;
   std::string table = fmt::format(
-      "{:<12} {:<6} {:<5} {:>6} {:>8} {:>9} {:>8} {:>6} {:>9} {:>8} {:>7} {:>9} {:>7} {:>6}\n", "cache", "io",
-      "pred", "load", "peakRSS", "prefill", "decode", "hit%", "MB/token", "read", "IOwait", "disk-bnd", "%bound",
-      "pacc");
-  table += fmt::format("{:<12} {:<6} {:<5} {:>6} {:>8} {:>9} {:>8} {:>6} {:>9} {:>8} {:>7} {:>9} {:>7} {:>6}\n", "", "",
-                       "", "s", "GB", "tok/s", "tok/s", "", "", "GB/s", "%", "tok/s", "", "%");
+      "{:<12} {:<6} {:<5} {:>6} {:>8} {:>9} {:>8} {:>6} {:>9} {:>8} {:>7} {:>9} {:>7} {:>6} {:>6}  {}\n", "cache",
+      "io", "pred", "load", "peakRSS", "prefill", "decode", "hit%", "MB/token", "read", "IOwait", "disk-bnd", "%bound",
+      "pacc", "skip", "mode");
+  table += fmt::format("{:<12} {:<6} {:<5} {:>6} {:>8} {:>9} {:>8} {:>6} {:>9} {:>8} {:>7} {:>9} {:>7} {:>6} {:>6}\n",
+                       "", "", "", "s", "GB", "tok/s", "tok/s", "", "", "GB/s", "%", "tok/s", "", "%", "/tok");
   std::string compute = fmt::format(
-      "{:<12} {:<6} {:<5} {:>8} {:>9} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n", "cache", "io", "pred",
-      "decode", "mem-bnd", "%mem", "attn", "gdn", "rt+sh", "expert", "wait", "lmhead", "token");
+      "{:<12} {:<6} {:<5} {:>8} {:>9} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}  {}\n", "cache", "io", "pred",
+      "decode", "mem-bnd", "%mem", "attn", "gdn", "rt+sh", "expert", "wait", "lmhead", "token", "mode");
   compute += fmt::format("{:<12} {:<6} {:<5} {:>8} {:>9} {:>6} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n", "", "",
                          "", "tok/s", "tok/s", "", "ms", "ms", "ms", "ms", "ms", "ms", "ms");
-  std::string prefill_rows = fmt::format("{:<12} {:<6} {:<5} {:>8} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}\n",
+  std::string prefill_rows = fmt::format("{:<12} {:<6} {:<5} {:>8} | {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7}  {}\n",
                                          "cache", "io", "pred", "prefill", "attn", "gdn", "rt+sh", "expert", "wait",
-                                         "lmhead", "token");
+                                         "lmhead", "token", "mode");
   for (json& r : rows) {
     const double decode_s = r["decode_s"].get<double>();
     const double per_token = double(r["bytes_read"].get<uint64_t>()) / double(r["decode_tokens"].get<int64_t>());
@@ -708,34 +656,40 @@ void run_bench(const BenchOptions& o) {
     const uint64_t hits = r["hits"], misses = r["misses"];
     const double read_s = r["read_s"].get<double>();
     r["disk_bound_tok_s"] = bound;
-    same = same && r["tokens_hash"] == first_hash;
+    if (r["on_miss"] == "exact") same = same && r["tokens_hash"] == first_hash;
+    else if (!first_hash.empty())
+      lossy_same += fmt::format("{}{} {}: {}", lossy_same.empty() ? "" : ", ", r["cache"].get<std::string>(),
+                                r["on_miss"].get<std::string>(), r["tokens_hash"] == first_hash ? "same" : "differ");
     std::string cache = r["cache"].get<std::string>();
     if (cache == "default") cache = fmt::format("def {:.2f}G", double(r["cache_budget"].get<uint64_t>()) / 1e9);
     table += fmt::format(
-        "{:<12} {:<6} {:<5} {:>6.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>6.1f} {:>9.1f} {:>8.2f} {:>7.1f} {:>9.2f} {:>7.1f} {:>6}\n",
+        "{:<12} {:<6} {:<5} {:>6.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>6.1f} {:>9.1f} {:>8.2f} {:>7.1f} {:>9.2f} {:>7.1f} {:>6} "
+        "{:>6.1f}  {}\n",
         cache, r["io"].get<std::string>(), pred_name(r["predict"].get<int>()), r["load_s"].get<double>(),
         double(r["peak_rss"].get<uint64_t>()) / 1e9, r["prefill_tok_s"].get<double>(), tok_s,
         hits + misses ? 100.0 * double(hits) / double(hits + misses) : 0.0, per_token / 1e6,
         read_s > 0 ? double(r["bytes_read"].get<uint64_t>()) / 1e9 / read_s : 0.0,
         decode_s > 0 ? 100.0 * r["wait_s"].get<double>() / decode_s : 0.0, bound,
         bound > 0 ? 100.0 * tok_s / bound : 0.0,
-        r["predict"].get<int>() ? fmt::format("{:.0f}", 100 * r["prediction_accuracy"].get<double>()) : "-");
+        r["predict"].get<int>() ? fmt::format("{:.0f}", 100 * r["prediction_accuracy"].get<double>()) : "-",
+        double(r.value("skipped", uint64_t(0))) / double(r["decode_tokens"].get<int64_t>()), r["mode"].get<std::string>());
     const double mem_bound = membw * 1e9 / double(r["bytes_touched_per_token"].get<uint64_t>());
     r["memory_bound_tok_s"] = mem_bound;
     const json& pp = r["prefill_profile"];
     prefill_rows += fmt::format(
-        "{:<12} {:<6} {:<5} {:>8.2f} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>7.2f}\n", cache,
+        "{:<12} {:<6} {:<5} {:>8.2f} | {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>7.2f}  {}\n", cache,
         r["io"].get<std::string>(), pred_name(r["predict"].get<int>()), r["prefill_tok_s"].get<double>(),
         pp["attention_ms"].get<double>(), pp["delta_net_ms"].get<double>(), pp["router_shared_ms"].get<double>(),
         pp["expert_compute_ms"].get<double>(), pp["expert_acquire_ms"].get<double>(), pp["lm_head_ms"].get<double>(),
-        pp["total_ms"].get<double>());
+        pp["total_ms"].get<double>(), r["mode"].get<std::string>());
     const json& pf = r["profile"];
     compute += fmt::format(
-        "{:<12} {:<6} {:<5} {:>8.2f} {:>9.2f} {:>6.1f} | {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>7.1f}\n",
+        "{:<12} {:<6} {:<5} {:>8.2f} {:>9.2f} {:>6.1f} | {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>6.1f} {:>7.1f}  {}\n",
         cache, r["io"].get<std::string>(), pred_name(r["predict"].get<int>()), tok_s, mem_bound,
         100.0 * tok_s / mem_bound, pf["attention_ms"].get<double>(), pf["delta_net_ms"].get<double>(),
         pf["router_shared_ms"].get<double>(), pf["expert_compute_ms"].get<double>(),
-        pf["expert_acquire_ms"].get<double>(), pf["lm_head_ms"].get<double>(), pf["total_ms"].get<double>());
+        pf["expert_acquire_ms"].get<double>(), pf["lm_head_ms"].get<double>(), pf["total_ms"].get<double>(),
+        r["mode"].get<std::string>());
   }
   if (o.json) {
     json all = {{"model", o.model.model}, {"routing", routing}, {"expert_stride", stride}, {"memory_gb_s", membw}, {"memory_gb_s_before", membw_before}, {"disk_gb_s_qd1", disk_qd1},
@@ -782,7 +736,8 @@ void run_bench(const BenchOptions& o) {
                 "expert cache, the VRAM cache's hit rate, and uploads from the host per generated token:\n\n"
                 "%-12s %-6s %-5s %8s %9s %9s %7s %10s %10s\n%s\n",
                 "cache", "io", "pred", "decode", "denseGB", "cacheGB", "hit%", "upMB/tok", "upGB/s", gpu_rows.c_str());
-  std::printf("every configuration generated the same %d tokens: %s\n", o.decode, same ? "yes" : "NO");
+  std::printf("every exact configuration generated the same %d tokens: %s\n", o.decode, same ? "yes" : "NO");
+  if (!lossy_same.empty()) std::printf("lossy configurations against the exact tokens: %s\n", lossy_same.c_str());
   if (o.routing_trace.empty())
     std::printf("note: random-weight models route almost uniformly, so these hit rates are a worst case; real "
                 "models reuse experts far more (replay a real model's routing with --routing-trace).\n");

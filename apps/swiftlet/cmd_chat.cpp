@@ -57,7 +57,8 @@ void print_turn_stats(const GenerateResult& r) {
                (long long)s.prompt_tokens, (long long)s.reused_tokens, (long long)s.prefilled_tokens,
                s.prefill_tok_s(), (long long)s.generated_tokens, s.decode_tok_s(), finish_reason_name(r.finish));
   if (s.experts.hits + s.experts.misses)
-    std::fprintf(stderr, " | expert hit rate %.1f%%", 100 * s.experts.hit_rate());
+    std::fprintf(stderr, " | expert hit rate %.1f%%, %llu skipped (%s)", 100 * s.experts.hit_rate(),
+                 (unsigned long long)s.experts.skipped, s.on_miss.label().c_str());
   std::fprintf(stderr, " | peak RSS %.2f GB]\n", double(s.peak_rss) / 1e9);
 }
 

@@ -33,6 +33,7 @@ struct PerplexityOptions {
   std::string file, save_logits, compare_logits;
   int ctx = 512;
   int chunks = 0;
+  int prefill_chunk = 0;  // tokens per forward call (0: the session's default, 1024)
   bool json = false;
 };
 
@@ -55,6 +56,7 @@ double percentile(std::vector<double> v, double p) {
 void run_perplexity(const PerplexityOptions& o) {
   if (o.ctx < 4) fail("--ctx must be at least 4 tokens (half of each window is context), got {}", o.ctx);
   if (o.chunks < 0) fail("--chunks must be >= 0 (0: every full window), got {}", o.chunks);
+  if (o.prefill_chunk < 0) fail("--prefill-chunk must be >= 1 (0: the default), got {}", o.prefill_chunk);
   std::error_code ec;
   if (!std::filesystem::is_regular_file(o.file, ec)) fail("--file: '{}' is not a text file", o.file);
   const std::string text = read_text_file(o.file);
@@ -94,10 +96,13 @@ void run_perplexity(const PerplexityOptions& o) {
   std::unique_ptr<RoutingTraceWriter> trace = o.trace.open(engine, o.model, /*decode=*/false);
   SessionOptions so;
   so.routing_observer = trace.get();
+  if (o.prefill_chunk > 0) so.prefill_chunk = o.prefill_chunk;
   auto session = engine.new_session(so);
 
   std::fprintf(stderr, "perplexity: %zu tokens, %lld windows of %lld, %lld scored per window\n", tokens.size(),
                (long long)windows, (long long)ctx, (long long)per_window);
+  const ExpertSource* experts = engine.model().experts;
+  const ExpertStats experts_before = experts ? experts->expert_stats() : ExpertStats{};
   MeanStat nll, base_nll, kl, top1, same;
   std::vector<double> kls;
   std::vector<RowResult> rows(static_cast<size_t>(per_window));
@@ -145,6 +150,15 @@ void run_perplexity(const PerplexityOptions& o) {
   TraceFlag::finish(trace.get(), o.trace.path);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
 
+  ExpertStats ex = experts ? experts->expert_stats() : ExpertStats{};
+  ex.hits -= experts_before.hits;
+  ex.misses -= experts_before.misses;
+  ex.skipped -= experts_before.skipped;
+  ex.bytes_read -= experts_before.bytes_read;
+  const MissPolicy& on_miss = engine.on_miss();
+  const std::string experts_text =
+      fmt::format("experts: {} | {} hits, {} misses, {} skipped | read {:.3f} GB\n", on_miss.label(), ex.hits,
+                  ex.misses, ex.skipped, double(ex.bytes_read) / 1e9);
   const double ppl = std::exp(nll.mean()), ppl_err = ppl * nll.stderr_of_mean();
   json j = {{"model", o.model.model},
             {"file", o.file},
@@ -158,7 +172,11 @@ void run_perplexity(const PerplexityOptions& o) {
             {"ppl_stderr", ppl_err},
             {"top1_accuracy", top1.mean()},
             {"seconds", secs},
-            {"tok_s", double(windows * ctx) / secs}};
+            {"tok_s", double(windows * ctx) / secs},
+            {"on_miss", on_miss.name()},
+            {"lossy", on_miss.lossy()},
+            {"experts",
+             {{"hits", ex.hits}, {"misses", ex.misses}, {"skipped", ex.skipped}, {"bytes_read", ex.bytes_read}}}};
   std::string kl_text;
   if (base) {
     const double base_ppl = std::exp(base_nll.mean());
@@ -185,10 +203,10 @@ void run_perplexity(const PerplexityOptions& o) {
     return;
   }
   std::printf("%zu tokens, %lld windows of %lld, %llu scored tokens (%.1f s, %.1f tok/s)\n"
-              "PPL = %.4f +/- %.4f (mean NLL %.6f +/- %.6f), top-1 accuracy %.2f%%\n%s",
+              "PPL = %.4f +/- %.4f (mean NLL %.6f +/- %.6f), top-1 accuracy %.2f%%\n%s%s",
               tokens.size(), (long long)windows, (long long)ctx, (unsigned long long)nll.n, secs,
               double(windows * ctx) / secs, ppl, ppl_err, nll.mean(), nll.stderr_of_mean(), 100 * top1.mean(),
-              kl_text.c_str());
+              experts_text.c_str(), kl_text.c_str());
 }
 }  // namespace
 
@@ -200,6 +218,9 @@ void add_perplexity_command(CLI::App& app) {
   cmd->add_option("--ctx,-c", o->ctx, "window length in tokens; the second half of each is scored");
   cmd->add_option("--chunks", o->chunks, "evaluate only the first K windows (0: all full windows)");
   cmd->add_flag("--json", o->json, "print the result as one JSON object");
+  cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                  "tokens per forward call (default 1024); 1 runs a window token by token as decode does, so the "
+                  "expert cache and --on-miss act as they do in decode (exact results do not change)");
   cmd->add_option("--save-logits", o->save_logits,
                   "save every scored token's log-probabilities (2 bytes per vocabulary entry) for --compare-logits");
   cmd->add_option("--compare-logits", o->compare_logits,

@@ -54,6 +54,7 @@ class QpackExperts : public ExpertSource {
   int capacity() const override { return cache_.capacity(); }
   void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) override;
   void release(int layer) override;
+  void skipped(int /*layer*/, int count) override { stats_.skipped += uint64_t(count); }
   ExpertStats expert_stats() const override;
 
   bool verifying() const { return verify_; }

@@ -31,6 +31,7 @@ struct ExpertStats {
   double verify_seconds = 0;  // time spent checking checksums
   uint64_t predicted = 0;       // speculative reads started for a predicted expert
   uint64_t predicted_used = 0;  // ... of which the expert was then used
+  uint64_t skipped = 0;         // routed experts left out instead of read (--on-miss skip:W; lossy)
   size_t cache_bytes = 0;       // memory the cache holds now
   size_t cache_budget = 0;      // the most it may hold
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
@@ -58,6 +59,9 @@ class ExpertSource {
   // the next release(layer). Throws Error naming the layer and expert if one cannot be read.
   virtual void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) = 0;
   virtual void release(int layer) = 0;
+  // The model left out `count` routed experts of `layer` that were not in memory instead of
+  // reading them (--on-miss skip:W): counted in ExpertStats::skipped.
+  virtual void skipped(int /*layer*/, int /*count*/) {}
   virtual ExpertStats expert_stats() const { return {}; }
 };
 

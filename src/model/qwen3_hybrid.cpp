@@ -333,10 +333,9 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   // Router: softmax over all experts, top-k, renormalise (model-math.md 6.1).
   float* probs = grow(router_, size_t(T * E));
   k_.matmul(w.router, x, T, probs);
-  std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_expert;  // expert -> (token, weight)
   std::vector<int32_t> order(static_cast<size_t>(E));
-  int32_t* chosen = observer_ ? grow(chosen_, size_t(T * top_k)) : nullptr;
-  float* chosen_w = observer_ ? grow(chosen_w_, size_t(T * top_k)) : nullptr;
+  int32_t* chosen = grow(chosen_, size_t(T * top_k));
+  float* chosen_w = grow(chosen_w_, size_t(T * top_k));
   for (int64_t t = 0; t < T; ++t) {
     float* p = probs + t * E;
     ref::softmax(p, E);
@@ -357,12 +356,8 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
     for (int i = 0; i < top_k; ++i) sum += p[order[size_t(i)]];
     for (int i = 0; i < top_k; ++i) {
       const int32_t e = order[size_t(i)];
-      const float wgt = c_.norm_topk_prob ? float(p[e] / sum) : p[e];
-      by_expert[e].emplace_back(t, wgt);
-      if (chosen) {
-        chosen[t * top_k + i] = e;
-        chosen_w[t * top_k + i] = wgt;
-      }
+      chosen[t * top_k + i] = e;
+      chosen_w[t * top_k + i] = c_.norm_topk_prob ? float(p[e] / sum) : p[e];
     }
     if (capture_)
       routes_.push_back({li, row_pos_[size_t(t)], std::vector<int32_t>(order.begin(), order.begin() + top_k)});
@@ -370,6 +365,18 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   if (observer_)
     observer_->routed(li, row_pos_[0], tokens, std::span(chosen, size_t(T * top_k)),
                       std::span(chosen_w, size_t(T * top_k)));
+  // --on-miss skip:W: experts the source does not hold and no token keeps are left out before
+  // anything asks for them (miss_policy.h); the observer above saw the router's choice.
+  if (miss_.lossy()) {
+    const int skipped = skip_missed_experts(miss_, E, top_k, c_.norm_topk_prob, std::span(chosen, size_t(T * top_k)),
+                                            std::span(chosen_w, size_t(T * top_k)),
+                                            [&](int32_t e) { return m_.experts->ready(li, e); });
+    if (skipped > 0) m_.experts->skipped(li, skipped);
+  }
+  std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_expert;  // expert -> (token, weight)
+  for (int64_t t = 0; t < T; ++t)
+    for (int i = 0; i < top_k; ++i)
+      if (const int32_t e = chosen[t * top_k + i]; e >= 0) by_expert[e].emplace_back(t, chosen_w[t * top_k + i]);
 
   // The experts the chunk needs, known now: the source starts reading the missing ones, which
   // overlaps the shared expert and the cached experts computed meanwhile.

@@ -9,6 +9,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/mixers.h"
 #include "model/expert_source.h"
+#include "model/miss_policy.h"
 #include "model/forward_pass.h"
 #include "model/session_state.h"
 #include "model/weights.h"
@@ -105,6 +106,10 @@ class Forward final : public ForwardPass {
   // residual stream early, and have the expert source start reading them (ExpertSource::predict).
   // 0: off.
   void set_predict_next(int layers) { predict_next_ = layers; }
+  // What a routed expert missing from memory costs (miss_policy.h): exact (the default) waits for
+  // its read; skip:W leaves out a low-weight one and renormalises the token's others (lossy).
+  void set_miss_policy(MissPolicy p) { miss_ = p; }
+  const MissPolicy& miss_policy() const { return miss_; }
   struct PredictionStats {
     uint64_t hits = 0;   // routed experts that had been predicted
     uint64_t total = 0;  // routed experts of layers that had a prediction
@@ -162,8 +167,8 @@ class Forward final : public ForwardPass {
   std::function<void(int, std::span<float>)> layer_hook_;
   RoutingObserver* observer_ = nullptr;
   RouteOverride* override_ = nullptr;
-  std::vector<int32_t> chosen_;  // [T][top_k] experts in router order (for the observer)
-  std::vector<float> chosen_w_;  // [T][top_k] their weights
+  std::vector<int32_t> chosen_;  // [T][top_k] experts in router order (-1: left out on a miss)
+  std::vector<float> chosen_w_;  // [T][top_k] their weights as applied
   std::vector<float> layer_outputs_;
   std::vector<RouteRecord> routes_;
 
@@ -193,6 +198,7 @@ class Forward final : public ForwardPass {
   std::vector<int32_t> all_experts_;  // 0 .. E-1: a long prompt's read-ahead of the next layer
   std::vector<int64_t> expert_rows_;  // [expert] first row of its outputs in ye_
   int predict_next_ = 0;
+  MissPolicy miss_;
   std::vector<int32_t> predicted_;  // guess for layer predicted_layer_
   int predicted_layer_ = -1;
   std::vector<float> predict_x_, predict_probs_;

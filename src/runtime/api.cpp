@@ -37,6 +37,16 @@ SamplingParams sampling_for(const swiftlet::Engine& e, const GenerationOptions& 
   return p;
 }
 
+// The batched pass runs as the engine's sessions do (the same miss policy).
+swiftlet::BatchOptions batch_options(const swiftlet::Engine& e, const BatchOptions& o) {
+  swiftlet::BatchOptions b;
+  b.backend = e.backend();
+  b.prefill_chunk = o.prefill_chunk;
+  b.gpu = e.gpu_model();
+  b.on_miss = e.on_miss();
+  return b;
+}
+
 Stats to_stats(const GenerateResult& r) {
   const GenerateStats& s = r.stats;
   Stats o;
@@ -50,6 +60,7 @@ Stats to_stats(const GenerateResult& r) {
   o.expert_hits = s.experts.hits;
   o.expert_misses = s.experts.misses;
   o.bytes_read = s.experts.bytes_read;
+  o.experts_skipped = s.experts.skipped;
   o.expert_hit_rate = s.experts.hit_rate();
   o.peak_rss_bytes = s.peak_rss;
   o.finish_reason = finish_reason_name(r.finish);
@@ -89,6 +100,7 @@ std::unique_ptr<Engine> Engine::open(const EngineOptions& opts) {
   else if (!opts.cache_size.empty()) eo.load.cache_bytes = std::max<uint64_t>(1, parse_bytes(opts.cache_size, "cache_size"));
   if (!opts.ram_budget.empty()) eo.load.ram_budget = parse_bytes(opts.ram_budget, "ram_budget");
   eo.predict_next = opts.predict_next;
+  eo.on_miss = parse_miss_policy(opts.on_miss);
   auto impl = std::make_unique<Impl>();
   impl->engine = std::make_unique<swiftlet::Engine>(eo);
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -174,7 +186,7 @@ struct Batch::Impl {
   std::map<Id, Member> members;  // engine-side ids; results wait here until taken
   mutable std::mutex cancel_mu;  // guards the cancel flags' lookup (cancel() is any thread's)
   Impl(swiftlet::Engine& e, const BatchOptions& o)
-      : engine(e), opts(o), batch(e.model(), swiftlet::BatchOptions{e.backend(), o.prefill_chunk, 1, e.gpu_model()}) {}
+      : engine(e), opts(o), batch(e.model(), batch_options(e, o)) {}
 
   size_t active() const {
     return size_t(std::count_if(members.begin(), members.end(), [](const auto& kv) { return !kv.second.finished; }));

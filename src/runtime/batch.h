@@ -30,6 +30,7 @@ struct BatchOptions {
   // Constrained members' next masks made on a worker thread during each step's forward pass
   // (mask_prefetcher.h). Unset: when the batch has a GPU model (the CPU's pass uses every core).
   std::optional<bool> prefetch_masks;
+  MissPolicy on_miss;  // see SessionOptions::on_miss (the batched CPU pass)
 };
 
 class Batch {

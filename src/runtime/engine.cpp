@@ -45,6 +45,7 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts) {
   // SWIFTLET_GPU=1 acts as --gpu: runs any command or test suite on the GPU path.
   const char* env_gpu = std::getenv("SWIFTLET_GPU");
   const bool want_gpu = opts.gpu || (env_gpu && std::string(env_gpu) == "1");
+  if (want_gpu && opts.on_miss.lossy()) fail("--on-miss skip is CPU-only for now; drop --gpu or the flag");
   const bool gpu = want_gpu && gpu_usable(&no_gpu);
   if (want_gpu && !gpu) std::fprintf(stderr, "swiftlet: --gpu: %s; falling back to the CPU\n", no_gpu.c_str());
   LoadOptions load = opts.load;
@@ -130,6 +131,7 @@ std::optional<GrammarCacheStats> Engine::grammar_cache_stats() const {
 std::unique_ptr<Session> Engine::new_session(SessionOptions opts) const {
   opts.backend = opts_.backend;
   opts.predict_next = opts_.predict_next;
+  opts.on_miss = opts_.on_miss;
   opts.chunked_prefill = opts_.chunked_prefill;
   opts.gpu = gpu_;
   return std::make_unique<Session>(model(), tokenizer(), opts);

@@ -25,6 +25,7 @@ struct EngineOptions {
   LoadOptions load;
   int threads = 0;        // 0: default_thread_count() (physical cores allowed, cgroup quota)
   int predict_next = 1;  // see SessionOptions::predict_next
+  MissPolicy on_miss;    // see SessionOptions::on_miss; a lossy one is refused with --gpu
   bool chunked_prefill = false;  // see SessionOptions::chunked_prefill
   // Decode on the GPU (CUDA builds; without a usable GPU a line says so and the CPU runs).
   bool gpu = false;
@@ -39,6 +40,8 @@ class Engine {
   const ModelConfig& config() const { return loaded_->model.config; }
   const LoadedModel& loaded() const { return *loaded_; }
   Backend backend() const { return opts_.backend; }
+  // --on-miss: what sessions and batches of this engine do with a routed expert not in memory.
+  const MissPolicy& on_miss() const { return opts_.on_miss; }
   // Null when the model ships no tokenizer (then only token ids can be used).
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
   // Throws Error saying how to get one when there is none.

@@ -25,6 +25,7 @@ ExpertStats minus(const ExpertStats& a, const ExpertStats& b) {
   d.verify_seconds = a.verify_seconds - b.verify_seconds;
   d.predicted = a.predicted - b.predicted;
   d.predicted_used = a.predicted_used - b.predicted_used;
+  d.skipped = a.skipped - b.skipped;
   d.cache_bytes = a.cache_bytes;  // levels, not counters
   d.cache_budget = a.cache_budget;
   return d;
@@ -49,12 +50,14 @@ std::unique_ptr<ForwardPass> make_pass(const Model& model, const SessionOptions&
   if (opts.gpu) {
     if (opts.routing_observer || opts.route_override)
       fail("expert traces and routing overrides run on the CPU only: drop --gpu");
+    if (opts.on_miss.lossy()) fail("--on-miss skip is CPU-only for now; drop --gpu or the flag");
     std::unique_ptr<ForwardPass> pass = make_gpu_forward(opts.gpu);
     SWIFTLET_CHECK(pass != nullptr, "a GpuModel exists only in a binary built with CUDA");
     return pass;
   }
   auto f = std::make_unique<Forward>(model, opts.backend);
   f->set_predict_next(opts.predict_next);
+  f->set_miss_policy(opts.on_miss);
   f->set_chunked_prefill(opts.chunked_prefill);
   f->set_routing_observer(opts.routing_observer);
   f->set_route_override(opts.route_override);
@@ -360,6 +363,7 @@ GenerateResult Generation::finish() {
   st.generated_tokens = int64_t(res_.tokens.size());
   if (!res_.tokens.empty()) st.decode_seconds = since(t_first_);
   if (s_.model_.experts) st.experts = minus(s_.model_.experts->expert_stats(), experts_before_);
+  st.on_miss = s_.opts_.on_miss;
   if (s_.opts_.gpu) {
     st.on_gpu = true;
     st.gpu = gpu_stats(*s_.opts_.gpu);

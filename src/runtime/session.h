@@ -48,6 +48,7 @@ struct GenerateStats {
   double ttft_seconds = 0;       // request start to the first generated token
   double decode_seconds = 0;     // first to last generated token
   ExpertStats experts;           // this request's share of the expert source's counters
+  MissPolicy on_miss;            // how missed experts were treated (label() for printed figures)
   bool on_gpu = false;           // decoded on the GPU (--gpu): then `gpu` holds the VRAM cache's share
   GpuStats gpu;
   size_t peak_rss = 0;           // bytes, whole process so far
@@ -75,6 +76,8 @@ struct SessionOptions {
   int max_snapshots = 2;    // DeltaNet snapshots kept for prefix reuse
   int64_t max_context = 0;  // 0: the model's limit is not enforced here
   int predict_next = 1;  // decode: layers ahead whose guessed experts are read early (0: off)
+  // A routed expert missing from memory: exact (wait for its read) or skip:W (lossy; CPU only).
+  MissPolicy on_miss;
   bool chunked_prefill = false;  // prompts: DeltaNet in the chunked form (model-math.md 5.5)
   // Run on this GPU model (model/gpu_forward.h) instead of the CPU; null: the CPU.
   std::shared_ptr<GpuModel> gpu;

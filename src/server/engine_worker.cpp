@@ -119,6 +119,7 @@ void EngineWorker::run() {
     bo.backend = engine_->backend();
     bo.prefill_chunk = opts_.prefill_chunk;
     bo.predict_next = opts_.engine.predict_next;
+    bo.on_miss = opts_.engine.on_miss;
     bo.gpu = engine_->gpu_model();
     batch_ = std::make_unique<Batch>(engine_->model(), bo);
     if (opts_.state_cache)

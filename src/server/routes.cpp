@@ -155,6 +155,9 @@ json timings_json(const GenerateStats& s) {
           {"decode_ms", s.decode_seconds * 1e3},
           {"expert_cache_hit_rate", s.experts.hit_rate()},
           {"expert_bytes_read", s.experts.bytes_read},
+          {"experts_skipped", s.experts.skipped},
+          {"on_miss", s.on_miss.name()},  // "exact" or "skip:W" (lossy): what made these figures
+          {"lossy", s.on_miss.lossy()},
           {"peak_rss_bytes", s.peak_rss}};
 }
 

@@ -86,6 +86,8 @@ Reply Routes::props() const {
               {"json_schema", true},
               {"thinking", thinking},
               {"anthropic_messages", true}}},
+            {"on_miss", e.on_miss().name()},
+            {"lossy", e.on_miss().lossy()},
             {"version", std::string(version())}};
   if (std::optional<StateCacheStats> c = worker_.state_cache_stats()) {
     const StateCacheOptions& o = worker_.options().state_cache_options;
