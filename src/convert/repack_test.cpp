@@ -15,6 +15,7 @@
 #include "convert/synthetic.h"
 #include "support/test_paths.h"
 
+#include "support/greedy_decode.h"
 #include "support/local_hub.h"
 #include "support/split_inputs.h"
 #include "support/test_util.h"
@@ -278,14 +279,7 @@ TEST_P(RepackMlx, RepackedCheckpointMatchesTransformersAndGreedy) {
   const auto prompt = ref["greedy_prompt"].get<std::vector<int32_t>>();
   const auto want = ref["greedy_new"].get<std::vector<int32_t>>();
   SessionState st3 = SessionState::create(lm->model.config);
-  fwd.run(st3, prompt, LogitsMode::Last, row);
-  std::vector<int32_t> got;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const int32_t next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-    got.push_back(next);
-    fwd.run(st3, std::span(&next, 1), LogitsMode::Last, row);
-  }
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(testing::greedy_decode(fwd, st3, prompt, int(want.size()), [](const std::vector<float>&) {}), want);
 }
 
 // MLX bytes pass through untouched: every resident tensor, and every expert section.

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "io/mapped_file.h"
 #include "runtime/model_loader.h"
+#include "support/greedy_decode.h"
 #include "support/test_paths.h"
 #include "support/test_util.h"
 
@@ -87,14 +88,8 @@ TEST_P(FixtureTest, PrefillDecodeAndGreedyMatchTransformers) {
   auto prompt = ref.meta["greedy_prompt"].get<std::vector<int32_t>>();
   auto want = ref.meta["greedy_new"].get<std::vector<int32_t>>();
   SessionState st3 = SessionState::create(lm->model.config);
-  fwd.run(st3, prompt, LogitsMode::Last, row);
-  std::vector<int32_t> got;
-  for (size_t i = 0; i < want.size(); ++i) {
-    int32_t next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-    got.push_back(next);
-    fwd.run(st3, std::span(&next, 1), LogitsMode::Last, row);
-  }
-  EXPECT_EQ(got, want) << name << " greedy";
+  EXPECT_EQ(testing::greedy_decode(fwd, st3, prompt, int(want.size()), [](const std::vector<float>&) {}), want)
+      << name << " greedy";
 }
 
 TEST_P(FixtureTest, SessionStateSnapshotRestores) {

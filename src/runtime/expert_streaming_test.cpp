@@ -8,6 +8,7 @@
 
 #include "experts/qpack_experts.h"
 #include "format/qpack.h"
+#include "support/greedy_decode.h"
 #include "support/test_util.h"
 #include "support/tiny_model.h"
 
@@ -34,15 +35,7 @@ ModelRun run_model(const std::string& path, LoadOptions opts, bool predict) {
   std::mt19937 rng(11);
   for (int i = 0; i < 23; ++i) prompt.push_back(int32_t(rng() % 1000));
   ModelRun r;
-  std::vector<float> row;
-  fwd.run(st, prompt, LogitsMode::Last, row);
-  r.logits = row;
-  int32_t next = 0;
-  for (int step = 0; step < 6; ++step) {
-    next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-    fwd.run(st, std::span(&next, 1), LogitsMode::Last, row);
-    r.logits.insert(r.logits.end(), row.begin(), row.end());
-  }
+  r.logits = testing::greedy_logits(fwd, st, prompt, 6);
   r.stats = lm->experts->expert_stats();
   r.prediction = fwd.prediction_stats();
   return r;

@@ -7,6 +7,7 @@
 #include "runtime/session.h"
 
 #include "format/qpack.h"
+#include "support/greedy_decode.h"
 #include "support/test_util.h"
 #include "support/tiny_model.h"
 
@@ -39,14 +40,7 @@ TinyRun run_tiny(uint64_t slots, const MissPolicy* policy) {
   std::mt19937 rng(3);
   for (int i = 0; i < 17; ++i) prompt.push_back(int32_t(rng() % 1000));
   TinyRun r;
-  std::vector<float> row;
-  fwd.run(st, prompt, LogitsMode::Last, row);
-  r.logits = row;
-  for (int step = 0; step < 6; ++step) {
-    const int32_t next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-    fwd.run(st, std::span(&next, 1), LogitsMode::Last, row);
-    r.logits.insert(r.logits.end(), row.begin(), row.end());
-  }
+  r.logits = testing::greedy_logits(fwd, st, prompt, 6);
   r.stats = lm->experts->expert_stats();
   return r;
 }

@@ -6,6 +6,7 @@
 #include "experts/routing_trace.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
+#include "support/greedy_decode.h"
 #include "support/tiny_model.h"
 
 #include <gtest/gtest.h>
@@ -31,14 +32,9 @@ std::vector<RouteRecord> run(Forward& fwd, const ModelConfig& c, const std::vect
   SessionState st = SessionState::create(c);
   fwd.set_capture(true);
   std::vector<RouteRecord> routes;
-  std::vector<float> row;
-  fwd.run(st, prompt, LogitsMode::Last, row);
-  routes.insert(routes.end(), fwd.routes().begin(), fwd.routes().end());
-  for (int i = 0; i < steps; ++i) {
-    const int32_t next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-    fwd.run(st, std::span(&next, 1), LogitsMode::Last, row);
+  testing::greedy_decode(fwd, st, prompt, steps, [&](const std::vector<float>&) {
     routes.insert(routes.end(), fwd.routes().begin(), fwd.routes().end());
-  }
+  });
   return routes;
 }
 
