@@ -26,7 +26,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
 fi
 pkgs=(g++-aarch64-linux-gnu qemu-user cmake ninja-build pkg-config libfmt-dev:arm64 libzstd-dev:arm64 libgtest-dev:arm64)
 if ((cli)); then
-  pkgs+=(nlohmann-json3-dev libcli11-dev libpcre2-dev:arm64 libxxhash-dev:arm64 liburing-dev:arm64
+  pkgs+=(nlohmann-json3-dev libcli11-dev libpcre2-dev:arm64 libsimdjson-dev:arm64 libxxhash-dev:arm64 liburing-dev:arm64
          libcpp-httplib-dev:arm64 libcurl4-openssl-dev:arm64 libicu-dev:arm64 libreadline-dev:arm64)
 fi
 missing=()

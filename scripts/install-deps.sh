@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build pkg-config git
-      nlohmann-json3-dev libcli11-dev libfmt-dev libpcre2-dev libicu-dev liburing-dev
+      nlohmann-json3-dev libsimdjson-dev libcli11-dev libfmt-dev libpcre2-dev libicu-dev liburing-dev
       libxxhash-dev libzstd-dev libcpp-httplib-dev libcurl4-openssl-dev libreadline-dev
       libgtest-dev libgmock-dev libbenchmark-dev tmux python3 python3-numpy python3-matplotlib
       chromium clang libclang-rt-14-dev nginx-light)

@@ -2,8 +2,11 @@
 // Tokenizer::Impl. Only what byte-level BPE tokenizers (GPT-2, Qwen2/3, Qwen3.5) use is
 // accepted; anything else fails with a message naming the unsupported field.
 #include <nlohmann/json.hpp>
+#include <simdjson.h>
 
 #include <limits>
+#include <optional>
+#include <string_view>
 
 #include "core/error.h"
 #include "tokenizer/normalizer.h"
@@ -120,19 +123,32 @@ void check_bpe_options(const json& model) {
   }
 }
 
-// A token id from the json: an integer in [0, limit). The limit follows from the number of
-// tokens the file lists (ids are dense in real tokenizers), so a stray huge id is an error, not
-// gigabytes of empty table.
+// A token id: an integer in [0, limit). The limit follows from the number of tokens the file
+// lists (ids are dense in real tokenizers), so a stray huge id is an error, not gigabytes of
+// empty table.
+int64_t checked_id(std::optional<int64_t> id, std::string_view shown, int64_t limit, std::string_view token) {
+  if (!id) fail("tokenizer.json: the id of token '{}' is {}, not an integer", token, shown);
+  if (*id < 0 || *id >= limit)
+    fail("tokenizer.json: token '{}' has id {}, outside [0, {}) for a file of this many tokens", token, shown, limit);
+  return *id;
+}
+
 int64_t token_id(const json& v, int64_t limit, const std::string& token) {
-  if (!v.is_number_integer())
-    fail("tokenizer.json: the id of token '{}' is {}, not an integer", token, v.dump());
-  const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
-                         ? -1
-                         : v.get<int64_t>();
-  if (id < 0 || id >= limit)
-    fail("tokenizer.json: token '{}' has id {}, outside [0, {}) for a file of this many tokens", token,
-         v.dump(), limit);
-  return id;
+  std::optional<int64_t> id;
+  if (v.is_number_integer())
+    id = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()) ? -1
+                                                                                                        : v.get<int64_t>();
+  return checked_id(id, v.dump(), limit, token);
+}
+
+int64_t token_id(simdjson::dom::element v, int64_t limit, std::string_view token) {
+  std::optional<int64_t> id;
+  if (v.is_int64()) {
+    id = int64_t(v.get_int64());
+  } else if (v.is_uint64()) {
+    id = -1;  // beyond int64: outside any limit
+  }
+  return checked_id(id, simdjson::minify(v), limit, token);
 }
 
 void ensure_id(Tokenizer::Impl& impl, int64_t id) {
@@ -143,35 +159,40 @@ void ensure_id(Tokenizer::Impl& impl, int64_t id) {
   }
 }
 
-std::pair<std::string, std::string> merge_pair(const json& m, size_t rank) {
-  if (m.is_string()) {
-    const std::string s = m.get<std::string>();
+std::pair<std::string_view, std::string_view> merge_pair(simdjson::dom::element m, size_t rank) {
+  std::string_view s;
+  if (!m.get_string().get(s)) {
     const size_t space = s.find(' ');
-    if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+    if (space == std::string_view::npos || s.find(' ', space + 1) != std::string_view::npos) {
       fail("tokenizer.json: merge #{} \"{}\" is not two tokens separated by one space", rank, s);
     }
     return {s.substr(0, space), s.substr(space + 1)};
   }
-  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-    return {m[0].get<std::string>(), m[1].get<std::string>()};
+  simdjson::dom::array pair;
+  std::string_view a, b;
+  if (!m.get_array().get(pair) && pair.size() == 2 && !pair.at(0).get_string().get(a) &&
+      !pair.at(1).get_string().get(b)) {
+    return {a, b};
   }
-  fail("tokenizer.json: merge #{} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, m.dump());
+  fail("tokenizer.json: merge #{} is {}, expected \"a b\" or [\"a\", \"b\"]", rank, simdjson::minify(m));
 }
 
-void load_model(const json& model, Tokenizer::Impl& impl, int64_t id_limit) {
-  check_bpe_options(model);
-  impl.ignore_merges = flag(model, "ignore_merges", false);
-  const json& vocab = model.at("vocab");
-  if (!vocab.is_object()) fail("tokenizer.json: model.vocab must be an object of token -> id");
+// The model: its options from `options` (every field but the two tables), the vocabulary and the
+// merges read straight from the parsed document, which is what makes loading fast: a DOM of
+// 150,000 tokens costs several times the parse.
+void load_model(const json& options, simdjson::dom::object vocab, simdjson::dom::array merges_json,
+                Tokenizer::Impl& impl, int64_t id_limit) {
+  check_bpe_options(options);
+  impl.ignore_merges = flag(options, "ignore_merges", false);
   StringToId vocab_ids;
   vocab_ids.reserve(vocab.size());
-  for (const auto& [text, id_json] : vocab.items()) {
-    const int64_t id = token_id(id_json, id_limit, text);
+  for (const auto [key, id_json] : vocab) {
+    const int64_t id = token_id(id_json, id_limit, key);
     ensure_id(impl, id);
-    impl.id_text[id] = text;
-    impl.id_bytes[id] = token_to_bytes(text);
+    impl.id_text[id] = std::string(key);
+    impl.id_bytes[id] = token_to_bytes(key);
     impl.id_kind[id] = Tokenizer::Impl::kVocab;
-    vocab_ids.emplace(text, static_cast<int32_t>(id));
+    vocab_ids.emplace(std::string(key), static_cast<int32_t>(id));
   }
 
   std::array<int32_t, 256> byte_ids{};
@@ -183,19 +204,22 @@ void load_model(const json& model, Tokenizer::Impl& impl, int64_t id_limit) {
     byte_ids[b] = it == vocab_ids.end() ? -1 : it->second;
   }
 
-  const json& merges_json = model.at("merges");
   std::vector<BpeModel::Merge> merges;
   merges.reserve(merges_json.size());
-  const auto lookup = [&](const std::string& token, size_t rank) {
+  const auto lookup = [&](std::string_view token, size_t rank) {
     auto it = vocab_ids.find(token);
     if (it == vocab_ids.end()) {
       fail("tokenizer.json: merge #{} needs token \"{}\", which is not in model.vocab", rank, token);
     }
     return it->second;
   };
-  for (size_t rank = 0; rank < merges_json.size(); ++rank) {
-    const auto [a, b] = merge_pair(merges_json[rank], rank);
-    merges.push_back(BpeModel::Merge{lookup(a, rank), lookup(b, rank), lookup(a + b, rank)});
+  std::string joined;
+  size_t rank = 0;
+  for (const simdjson::dom::element m : merges_json) {
+    const auto [a, b] = merge_pair(m, rank);
+    joined.assign(a).append(b);
+    merges.push_back(BpeModel::Merge{lookup(a, rank), lookup(b, rank), lookup(joined, rank)});
+    ++rank;
   }
   impl.bpe = std::make_unique<BpeModel>(byte_ids, merges);
 
@@ -240,30 +264,54 @@ void load_added_tokens(const json& list, Tokenizer::Impl& impl, int64_t id_limit
   impl.normalized_matcher.finalize();
 }
 
+// A small part of the document as nlohmann's json (null when absent), for the option checks.
+json small_part(simdjson::dom::element e) { return json::parse(simdjson::minify(e)); }
+
+json field_or_null(simdjson::dom::object o, std::string_view key) {
+  simdjson::dom::element e;
+  return o.at_key(key).get(e) ? json() : small_part(e);
+}
+
 }  // namespace
 
 std::shared_ptr<Tokenizer::Impl> load_tokenizer_json(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("tokenizer.json is not valid JSON: {}", e.what());
-  }
-  if (!j.is_object() || !j.contains("model")) {
+  simdjson::dom::parser parser;
+  const simdjson::padded_string padded(text);
+  simdjson::dom::object root, model;
+  simdjson::dom::element doc, model_el;
+  if (const auto err = parser.parse(padded).get(doc))
+    fail("tokenizer.json is not valid JSON: {}", simdjson::error_message(err));
+  if (doc.get_object().get(root) || root.at_key("model").get(model_el)) {
     fail("not a Hugging Face tokenizer.json: no \"model\" object at the top level");
   }
   auto impl = std::make_shared<Tokenizer::Impl>();
   try {
-    parse_normalizer(j.value("normalizer", json()), *impl);
+    parse_normalizer(field_or_null(root, "normalizer"), *impl);
     bool byte_level = false;
-    parse_pre_tokenizer(j.value("pre_tokenizer", json()), *impl, byte_level);
+    parse_pre_tokenizer(field_or_null(root, "pre_tokenizer"), *impl, byte_level);
     if (!byte_level) fail("tokenizer.json: only byte-level BPE is supported; the pre-tokenizer has no ByteLevel");
-    check_decoder(j.value("decoder", json()));
-    const json added = j.value("added_tokens", json());
-    size_t listed = added.size();
-    if (j["model"].is_object() && j["model"].contains("vocab")) listed += j["model"]["vocab"].size();
-    const int64_t id_limit = 2 * int64_t(listed) + 1024;
-    load_model(j["model"], *impl, id_limit);
+    check_decoder(field_or_null(root, "decoder"));
+    const json added = field_or_null(root, "added_tokens");
+    if (model_el.get_object().get(model)) fail("tokenizer.json: \"model\" must be an object, got {}", simdjson::minify(model_el));
+    json options = json::object();
+    simdjson::dom::object vocab;
+    simdjson::dom::array merges;
+    bool has_vocab = false, has_merges = false;
+    for (const auto [key, value] : model) {
+      if (key == "vocab") {
+        if (value.get_object().get(vocab)) fail("tokenizer.json: model.vocab must be an object of token -> id");
+        has_vocab = true;
+      } else if (key == "merges") {
+        if (value.get_array().get(merges)) fail("tokenizer.json: model.merges must be an array");
+        has_merges = true;
+      } else {
+        options[std::string(key)] = small_part(value);
+      }
+    }
+    if (!has_vocab) fail("tokenizer.json: model has no \"vocab\"");
+    if (!has_merges) fail("tokenizer.json: model has no \"merges\"");
+    const int64_t id_limit = 2 * int64_t(added.size() + vocab.size()) + 1024;
+    load_model(options, vocab, merges, *impl, id_limit);
     load_added_tokens(added, *impl, id_limit);
   } catch (const json::exception& e) {
     fail("tokenizer.json has an unexpected shape: {}", e.what());

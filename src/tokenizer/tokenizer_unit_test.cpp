@@ -46,6 +46,16 @@ TEST(TokenizerUnit, MergesApplyInRankOrder) {
   EXPECT_EQ(ab_first.encode("abc"), (std::vector<int32_t>{ab_first.token_id("abc")}));
 }
 
+// Merges are written either as "a b" (older files) or as ["a", "b"]; both read the same.
+TEST(TokenizerUnit, MergesAsStringsOrPairsReadTheSame) {
+  json pairs = tiny_tokenizer({{"Ġ", "a"}, {"b", "c"}, {"Ġa", "bc"}});
+  json strings = pairs;
+  for (json& m : strings["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+  const Tokenizer a = Tokenizer::from_json_string(pairs.dump()), b = Tokenizer::from_json_string(strings.dump());
+  for (const std::string text : {"abc abc", " abcbc a", "bc"}) EXPECT_EQ(a.encode(text), b.encode(text)) << text;
+  EXPECT_EQ(b.encode(" abc"), (std::vector<int32_t>{b.token_id("Ġabc")}));
+}
+
 TEST(TokenizerUnit, EqualRanksMergeLeftmostFirst) {
   const Tokenizer tok = Tokenizer::from_json_string(tiny_tokenizer({{"a", "a"}}).dump());
   const int32_t aa = tok.token_id("aa");
@@ -124,6 +134,26 @@ TEST(TokenizerUnit, LoadErrorsSayWhatIsWrong) {
   j = tiny_tokenizer({});
   j["model"]["vocab"]["!"] = 1000000000;
   expect_load_error(j.dump(), "token '!' has id 1000000000, outside [0, ");
+  j = tiny_tokenizer({});
+  j["model"]["vocab"]["!"] = uint64_t(1) << 63;  // beyond int64
+  expect_load_error(j.dump(), "token '!' has id 9223372036854775808, outside [0, ");
+  j = tiny_tokenizer({});
+  j["model"]["vocab"] = json::array();
+  expect_load_error(j.dump(), "model.vocab must be an object");
+  j = tiny_tokenizer({});
+  j["model"].erase("merges");
+  expect_load_error(j.dump(), "model has no \"merges\"");
+  j = tiny_tokenizer({});
+  j["model"]["merges"].push_back(7);
+  expect_load_error(j.dump(), "expected \"a b\" or [\"a\", \"b\"]");
+  j = tiny_tokenizer({});
+  j["model"]["merges"].push_back("a b c");
+  expect_load_error(j.dump(), "is not two tokens separated by one space");
+  j = tiny_tokenizer({});
+  j["model"] = "BPE";
+  expect_load_error(j.dump(), "\"model\" must be an object");
+  expect_load_error(R"({"model": {"vocab": {}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}, "x": [1,)",
+                    "not valid JSON");
   j = tiny_tokenizer({});
   j["added_tokens"] = json::array({{{"id", -3}, {"content", "<x>"}}});
   expect_load_error(j.dump(), "token '<x>' has id -3");
