@@ -105,7 +105,7 @@ TEST_F(QpackCli, CacheFlagsAndBench) {
     EXPECT_NE(e.out.find(b.message), std::string::npos) << b.flags << "\n" << e.out;
   }
   r = sh("swiftlet", "bench " + q + " --cache default,0.05M,all --io-modes uring,serial --predict off,on "
-                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");
+                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2 --memory-mb 8");
   ASSERT_EQ(r.status, 0) << r.out;
   for (const char* want : {"disk bound", "peakRSS", "def ", "0.05M", "all", "serial", "worst case",
                            "every exact configuration generated the same 4 tokens: yes"})
@@ -113,19 +113,22 @@ TEST_F(QpackCli, CacheFlagsAndBench) {
   // --on-miss: a list to compare, every row saying which it is; the exact row gives the same
   // tokens as above.
   r = sh("swiftlet", "bench " + q + " --cache 0.02M --io-modes uring --predict off --on-miss exact,skip:0.2 "
-                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");
+                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2 --memory-mb 8");
   ASSERT_EQ(r.status, 0) << r.out;
   for (const char* want : {"  exact", "lossy (skip:0.2)", "lossy configurations against the exact tokens: 0.02M skip:0.2"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
-  r = sh("swiftlet", "bench " + q + " --on-miss exact,skip:2 --disk-seconds 0.2");
+  r = sh("swiftlet", "bench " + q + " --on-miss exact,skip:2 --disk-seconds 0.2 --memory-mb 8");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("W must be a number in [0, 1)"), std::string::npos) << r.out;
+  r = sh("swiftlet", "bench " + q + " --memory-mb 0");
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("--memory-mb"), std::string::npos) << r.out;
   r = sh("swiftlet", gen + " --cache-mb 0.0164 --on-miss skip:0.3");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("experts, lossy (skip:0.3): "), std::string::npos) << r.out;
   // --gpu reaches each configuration's process: it runs on the GPU (its own table) or says why not.
   r = sh("swiftlet", "bench " + q + " --gpu --gpu-cache-gb 1 --cache default --io-modes uring --predict off "
-                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2");
+                     "--prompt-tokens 5 --decode 4 --disk-seconds 0.2 --memory-mb 8");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(r.out.find("GPU runs") != std::string::npos || r.out.find("falling back to the CPU") != std::string::npos)
       << r.out;

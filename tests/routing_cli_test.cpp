@@ -178,7 +178,7 @@ TEST_F(RoutingCli, TraceThenCacheSimAndReplayInBench) {
   // Replayed in bench (prompt 8, 4 decoded: up to 3 decode steps at positions 8..10) with every
   // expert cached: the decode's misses are the experts of those records not used by records 0..7.
   r = sh("bench " + model + " --routing-trace " + tr + " --cache all --io-modes uring --predict off --prompt-tokens 8 "
-         "--decode 4 --disk-seconds 0.1 --json", true);
+         "--decode 4 --disk-seconds 0.1 --memory-mb 8 --json", true);
   ASSERT_EQ(r.status, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   const size_t steps = j["rows"][0]["decode_tokens"].get<size_t>() - 1;
@@ -209,7 +209,7 @@ TEST_F(RoutingCli, BenchStreamsComparesBatchSizesInOneProcess) {
   const std::string model = testing::tiny_qpack_with_tokenizer();
   const ModelConfig c = QpackContainer::open(model).config;
   CmdResult r = sh("bench " + model + " --streams 1,3 --cache all --warm --io-modes uring --predict off "
-                   "--prompt-tokens 4 --decode 3 --disk-seconds 0.1 --json",
+                   "--prompt-tokens 4 --decode 3 --disk-seconds 0.1 --memory-mb 8 --json",
                    true);
   ASSERT_EQ(r.status, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
@@ -230,7 +230,7 @@ TEST_F(RoutingCli, BenchStreamsComparesBatchSizesInOneProcess) {
   EXPECT_EQ(rows[1]["misses"].get<size_t>(), 0u);  // --warm read them all first
   EXPECT_NEAR(rows[1]["aggregate_tok_s"].get<double>(), 3 * rows[1]["per_stream_tok_s"].get<double>(), 1e-9);
 
-  r = sh("bench " + model + " --streams 1,0 --disk-seconds 0.1");
+  r = sh("bench " + model + " --streams 1,0 --disk-seconds 0.1 --memory-mb 8");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("--streams takes batch sizes"), std::string::npos) << r.out;
 }

@@ -1,5 +1,6 @@
 // swiftlet bench MODEL [--cache default,1G,budget:3G,all] [--io uring,serial] [--predict off,on]
-//   [--on-miss exact,skip:0.05] [--prompt-tokens N] [--decode N] [--disk-seconds S] [--routing-trace FILE] [--json]
+//   [--on-miss exact,skip:0.05] [--prompt-tokens N] [--decode N] [--disk-seconds S] [--memory-mb N]
+//   [--routing-trace FILE] [--json]
 // Streaming benchmark: for every combination of cache setting, IO mode and prediction it runs a
 // fresh process (so peak RSS is that configuration's own) that prefills a fixed prompt and
 // decodes greedily, then prints one table with what the issue asks for: peak RSS, prefill and
@@ -58,8 +59,15 @@ struct BenchOptions {
   std::string streams;  // --streams: batch sizes to compare (empty: the streaming benchmark)
   int prompt_tokens = 32, decode = 64;
   double disk_seconds = 3;
+  // The memory bandwidth is read over this many MiB before the runs, and over up to a quarter
+  // of it (at most 256 MiB) in each run after its decode.
+  double memory_mb = 1024;
   bool json = false, child = false, warm = false;
 };
+
+size_t run_memory_bytes(const BenchOptions& o) {
+  return size_t(std::min(256.0, o.memory_mb / 4) * 1048576);
+}
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -184,7 +192,7 @@ void run_child(const BenchOptions& o) {
   // The memory bandwidth again, from this process right after its decode (the host's bandwidth
   // drifts; the parent takes the best figure of all as the bound). Peak RSS is recorded above,
   // so this buffer does not count in it.
-  j["memory_gb_s"] = measure_memory_bandwidth(size_t(256) << 20);
+  j["memory_gb_s"] = measure_memory_bandwidth(run_memory_bytes(o));
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -436,7 +444,7 @@ void run_streams_child(const BenchOptions& o) {
             {"cache_budget", es.cache_budget},
             {"interleaved", interleave},
             {"rows", rows}};
-  j["memory_gb_s"] = measure_memory_bandwidth(size_t(256) << 20);
+  j["memory_gb_s"] = measure_memory_bandwidth(run_memory_bytes(o));
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -456,6 +464,7 @@ std::string child_args(const BenchOptions& o, const std::string& cache, const st
   if (m.threads > 0) a += fmt::format(" --threads {}", m.threads);
   if (m.isa != "auto") a += " --isa " + m.isa;
   if (m.no_verify) a += " --no-verify";
+  if (o.memory_mb != BenchOptions{}.memory_mb) a += fmt::format(" --memory-mb {}", o.memory_mb);
   a += " --resident " + m.resident;
   a += fmt::format(" --predict-next {} --on-miss {}", predict, on_miss);
   if (o.warm) a += " --warm";
@@ -599,12 +608,12 @@ void run_bench(const BenchOptions& o) {
   const int k = std::max(1, qc.config.num_experts_per_tok);
   // This disk's rate varies from minute to minute: it is measured before and after the runs and
   // the best figure is the bound (the strictest one).
-  std::fprintf(stderr, "bench: measuring random expert reads for %.0f s each...\n", o.disk_seconds);
+  std::fprintf(stderr, "bench: measuring random expert reads for %g s each...\n", o.disk_seconds);
   double disk_qd1 = measure_disk(qc, IoMode::Serial, 1, o.disk_seconds);
   double disk_qdk = measure_disk(qc, IoMode::Uring, k, o.disk_seconds);
   double disk_qd32 = measure_disk(qc, IoMode::Uring, 32, o.disk_seconds);
   if (o.model.threads > 0) ThreadPool::set_global_threads(o.model.threads);
-  const double membw_before = measure_memory_bandwidth(size_t(1) << 30);
+  const double membw_before = measure_memory_bandwidth(size_t(o.memory_mb * 1048576));
 
   json rows = json::array();
   for (const std::string& cache : split(o.cache))
@@ -757,6 +766,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "prompt length (fixed pseudo-random ids)");
   cmd->add_option("--decode", o->decode, "tokens to decode");
   cmd->add_option("--disk-seconds", o->disk_seconds, "seconds per disk read-rate measurement");
+  cmd->add_option("--memory-mb", o->memory_mb,
+                  "MiB read to measure the memory bandwidth (default 1024; each run reads a quarter, at most 256); "
+                  "keep it well above the last-level cache")
+      ->check(CLI::Range(1.0, 1048576.0));
   cmd->add_flag("--json", o->json, "print the results as JSON");
   cmd->add_option("--routing-trace", o->routing_trace,
                   "route with the experts recorded in this --trace-experts file instead of the model's router "
