@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: an AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/,
 # then every test through ctest, the arm64 kernel tests under emulation (build-arm64/), then a
-# short run of every fuzz target (scripts/fuzz.sh, clang, build-fuzz/). GPU tests skip themselves where no GPU is present. Each phase prints its time.
+# short run of every fuzz target (scripts/fuzz.sh), built in the same tree. GPU tests skip
+# themselves where no GPU is present. Each phase prints its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -18,8 +19,9 @@ phase "install-deps"
 # name every frame of a report; clang: it compiles this tree in ~30% less CPU time than g++ under
 # the sanitizers (the test sources about half), and scripts/fuzz.sh needs it anyway; CUDA (host
 # code by g++) for one architecture (sm_90) checks that the kernels compile (no GPU runs them
-# here; scripts/build.sh builds every architecture).
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSWIFTLET_SANITIZE=ON \
+# here; scripts/build.sh builds every architecture). The fuzz targets are built here too
+# (SWIFTLET_FUZZ: libFuzzer's coverage in the layers they exercise), not in a tree of their own.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSWIFTLET_SANITIZE=ON -DSWIFTLET_FUZZ=ON \
       -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CUDA_HOST_COMPILER=g++ \
       -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_CUDA_ARCHITECTURES=90-real >/dev/null
 ninja -C build-asan -j "$jobs"
@@ -32,5 +34,5 @@ phase "ctest"
 # without the NEON extensions (scripts/test-arm64.sh).
 scripts/test-arm64.sh -j"$jobs"
 phase "arm64 kernels (qemu)"
-SWIFTLET_FUZZ_SEED=${SWIFTLET_FUZZ_SEED:-1} scripts/fuzz.sh "${SWIFTLET_FUZZ_SECONDS:-30}"
-phase "fuzz (build and run)"
+SWIFTLET_FUZZ_BUILD=build-asan SWIFTLET_FUZZ_SEED=${SWIFTLET_FUZZ_SEED:-1} scripts/fuzz.sh "${SWIFTLET_FUZZ_SECONDS:-30}"
+phase "fuzz"
