@@ -2,13 +2,13 @@
 
 #include "core/error.h"
 #include "kernels/cpu/ops_ref.h"
+#include "model/moe_routing.h"
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <numeric>
 
 namespace swiftlet {
@@ -321,26 +321,50 @@ void Forward::delta_net_core(const DeltaNetWeights& w, LayerState& st, int64_t r
     mix_.gated_rms_norm(core + t * vd, z_.data() + (r0 + t) * vd, w.norm.data(), hv, dv, c_.rms_norm_eps);
 }
 
+// The MoE block (model-math.md 6): the router picks each token's experts, the shared expert
+// with its sigmoid gate is written first, the routed experts' outputs are added with their
+// weights.
 void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   const int64_t T = int64_t(tokens.size());
-  const MoeDenseWeights& w = m_.weights.layers[size_t(li)].moe;
-  const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
-  const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
-  const float* x = x_.data();
-  float* out = out_.data();
-
   const auto t_start = ProfileClock::now();
-  // Router: softmax over all experts, top-k, renormalise (model-math.md 6.1).
+  route(li, tokens);
+  // --on-miss skip:W: experts the source does not hold and no token keeps are left out before
+  // anything asks for them (miss_policy.h); the observer above saw the router's choice.
+  const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
+  const std::span chosen(chosen_.data(), size_t(T * top_k));
+  if (miss_.lossy()) {
+    const int skipped = skip_missed_experts(miss_, E, top_k, c_.norm_topk_prob, chosen,
+                                            std::span(chosen_w_.data(), size_t(T * top_k)),
+                                            [&](int32_t e) { return m_.experts->ready(li, e); });
+    if (skipped > 0) m_.experts->skipped(li, skipped);
+  }
+  groups_.build(chosen, E);
+  // The experts the call needs, known now: the source starts reading the missing ones, which
+  // overlaps the shared expert and the cached experts computed meanwhile.
+  m_.experts->prefetch(li, groups_.chosen());
+  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions())
+    predict_next_layer(li, row_pos_[0], groups_.chosen());
+  shared_expert(m_.weights.layers[size_t(li)].moe, T);
+  profile_.router_shared += seconds_between(t_start, ProfileClock::now());
+  routed_experts(li, T);
+}
+
+// Router: softmax over all experts, top-k (or the override's choice), weights renormalised over
+// the chosen (model-math.md 6.1) into chosen_ / chosen_w_; the capture and the observer see them.
+void Forward::route(int li, std::span<const int32_t> tokens) {
+  const int64_t T = int64_t(tokens.size());
+  const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
   float* probs = grow(router_, size_t(T * E));
-  k_.matmul(w.router, x, T, probs);
-  std::vector<int32_t> order(static_cast<size_t>(E));
+  k_.matmul(m_.weights.layers[size_t(li)].moe.router, x_.data(), T, probs);
+  std::vector<int32_t>& order = route_order_;
+  order.resize(size_t(E));
   int32_t* chosen = grow(chosen_, size_t(T * top_k));
   float* chosen_w = grow(chosen_w_, size_t(T * top_k));
   for (int64_t t = 0; t < T; ++t) {
     float* p = probs + t * E;
     ref::softmax(p, E);
-    std::iota(order.begin(), order.end(), 0);
     if (override_) {
+      std::iota(order.begin(), order.end(), 0);
       override_->route(li, row_pos_[size_t(t)], std::span(order).first(size_t(top_k)));
       for (int i = 0; i < top_k; ++i) {
         const int32_t e = order[size_t(i)];
@@ -349,8 +373,7 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
                row_pos_[size_t(t)]);
       }
     } else {
-      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                        [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      top_k_experts(p, top_k, order);
     }
     double sum = 0;
     for (int i = 0; i < top_k; ++i) sum += p[order[size_t(i)]];
@@ -365,57 +388,44 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   if (observer_)
     observer_->routed(li, row_pos_[0], tokens, std::span(chosen, size_t(T * top_k)),
                       std::span(chosen_w, size_t(T * top_k)));
-  // --on-miss skip:W: experts the source does not hold and no token keeps are left out before
-  // anything asks for them (miss_policy.h); the observer above saw the router's choice.
-  if (miss_.lossy()) {
-    const int skipped = skip_missed_experts(miss_, E, top_k, c_.norm_topk_prob, std::span(chosen, size_t(T * top_k)),
-                                            std::span(chosen_w, size_t(T * top_k)),
-                                            [&](int32_t e) { return m_.experts->ready(li, e); });
-    if (skipped > 0) m_.experts->skipped(li, skipped);
-  }
-  std::map<int32_t, std::vector<std::pair<int64_t, float>>> by_expert;  // expert -> (token, weight)
-  for (int64_t t = 0; t < T; ++t)
-    for (int i = 0; i < top_k; ++i)
-      if (const int32_t e = chosen[t * top_k + i]; e >= 0) by_expert[e].emplace_back(t, chosen_w[t * top_k + i]);
+}
 
-  // The experts the chunk needs, known now: the source starts reading the missing ones, which
-  // overlaps the shared expert and the cached experts computed meanwhile.
-  std::vector<int32_t>& ids = ids_;
-  ids.clear();
-  for (const auto& [e, list] : by_expert) ids.push_back(e);
-  m_.experts->prefetch(li, ids);
-  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions()) predict_next_layer(li, row_pos_[0], ids);
-
-  // Shared expert with its sigmoid gate, written first; routed experts accumulate on top.
+// out_ = sigmoid(shared_expert_gate x) * down(SiLU(gate x) * up x) for the T rows of x_.
+void Forward::shared_expert(const MoeDenseWeights& w, int64_t T) {
+  const int64_t H = c_.hidden_size, SI = c_.shared_expert_intermediate_size;
+  const float* x = x_.data();
+  float* out = out_.data();
   float* sh = grow(shared_h_, size_t(T * SI));
   float* su = grow(shared_u_, size_t(T * SI));
   float* sg = grow(shared_g_, size_t(T));
-  const MatmulJob shared[] = {
+  const MatmulJob jobs[] = {
       {&w.shared_gate_proj, x, T, sh}, {&w.shared_up_proj, x, T, su}, {&w.shared_expert_gate, x, T, sg}};
-  k_.matmul_group(std::span(shared));
+  k_.matmul_group(std::span(jobs));
   mix_.silu_mul(sh, su, T * SI);
   k_.matmul(w.shared_down_proj, sh, T, out);
   for (int64_t t = 0; t < T; ++t) {
     const float s = ref::sigmoid(sg[t]);
     for (int64_t d = 0; d < H; ++d) out[t * H + d] *= s;
   }
+}
 
-  // Routed experts: each chosen expert is fetched once and applied to all its tokens; those
-  // already in memory first, so the compute runs while the others are still being read. Outputs
-  // are kept per expert and added in expert order, so the result does not depend on which
-  // experts happened to be cached (the cache size never changes the logits).
-  std::vector<int64_t>& first_row = expert_rows_;
-  first_row.assign(size_t(E) + 1, 0);
-  int64_t rows = 0;
-  for (const auto& [e, list] : by_expert) {
-    first_row[size_t(e)] = rows;
-    rows += int64_t(list.size());
-  }
+// out_ += the routed experts of groups_: each chosen expert is acquired once and applied to all
+// its tokens; those already in memory first, so the compute runs while the others are still
+// being read. Outputs are kept per expert and added in expert order, so the result does not
+// depend on which experts happened to be cached (the cache size never changes the logits).
+void Forward::routed_experts(int li, int64_t T) {
+  const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size;
+  const int top_k = c_.num_experts_per_tok;
+  const ExpertGroups& gr = groups_;
+  const float* x = x_.data();
+  float* out = out_.data();
+  const int64_t rows = gr.start[size_t(gr.groups)];
   float* yall = grow(ye_, size_t(rows * H));
+  std::vector<int32_t>& ids = ids_;  // compute order
+  ids.assign(gr.chosen().begin(), gr.chosen().end());
   std::stable_partition(ids.begin(), ids.end(), [&](int32_t e) { return m_.experts->ready(li, e); });
   const int64_t batch = std::max(1, m_.experts->max_batch());
   const auto t_routed = ProfileClock::now();
-  profile_.router_shared += seconds_between(t_start, t_routed);
   // Experts already in memory go in groups (up to max_batch held at once, as one at a time did):
   // their products are one matmul_group each for gate + up and for down, every thread busy
   // across the group's experts. An expert still being read goes alone, so its wait overlaps
@@ -436,17 +446,20 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
     held += int64_t(g);
     jobs_.clear();
     for (size_t k = 0; k < g; ++k) {  // gather each expert's rows; gate and up products
-      const auto& list = by_expert[ids[i + k]];
-      const int64_t r0 = first_row[size_t(ids[i + k])], nt = int64_t(list.size());
-      for (int64_t j = 0; j < nt; ++j)
-        std::copy(x + list[size_t(j)].first * H, x + (list[size_t(j)].first + 1) * H, xe + (r0 + j) * H);
+      const int grp = gr.group_of[size_t(ids[i + k])];
+      const int64_t r0 = gr.start[size_t(grp)], nt = gr.size(grp);
+      for (int64_t j = 0; j < nt; ++j) {
+        const float* row = x + int64_t(gr.pairs[size_t(r0 + j)] / top_k) * H;
+        std::copy(row, row + H, xe + (r0 + j) * H);
+      }
       jobs_.push_back({&ew[k].gate, xe + r0 * H, nt, he + r0 * I});
       jobs_.push_back({&ew[k].up, xe + r0 * H, nt, ue + r0 * I});
     }
     k_.matmul_group(jobs_);
     jobs_.clear();
     for (size_t k = 0; k < g; ++k) {
-      const int64_t r0 = first_row[size_t(ids[i + k])], nt = int64_t(by_expert[ids[i + k]].size());
+      const int grp = gr.group_of[size_t(ids[i + k])];
+      const int64_t r0 = gr.start[size_t(grp)], nt = gr.size(grp);
       mix_.silu_mul(he + r0 * I, ue + r0 * I, nt * I);
       jobs_.push_back({&ew[k].down, he + r0 * I, nt, yall + r0 * H});
     }
@@ -459,12 +472,12 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   }
   profile_.expert_acquire += acquiring;
   profile_.expert_compute += seconds_between(t_routed, ProfileClock::now()) - acquiring;
-  for (const auto& [e, list] : by_expert) {
-    const float* ye = yall + first_row[size_t(e)] * H;
-    for (size_t j = 0; j < list.size(); ++j) {
-      const auto [t, wgt] = list[j];
-      for (int64_t d = 0; d < H; ++d) out[t * H + d] += wgt * ye[int64_t(j) * H + d];
-    }
+  for (int64_t r = 0; r < rows; ++r) {  // expert by expert, each one's pairs in order
+    const int32_t p = gr.pairs[size_t(r)];
+    const float wgt = chosen_w_[size_t(p)];
+    const float* ye = yall + r * H;
+    float* o = out + int64_t(p / top_k) * H;
+    for (int64_t d = 0; d < H; ++d) o[d] += wgt * ye[d];
   }
 }
 
@@ -495,9 +508,7 @@ void Forward::predict_next_layer(int li, int64_t pos, std::span<const int32_t> a
       // h_ holds the residual after this layer's mixer; later layers' MoE inputs stay close to it.
       ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, xn);
       k_.matmul(lw.moe.router, xn, 1, p);
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                        [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      top_k_experts(p, top_k, order);
     }
     if (ahead == 1) {
       predicted_.assign(order.begin(), order.begin() + top_k);

@@ -10,6 +10,7 @@
 #include "kernels/cpu/mixers.h"
 #include "model/expert_source.h"
 #include "model/miss_policy.h"
+#include "model/moe_routing.h"
 #include "model/forward_pass.h"
 #include "model/session_state.h"
 #include "model/weights.h"
@@ -153,6 +154,9 @@ class Forward final : public ForwardPass {
   // One sequence's DeltaNet after the projections, on local rows r0 .. r0 + n - 1 of the buffers.
   void delta_net_core(const DeltaNetWeights& w, LayerState& st, int64_t r0, int64_t n);
   void sparse_moe(int layer, std::span<const int32_t> tokens);
+  void route(int layer, std::span<const int32_t> tokens);
+  void shared_expert(const MoeDenseWeights& w, int64_t T);
+  void routed_experts(int layer, int64_t T);
   void rope_tables(std::span<const SeqRows> seqs, int64_t T);
   void predict_next_layer(int layer, int64_t pos, std::span<const int32_t> actual);
   template <typename Self>
@@ -194,9 +198,10 @@ class Forward final : public ForwardPass {
   std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]
   std::vector<ExpertWeights> ews_;  // [max_batch] the experts of a group
   std::vector<MatmulJob> jobs_;      // [2 * max_batch] a group's products
-  std::vector<int32_t> ids_;      // experts the chunk routes to, in compute order
+  std::vector<int32_t> route_order_;  // [experts] a token's experts, its top_k first
+  ExpertGroups groups_;               // the call's (token, choice) pairs by expert
+  std::vector<int32_t> ids_;          // the chosen experts in compute order (in memory first)
   std::vector<int32_t> all_experts_;  // 0 .. E-1: a long prompt's read-ahead of the next layer
-  std::vector<int64_t> expert_rows_;  // [expert] first row of its outputs in ye_
   int predict_next_ = 0;
   MissPolicy miss_;
   std::vector<int32_t> predicted_;  // guess for layer predicted_layer_
