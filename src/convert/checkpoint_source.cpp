@@ -164,18 +164,7 @@ class CheckpointSource : public RepackSource {
   int quant_group_size() const override { return group_; }
   std::array<ProjectionFormat, 3> expert_formats() const override { return formats_; }
 
-  std::string config_json() const override {
-    json c = raw_config_;
-    c.erase("quantization");
-    c.erase("quantization_config");
-    if (bits_ != 16) {
-      json q = {{"group_size", group_}, {"bits", bits_}, {"mode", "affine"}};
-      for (const auto& [path, spec] : overrides_) q[path] = {{"group_size", spec.group_size}, {"bits", spec.bits}};
-      c["quantization"] = q;
-      c["quantization_config"] = q;
-    }
-    return c.dump(2) + "\n";
-  }
+  std::string config_json() const override { return quantized_config_json(raw_config_, bits_, group_, overrides_); }
 
   std::vector<std::pair<std::string, std::string>> files() const override {
     std::vector<std::pair<std::string, std::string>> out;

@@ -203,16 +203,7 @@ class GgufSource : public RepackSource {
   std::array<ProjectionFormat, 3> expert_formats() const override { return formats_; }
   std::vector<std::pair<std::string, std::string>> files() const override { return files_; }
 
-  std::string config_json() const override {
-    json c = config_json_;
-    if (bits_ != 16) {
-      json q = {{"group_size", group_}, {"bits", bits_}, {"mode", "affine"}};
-      for (const auto& [path, spec] : overrides_) q[path] = {{"group_size", spec.group_size}, {"bits", spec.bits}};
-      c["quantization"] = q;
-      c["quantization_config"] = q;
-    }
-    return c.dump(2) + "\n";
-  }
+  std::string config_json() const override { return quantized_config_json(config_json_, bits_, group_, overrides_); }
 
   std::vector<ResidentItem> resident() override {
     std::vector<ResidentItem> items;

@@ -513,4 +513,17 @@ RepackStats write_container(RepackSource& src, const RepackOptions& o) {
   return st;
 }
 
+std::string quantized_config_json(json config, int bits, int group_size,
+                                  const std::map<std::string, QuantSpec>& overrides) {
+  config.erase("quantization");
+  config.erase("quantization_config");
+  if (bits != 16) {
+    json q = {{"group_size", group_size}, {"bits", bits}, {"mode", "affine"}};
+    for (const auto& [path, spec] : overrides) q[path] = {{"group_size", spec.group_size}, {"bits", spec.bits}};
+    config["quantization"] = q;
+    config["quantization_config"] = q;
+  }
+  return config.dump(2) + "\n";
+}
+
 }  // namespace swiftlet

@@ -15,9 +15,12 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace swiftlet {
 
@@ -57,6 +60,13 @@ struct ResidentItem {
   std::vector<TensorToWrite> tensors;  // data pointers unused
   std::function<std::vector<TensorBytes>()> produce;
 };
+
+// The config.json text of a container: `config` (the model's HF config) with MLX's quantization
+// block for `bits` (16: none) and `group_size`, and the modules quantised otherwise
+// (`overrides`, by module path), under both "quantization" and "quantization_config" as mlx-lm
+// writes them; a quantization block `config` had is dropped.
+std::string quantized_config_json(nlohmann::ordered_json config, int bits, int group_size,
+                                  const std::map<std::string, QuantSpec>& overrides);
 
 // What a repack reads from. Implementations: a checkpoint directory (repack.cpp), a synthetic
 // preset (synthetic.cpp).

@@ -177,17 +177,12 @@ class SyntheticSource : public RepackSource {
   int quant_group_size() const override { return group_; }
 
   std::string config_json() const override {
-    json c = config_json_;
-    if (bits_ != 16) {
-      json q = {{"group_size", group_}, {"bits", bits_}, {"mode", "affine"}};
-      for (int i = 0; i < config_.num_layers; ++i) {
-        for (const char* m : {"mlp.gate", "mlp.shared_expert_gate"})
-          if (bits_ != 8) q[names_.layer(i) + m] = {{"group_size", group_}, {"bits", 8}};
-      }
-      c["quantization"] = q;
-      c["quantization_config"] = q;
-    }
-    return c.dump(2) + "\n";
+    // The router and the shared expert's gate stay 8-bit (as mlx-lm quantises them).
+    std::map<std::string, QuantSpec> overrides;
+    if (bits_ != 8)
+      for (int i = 0; i < config_.num_layers; ++i)
+        for (const char* m : {"mlp.gate", "mlp.shared_expert_gate"}) overrides[names_.layer(i) + m] = QuantSpec{8, group_};
+    return quantized_config_json(config_json_, bits_, group_, overrides);
   }
 
   std::vector<std::pair<std::string, std::string>> files() const override { return files_; }
