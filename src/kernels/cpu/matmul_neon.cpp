@@ -4,6 +4,7 @@
 #include "kernels/cpu/matmul_neon.h"
 
 #include "core/dtype.h"
+#include "kernels/cpu/matmul_q8_rows.h"
 #include "kernels/cpu/ops_ref.h"
 
 #include <arm_neon.h>
@@ -26,8 +27,6 @@ bool cpu_has_dotprod() { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 bool cpu_has_i8mm() { return cpu_has_dotprod() && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
 
 namespace {
-
-constexpr int64_t kBlock = 64;
 
 // Quantises 64 floats to int8 with d = amax / 127 (x * (1 / d) rounded to nearest even, as the
 // x86 kernels' vcvtps2dq); nibble order for 4-bit weights: evens first, then odds.
@@ -122,21 +121,7 @@ void matmul_rows_f32(const QMatrix& w, const float* x, int64_t n, float* y, int6
 }
 
 void prepare_q8(const QMatrix& w, const float* x, int64_t n, q8::PreparedQ8& p) {
-  const int64_t cols = w.cols, nb = cols / kBlock, nbp = (nb + 7) & ~int64_t(7);
-  // Grow only: the buffers are reused call after call (no allocation in the decode loop).
-  if (p.xq.size() < size_t(n * cols)) p.xq.resize(size_t(n * cols));
-  if (p.d.size() < size_t(n * nbp)) {
-    p.d.resize(size_t(n * nbp));
-    p.xsum.resize(size_t(n * nbp));
-    p.qsum.resize(size_t(n * nbp));
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    const size_t o = size_t(t * nbp);
-    for (int64_t b = 0; b < nb; ++b)
-      quantize_block(x + t * cols + b * kBlock, w.bits == 4, p.xq.data() + t * cols + b * kBlock, p.d[o + size_t(b)],
-                     p.xsum[o + size_t(b)], p.qsum[o + size_t(b)]);
-    for (int64_t b = nb; b < nbp; ++b) p.d[o + size_t(b)] = p.xsum[o + size_t(b)] = p.qsum[o + size_t(b)] = 0;
-  }
+  q8::prepare_tokens(w, x, n, p, quantize_block);
 }
 
 }  // namespace swiftlet::neon

@@ -27,7 +27,6 @@ namespace {
 using q8::Ctx;
 using q8::kBlock;
 using q8::kPrefetch;
-using q8::pad8;
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -168,12 +167,7 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
           acc[j][a] = _mm256_fmadd_ps(dot_q8(a0, u0, a1, u1, xq[j], b), _mm256_broadcast_ss(&sd[j][k]), acc[j][a]);
       }
     };
-    int k = 0;
-    for (; k + 2 <= nj; k += 2) {
-      block(k, std::integral_constant<int, 0>());
-      block(k + 1, std::integral_constant<int, 1>());
-    }
-    if (k < nj) block(k, std::integral_constant<int, 0>());
+    q8::alternate_accumulators(nj, block);
   }
   SWIFTLET_UNROLL
   for (int j = 0; j < T; ++j)
@@ -189,21 +183,7 @@ void rows_q8(const Ctx& c, int64_t n, int64_t r0, int64_t r1) {
 }  // namespace
 
 void prepare_q8(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p) {
-  const int64_t cols = w.cols, nb = cols / kBlock, nbp = pad8(nb);
-  // Grow only: the buffers are reused call after call (no allocation in the decode loop).
-  if (p.xq.size() < size_t(n * cols)) p.xq.resize(size_t(n * cols));
-  if (p.d.size() < size_t(n * nbp)) {
-    p.d.resize(size_t(n * nbp));
-    p.xsum.resize(size_t(n * nbp));
-    p.qsum.resize(size_t(n * nbp));
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    const size_t o = size_t(t * nbp);
-    for (int64_t b = 0; b < nb; ++b)
-      quantize_block(x + t * cols + b * kBlock, w.bits == 4, p.xq.data() + t * cols + b * kBlock, p.d[o + size_t(b)],
-                     p.xsum[o + size_t(b)], p.qsum[o + size_t(b)]);
-    for (int64_t b = nb; b < nbp; ++b) p.d[o + size_t(b)] = p.xsum[o + size_t(b)] = p.qsum[o + size_t(b)] = 0;
-  }
+  q8::prepare_tokens(w, x, n, p, quantize_block);
 }
 
 void matmul_rows_q8(const QMatrix& w, const PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {

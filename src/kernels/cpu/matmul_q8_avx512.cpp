@@ -87,12 +87,7 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
         acc[j][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(sd[j][k]), acc[j][a]);
       }
     };
-    int k = 0;
-    for (; k + 2 <= nj; k += 2) {
-      block(k, std::integral_constant<int, 0>());
-      block(k + 1, std::integral_constant<int, 1>());
-    }
-    if (k < nj) block(k, std::integral_constant<int, 0>());
+    q8::alternate_accumulators(nj, block);
   }
   SWIFTLET_UNROLL
   for (int j = 0; j < T; ++j)

@@ -76,6 +76,39 @@ Tokens<T> tokens_of(const Ctx& c, int64_t t) {
   return k;
 }
 
+// Quantises the n rows of x (w.cols values each) into p, 64 values at a time with the kernel's
+// own quantize(x, nibble_order, out, d, xsum, qsum), each token's factors padded with zeros to a
+// multiple of 8 blocks. The buffers only grow: no allocation in the decode loop.
+template <typename QuantizeBlock>
+void prepare_tokens(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p, QuantizeBlock quantize) {
+  const int64_t cols = w.cols, nb = cols / kBlock, nbp = pad8(nb);
+  if (p.xq.size() < size_t(n * cols)) p.xq.resize(size_t(n * cols));
+  if (p.d.size() < size_t(n * nbp)) {
+    p.d.resize(size_t(n * nbp));
+    p.xsum.resize(size_t(n * nbp));
+    p.qsum.resize(size_t(n * nbp));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const size_t o = size_t(t * nbp);
+    for (int64_t b = 0; b < nb; ++b)
+      quantize(x + t * cols + b * kBlock, w.bits == 4, p.xq.data() + t * cols + b * kBlock, p.d[o + size_t(b)],
+               p.xsum[o + size_t(b)], p.qsum[o + size_t(b)]);
+    for (int64_t b = nb; b < nbp; ++b) p.d[o + size_t(b)] = p.xsum[o + size_t(b)] = p.qsum[o + size_t(b)] = 0;
+  }
+}
+
+// Calls block(k, a) for k = 0 .. n - 1, a an std::integral_constant alternating 0 and 1: two
+// accumulator sets, so consecutive blocks do not wait on one another's additions.
+template <typename Block>
+void alternate_accumulators(int n, Block block) {
+  int k = 0;
+  for (; k + 2 <= n; k += 2) {
+    block(k, std::integral_constant<int, 0>());
+    block(k + 1, std::integral_constant<int, 1>());
+  }
+  if (k < n) block(k, std::integral_constant<int, 0>());
+}
+
 // Rows [r0, r1) for n tokens. n = 1 (decode) streams row after row. Batches go in chunks of rows
 // (about 128 KiB of weights, which stay in L2 while every token passes) x tiles of MaxTile tokens
 // (as many as the registers hold accumulators for), then 4 (when MaxTile is larger), 2 and 1 for
