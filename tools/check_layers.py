@@ -4,8 +4,8 @@
 Every file under src/ belongs to the layer of its directory; its quoted includes ("core/error.h")
 must name its own layer or one that ALLOWED below lets it use. Unit tests (*_test.cpp beside the
 code) are held to the same table with a few named additions (TEST_EXTRA: test oracles and model
-makers; TEST_HARNESS: loading or making a whole model to run a layer on; FILE_EXCEPTIONS) and may
-include the light helpers of tests/support/. Files under apps/, bench/, examples/, fuzz/ and tests/
+makers; TEST_HARNESS: loading or making a whole model to run a layer on) and may include the light
+helpers of tests/support/. Files under apps/, bench/, examples/, fuzz/ and tests/
 sit on top and may include anything. ctest runs this (the test `layer_map`).
 
   tools/check_layers.py [ROOT]      prints each upward include and exits 1 if there is one
@@ -47,13 +47,6 @@ TEST_EXTRA = {
 # (fixtures, containers) and the converters that make a container.
 TEST_HARNESS = {"runtime/model_loader.h", "convert/synthetic.h", "convert/repack.h"}
 HARNESS_FROM = "model"
-# Single files with a known exception, each with its reason. Keep this short.
-FILE_EXCEPTIONS = {
-    # Session prefix reuse on the GPU pass, and the VRAM cache's slots under the experts/ policy
-    # (model/expert_slots.h is the interface, experts/ implements it): the GPU pass's end-to-end
-    # tests need both until they move up to runtime/.
-    "model/gpu_forward_test.cpp": {"runtime/session.h", "experts/expert_slots.h"},
-}
 # tests/support headers a unit test of any layer may include (they include only core/, the
 # standard library and test libraries). The others need more (tiny_model.h: a synthetic container, from
 # convert/; split_inputs.h: the DeltaNet row order, from model/; greedy_decode.h: a forward
@@ -89,7 +82,6 @@ def check(root: pathlib.Path):
         if is_test:
             allowed |= set(TEST_EXTRA.get(layer, []))
         harness = is_test and (layer == HARNESS_FROM or HARNESS_FROM in ALLOWED[layer])
-        excepted = FILE_EXCEPTIONS.get(rel, set())
         text = f.read_text(encoding="utf-8", errors="replace")
         for m in INCLUDE.finditer(text):
             inc = m.group(1)
@@ -102,7 +94,7 @@ def check(root: pathlib.Path):
                     problems.append(f"src/{rel}:{line}: a {layer} test includes {inc}, which needs "
                                     f"{SUPPORT_NEEDS.get(inc, 'the layers above')}")
                 continue
-            if (harness and inc in TEST_HARNESS) or inc in excepted:
+            if harness and inc in TEST_HARNESS:
                 continue
             target = layer_of(inc)
             if target is None:
