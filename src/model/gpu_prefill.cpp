@@ -2,6 +2,7 @@
 // by layer with every product batched over the chunk, the routed experts grouped per expert
 // (cu::ExpertBatch). The same math as the decode in gpu_decode.cpp, T tokens per launch.
 #include "model/gpu_forward_pass.h"
+#include "model/moe_routing.h"
 
 #if SWIFTLET_HAVE_CUDA
 
@@ -200,21 +201,8 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   // The work list: the pairs p = t k + j grouped by expert, in p order within a group.
   int32_t* gexp = B.h_groups;
   int32_t* gstart = gexp + E;
-  int32_t* pairs = gstart + (E + 1);
-  std::vector<int32_t> count(size_t(E), 0);
-  for (int64_t p = 0; p < T * k; ++p) ++count[size_t(B.h_ids[p])];
-  std::vector<int32_t> at(size_t(E), 0);
-  int groups = 0, n_pairs = 0;
-  for (int e = 0; e < E; ++e) {
-    if (count[size_t(e)] == 0) continue;
-    gexp[groups] = e;
-    gstart[groups] = n_pairs;
-    at[size_t(e)] = n_pairs;
-    n_pairs += count[size_t(e)];
-    ++groups;
-  }
-  gstart[groups] = n_pairs;
-  for (int64_t p = 0; p < T * k; ++p) pairs[at[size_t(B.h_ids[p])]++] = int32_t(p);
+  const int groups = group_pairs_by_expert(std::span(B.h_ids, size_t(T * k)), E, gexp, gstart, gstart + (E + 1));
+  const int32_t n_pairs = gstart[groups];
   // One upload: the layout on the device matches (experts, starts, pairs at the same offsets).
   cu::gpu_upload(B.d_groups, B.h_groups, (size_t(E) + size_t(E + 1) + size_t(n_pairs)) * sizeof(int32_t), s_);
   if (g_->all_resident())
