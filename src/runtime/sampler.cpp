@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -148,11 +149,13 @@ void Sampler::reset(uint64_t seed) {
 
 double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
-void Sampler::apply_penalties(std::span<float> logits, std::span<const int32_t> history) {
+void Sampler::penalize(std::span<float> logits, std::span<const int32_t> history) {
+  SWIFTLET_CHECK(logits.size() == static_cast<size_t>(vocab_), "sampler got {} logits for a vocabulary of {}",
+                 logits.size(), vocab_);
+  if (!penalizes()) return;
   const float rep = params_.repetition_penalty;
   const float presence = params_.presence_penalty;
   const float frequency = params_.frequency_penalty;
-  if (rep == 1 && presence == 0 && frequency == 0) return;
   touched_.clear();
   for (int32_t t : history) {
     SWIFTLET_CHECK(t >= 0 && t < vocab_, "history token {} is outside the vocabulary of {}", t, vocab_);
@@ -175,6 +178,23 @@ struct ByLogitDesc {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   }
 };
+
+// Calls f(id) for each id of the set that has a logit (a tokenizer may name more ids than the
+// model scores: those can never be picked).
+template <typename F>
+void for_each_id(const TokenSet& set, size_t vocab, F&& f) {
+  const size_t words = std::min(set.bits.size(), (vocab + 63) / 64);
+  for (size_t w = 0; w < words; ++w) {
+    for (uint64_t word = set.bits[w]; word; word &= word - 1) {
+      const size_t id = w * 64 + static_cast<size_t>(std::countr_zero(word));
+      if (id < vocab) f(static_cast<int32_t>(id));
+    }
+  }
+  for (int32_t id : set.ids)
+    if (id >= 0 && static_cast<size_t>(id) < vocab) f(id);
+}
+
+float sanitized(float& x) { return x = x == x ? x : kNegInf; }
 }  // namespace
 
 // Top-k into ids_[0, k), best first. Small k (the usual 20): one contiguous pass that keeps the
@@ -202,6 +222,27 @@ size_t Sampler::keep_top_k(std::span<const float> logits, size_t k) {
   }
   std::sort(first, last, cmp);
   return k;
+}
+
+// keep_top_k over the allowed tokens alone (NaN among them becomes -inf): the same ids as
+// keep_top_k over logits with the others at -inf, but for -inf ids, which have no probability.
+// Any order of the set gives them: a token enters the heap only if it ranks above its worst.
+size_t Sampler::keep_top_k_among(std::span<float> logits, const TokenSet& allowed, size_t k) {
+  const ByLogitDesc cmp{logits.data()};
+  size_t n = 0;
+  for_each_id(allowed, logits.size(), [&](int32_t id) {
+    sanitized(logits[size_t(id)]);
+    if (n < k) {
+      ids_[n++] = id;
+      std::push_heap(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(n), cmp);
+    } else if (cmp(id, ids_[0])) {
+      std::pop_heap(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(n), cmp);
+      ids_[n - 1] = id;
+      std::push_heap(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(n), cmp);
+    }
+  });
+  std::sort(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(n), cmp);
+  return n;
 }
 
 // Top-p over the whole vocabulary without sorting it. Tokens fall into buckets of
@@ -250,42 +291,92 @@ size_t Sampler::keep_top_p_of_all(std::span<const float> logits, float max_logit
 }
 
 int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
+  penalize(logits, history);
+  return pick(logits);
+}
+
+int32_t Sampler::pick(std::span<float> logits) {
   SWIFTLET_CHECK(logits.size() == static_cast<size_t>(vocab_), "sampler got {} logits for a vocabulary of {}",
                  logits.size(), vocab_);
-  apply_penalties(logits, history);
-
-  const bool greedy = params_.greedy || params_.temperature <= 0;
   uint32_t first_max = 0;  // greedy: the first maximum, lowest id on ties
-  const float max_logit = sanitize_and_max(logits, greedy ? &first_max : nullptr);
-  SWIFTLET_CHECK(std::isfinite(max_logit), "all {} logits are -inf or NaN (max {})", vocab_, max_logit);
-  if (greedy) return static_cast<int32_t>(first_max);
+  const float max_logit = sanitize_and_max(logits, greedy() ? &first_max : nullptr);
+  if (!std::isfinite(max_logit)) fail("sampling: all {} logits are -inf or NaN; the model's output is broken", vocab_);
+  if (greedy()) return static_cast<int32_t>(first_max);
 
-  const float inv_temp = 1.0f / params_.temperature;
-  const auto prob = [&](int32_t id) { return std::exp((logits[id] - max_logit) * inv_temp); };
   const size_t vocab = logits.size();
-  const bool top_p_on = params_.top_p < 1;
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab)
+    return draw_top_k(logits, keep_top_k(logits, static_cast<size_t>(params_.top_k)));
+  const float inv_temp = 1.0f / params_.temperature;
   size_t n = 0;  // survivors: ids_[0, n) with unnormalised probabilities probs_[0, n)
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) {
-    n = keep_top_k(logits, static_cast<size_t>(params_.top_k));
-    double total = 0;
-    for (size_t i = 0; i < n; ++i) total += probs_[i] = prob(ids_[i]);
-    if (top_p_on) {  // top-p on the renormalised top-k distribution
-      const double target = static_cast<double>(params_.top_p) * total;
-      double mass = 0;
-      size_t keep = 0;
-      while (keep < n && mass < target) mass += probs_[keep++];
-      n = keep;
-    }
-  } else if (top_p_on) {
+  if (params_.top_p < 1) {
     n = keep_top_p_of_all(logits, max_logit, inv_temp);
   } else {
     n = vocab;
     for (size_t i = 0; i < n; ++i) {
       ids_[i] = static_cast<int32_t>(i);
-      probs_[i] = prob(static_cast<int32_t>(i));
+      probs_[i] = std::exp((logits[i] - max_logit) * inv_temp);
     }
   }
+  return draw(n);
+}
 
+int32_t Sampler::pick_among(std::span<float> logits, const TokenSet& allowed) {
+  SWIFTLET_CHECK(logits.size() == static_cast<size_t>(vocab_), "sampler got {} logits for a vocabulary of {}",
+                 logits.size(), vocab_);
+  const size_t vocab = logits.size();
+  if (greedy()) {
+    float best = kNegInf;
+    int32_t best_id = -1;
+    for_each_id(allowed, vocab, [&](int32_t id) {
+      const float x = sanitized(logits[size_t(id)]);
+      if (x > best || (x == best && id < best_id)) {
+        best = x;
+        best_id = id;
+      }
+    });
+    if (!std::isfinite(best)) fail("sampling: the logits of every allowed token are -inf or NaN");
+    return best_id;
+  }
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < vocab) {
+    const size_t n = keep_top_k_among(logits, allowed, static_cast<size_t>(params_.top_k));
+    if (n == 0 || !std::isfinite(logits[size_t(ids_[0])]))
+      fail("sampling: the logits of every allowed token are -inf or NaN");
+    return draw_top_k(logits, n);
+  }
+  // Without top-k every token is read anyway: mask the others, keeping the listed ids' logits.
+  held_.clear();
+  for (int32_t id : allowed.ids) held_.push_back(id >= 0 && static_cast<size_t>(id) < vocab ? logits[size_t(id)] : kNegInf);
+  for (size_t w = 0; w * 64 < vocab; ++w) {
+    const uint64_t word = w < allowed.bits.size() ? allowed.bits[w] : 0;
+    if (word == ~uint64_t{0}) continue;
+    const size_t end = std::min(vocab, (w + 1) * 64);
+    for (size_t t = w * 64; t < end; ++t)
+      if (!((word >> (t & 63)) & 1)) logits[t] = kNegInf;
+  }
+  for (size_t i = 0; i < allowed.ids.size(); ++i)
+    if (allowed.ids[i] >= 0 && static_cast<size_t>(allowed.ids[i]) < vocab) logits[size_t(allowed.ids[i])] = held_[i];
+  return pick(logits);
+}
+
+// The draw from the top-k survivors ids_[0, n), best first: top-p on the renormalised top-k
+// distribution, then draw().
+int32_t Sampler::draw_top_k(std::span<const float> logits, size_t n) {
+  const float max_logit = logits[size_t(ids_[0])];
+  const float inv_temp = 1.0f / params_.temperature;
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += probs_[i] = std::exp((logits[size_t(ids_[i])] - max_logit) * inv_temp);
+  if (params_.top_p < 1) {
+    const double target = static_cast<double>(params_.top_p) * total;
+    double mass = 0;
+    size_t keep = 0;
+    while (keep < n && mass < target) mass += probs_[keep++];
+    n = keep;
+  }
+  return draw(n);
+}
+
+// min-p over the survivors ids_[0, n) with probabilities probs_[0, n), then one draw.
+int32_t Sampler::draw(size_t n) {
   if (params_.min_p > 0) {  // keep p >= min_p * p_max (normalisation cancels out)
     const float p_max = *std::max_element(probs_.begin(), probs_.begin() + static_cast<ptrdiff_t>(n));
     const float threshold = params_.min_p * p_max;

@@ -25,6 +25,13 @@
 
 namespace swiftlet {
 
+// A set of token ids: the set bits of `bits` (bit t % 64 of word t / 64) and the entries of
+// `ids`, which name no id of `bits` twice.
+struct TokenSet {
+  std::span<const uint64_t> bits;
+  std::span<const int32_t> ids;
+};
+
 struct SamplingParams {
   float temperature = 0.7f;        // <= 0: greedy
   int top_k = 20;                  // <= 0 or >= vocab: off
@@ -55,6 +62,20 @@ class Sampler {
   // ones, the prompt too if the caller wants). Every id must be < vocab_size.
   int32_t sample(std::span<float> logits, std::span<const int32_t> history);
 
+  // The two halves of sample(): the penalties, in place, then the pick from penalised logits.
+  void penalize(std::span<float> logits, std::span<const int32_t> history);
+  int32_t pick(std::span<float> logits);
+  // pick() over logits whose tokens outside `allowed` are -inf, reading only the allowed ones
+  // where it can (greedy, top-k): the same token, from the same random draw. Allowed ids without
+  // a logit are ignored. `logits` may be modified (NaN becomes -inf; without top-k the others
+  // are set to -inf and pick() runs). Throws Error when no allowed logit is finite.
+  int32_t pick_among(std::span<float> logits, const TokenSet& allowed);
+
+  bool greedy() const { return params_.greedy || params_.temperature <= 0; }
+  bool penalizes() const {
+    return params_.repetition_penalty != 1 || params_.presence_penalty != 0 || params_.frequency_penalty != 0;
+  }
+
   // Restarts the random stream; 0 draws a fresh random seed.
   void reset(uint64_t seed);
 
@@ -63,8 +84,10 @@ class Sampler {
   uint64_t seed() const { return seed_; }  // the seed in use (the drawn one when params.seed == 0)
 
  private:
-  void apply_penalties(std::span<float> logits, std::span<const int32_t> history);
   size_t keep_top_k(std::span<const float> logits, size_t k);
+  size_t keep_top_k_among(std::span<float> logits, const TokenSet& allowed, size_t k);
+  int32_t draw_top_k(std::span<const float> logits, size_t n);
+  int32_t draw(size_t n);
   size_t keep_top_p_of_all(std::span<const float> logits, float max_logit, float inv_temp);
   double uniform();  // [0, 1), 53 random bits
 
@@ -76,6 +99,7 @@ class Sampler {
   std::vector<float> probs_;      // [vocab] unnormalised probabilities of ids_[i]
   std::vector<int32_t> counts_;   // [vocab] occurrences in the history; zero between calls
   std::vector<int32_t> touched_;  // [<= vocab] distinct history tokens of this call
+  std::vector<float> held_;       // pick_among: the listed allowed ids' logits while the rest is masked
   std::vector<double> bucket_mass_;  // [kTopPBuckets] probability mass per -log p bucket (top-p)
 };
 

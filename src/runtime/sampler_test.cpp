@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -300,6 +302,77 @@ TEST(Sampler, SameSeedSameSequence) {
 
 // The draw is fixed by the documented algorithm (mt19937_64, 53-bit uniform), not by the
 // standard library: on a flat distribution the token is floor(u * vocab).
+// pick_among reads only the allowed logits where it can; it must give the token pick() gives
+// over the same logits with every other token at -inf, from the same random stream, for every
+// filter combination, allowed sets given as bits, as ids or both, smaller and larger than top-k,
+// and logits with ties, NaN and -inf.
+TEST(Sampler, PickAmongIsThePickOverMaskedLogits) {
+  constexpr int kVocab = 3000;
+  std::vector<SamplingParams> settings;
+  SamplingParams greedy = plain();
+  greedy.greedy = true;
+  settings.push_back(greedy);
+  settings.push_back(plain());
+  SamplingParams top_k = plain();
+  top_k.top_k = 20;
+  settings.push_back(top_k);
+  SamplingParams all = top_k;  // top-k, then top-p, then min-p, at a low temperature
+  all.temperature = 0.7f;
+  all.top_p = 0.8f;
+  all.min_p = 0.05f;
+  settings.push_back(all);
+  SamplingParams nucleus = plain();  // top-p over the whole vocabulary
+  nucleus.top_p = 0.9f;
+  settings.push_back(nucleus);
+  SamplingParams wide = top_k;  // more than the usual k: the heap's other branch
+  wide.top_k = 1500;
+  settings.push_back(wide);
+
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-6, 6);
+  int differing_from_unmasked = 0;
+  for (const SamplingParams& params : settings) {
+    Sampler among(params, kVocab), masked(params, kVocab), free(params, kVocab);
+    for (int round = 0; round < 60; ++round) {
+      std::vector<float> logits(kVocab);
+      for (float& l : logits) l = std::round(u(rng) * 4) / 4;  // quarter steps: many ties
+      logits[size_t(rng() % kVocab)] = NAN;
+      logits[size_t(rng() % kVocab)] = -INFINITY;
+      // Bits for a share of the tokens (1 in 2 to 1 in 400), ids for some others.
+      const uint32_t one_in = std::array<uint32_t, 4>{2, 15, 90, 400}[size_t(round % 4)];
+      std::vector<uint64_t> bits((kVocab + 63) / 64 + (round % 3 == 0 ? 2 : 0));
+      std::vector<int32_t> ids;
+      for (int32_t t = 0; t < kVocab; ++t) {
+        if (rng() % one_in == 0) {
+          bits[size_t(t) >> 6] |= uint64_t{1} << (t & 63);
+        } else if (round % 2 && rng() % 500 == 0) {
+          ids.push_back(t);
+        }
+      }
+      std::shuffle(ids.begin(), ids.end(), rng);
+      if (round % 5 == 4) bits.clear();  // ids alone
+      std::vector<float> reference = logits;
+      for (int32_t t = 0; t < kVocab; ++t) {
+        const bool in = (size_t(t) >> 6 < bits.size() && (bits[size_t(t) >> 6] >> (t & 63)) & 1) ||
+                        std::find(ids.begin(), ids.end(), t) != ids.end();
+        if (!in) reference[size_t(t)] = -INFINITY;
+      }
+      if (std::none_of(reference.begin(), reference.end(), [](float l) { return std::isfinite(l); })) continue;
+      std::vector<float> work = logits, unmasked = logits;
+      const int32_t want = masked.pick(reference);
+      const int32_t got = among.pick_among(work, TokenSet{bits, ids});
+      ASSERT_EQ(got, want) << "setting " << (&params - settings.data()) << " round " << round;
+      differing_from_unmasked += free.pick(unmasked) != want;
+    }
+  }
+  EXPECT_GT(differing_from_unmasked, 100) << "the sets must bite for the comparison to mean anything";
+
+  Sampler s(plain(), 8);
+  std::vector<float> minus(8, -INFINITY);
+  const std::vector<int32_t> none_finite = {1, 2};
+  EXPECT_THROW(s.pick_among(minus, TokenSet{{}, none_finite}), Error);
+}
+
 TEST(Sampler, DrawIsThePortableUniform) {
   const int vocab = 1000;
   Sampler s(plain(987654321), vocab);
