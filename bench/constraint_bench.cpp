@@ -82,7 +82,7 @@ void BM_ConstrainedDocument(benchmark::State& state) {
   p.seed = 7;
   Sampler sampler(p, kLogits);
   const std::vector<int32_t> stops = {tokenizer().token_id("<|im_end|>")};
-  std::vector<float> logits(kLogits), unmasked(kLogits);
+  std::vector<float> logits(kLogits);
   const auto& pool = logit_pool();
   int64_t tokens = 0, masks = 0, documents = 0;
   size_t next_logits = 0;
@@ -92,7 +92,7 @@ void BM_ConstrainedDocument(benchmark::State& state) {
       state.PauseTiming();
       logits = pool[next_logits++ % pool.size()];
       state.ResumeTiming();
-      const int32_t t = sample_constrained(sampler, c, logits, unmasked, {}, kMaxTokens - i);
+      const int32_t t = sample_constrained(sampler, c, logits, {}, kMaxTokens - i);
       ++tokens;
       if (t == stops[0]) break;
     }
@@ -106,9 +106,9 @@ void BM_ConstrainedDocument(benchmark::State& state) {
 }
 BENCHMARK(BM_ConstrainedDocument)->Arg(0)->Arg(1)->Arg(2)->ArgName("schema")->Unit(benchmark::kMillisecond);
 
-// A model that agrees with the grammar (a trained one, mostly): its pick is allowed, so the
-// constraint's whole cost per token is what sample_constrained adds around the sampler: the
-// logits copy, the pick's bytes through the matcher (allows) and accept; no mask. The picks
+// A greedy model that agrees with the grammar (a trained one, mostly): its pick is allowed, so
+// the constraint's whole cost per token is what sample_constrained adds around the sampler: the
+// pick's bytes through the matcher (allows) and accept; no mask, no copy of the logits. The picks
 // replay a document first decoded from random logits; the sampler itself is not timed here.
 void BM_AgreeingModel(benchmark::State& state) {
   const auto g = grammar(int(state.range(0)));
@@ -123,22 +123,19 @@ void BM_AgreeingModel(benchmark::State& state) {
   {
     Sampler sampler(p, kLogits);
     TokenConstraint c(g, trie(), stops);
-    std::vector<float> logits, scratch;
+    std::vector<float> logits;
     for (int i = 0; i < kMaxTokens; ++i) {
       logits = pool[size_t(i) % pool.size()];
-      const int32_t t = sample_constrained(sampler, c, logits, scratch, {}, kMaxTokens - i);
+      const int32_t t = sample_constrained(sampler, c, logits, {}, kMaxTokens - i);
       doc.push_back(t);
       if (t == stops[0]) break;
     }
   }
-  const std::vector<float>& logits = pool[0];
-  std::vector<float> scratch(kLogits);
   int64_t tokens = 0, refused = 0, masks = 0, documents = 0;
   for (auto _ : state) {
     TokenConstraint c(g, trie(), stops);
     ++documents;
     for (size_t i = 0; i < doc.size(); ++i) {
-      scratch.assign(logits.begin(), logits.end());
       refused += !c.allows(doc[i], kMaxTokens - int64_t(i));
       c.accept(doc[i]);
       ++tokens;
@@ -204,7 +201,7 @@ void BM_WarmSchema(benchmark::State& state) {
   const std::vector<int32_t> stops = {tokenizer().token_id("<|im_end|>")};
   const auto& pool = logit_pool();
   GrammarCache cache(trie());
-  std::vector<float> logits(kLogits), unmasked(kLogits);
+  std::vector<float> logits(kLogits);
   auto document = [&](uint64_t seed, size_t first_logits, bool timed, int64_t& tokens) {
     p.seed = seed;
     Sampler sampler(p, kLogits);
@@ -213,7 +210,7 @@ void BM_WarmSchema(benchmark::State& state) {
       if (timed) state.PauseTiming();
       logits = pool[(first_logits + size_t(i)) % pool.size()];
       if (timed) state.ResumeTiming();
-      const int32_t t = sample_constrained(sampler, c, logits, unmasked, {}, kMaxTokens - i);
+      const int32_t t = sample_constrained(sampler, c, logits, {}, kMaxTokens - i);
       ++tokens;
       if (t == stops[0]) break;
     }
@@ -234,7 +231,7 @@ BENCHMARK(BM_WarmSchema)->ArgsProduct({{0, 1, 2}, {0, 1}})->ArgNames({"schema", 
 // A cold schema decoded as on the GPU: after each token a "decode step" of 2.5 ms (the host
 // thread waiting for the GPU; here a sleep) during which, with arg 1, a MaskPrefetcher makes the
 // next state's mask. Timed: only the sampling (sample_constrained), the part on the loop's path;
-// mask_us_per_token: of that, the masks (apply: made, or waited for, or copied from the cache).
+// mask_us_per_token: of that, the masks (allowed(): made, waited for, or found in the cache).
 void BM_PrefetchDuringStep(benchmark::State& state) {
   const auto g = grammar(int(state.range(0)));
   const bool prefetch = state.range(1) != 0;
@@ -245,7 +242,7 @@ void BM_PrefetchDuringStep(benchmark::State& state) {
   p.seed = 7;
   const std::vector<int32_t> stops = {tokenizer().token_id("<|im_end|>")};
   const auto& pool = logit_pool();
-  std::vector<float> logits(kLogits), unmasked(kLogits);
+  std::vector<float> logits(kLogits);
   int64_t tokens = 0, masks = 0, documents = 0;
   double sampling_s = 0, mask_s = 0;
   MaskPrefetcher pre;
@@ -262,17 +259,11 @@ void BM_PrefetchDuringStep(benchmark::State& state) {
     step();  // the prompt
     for (int i = 0; i < kMaxTokens; ++i) {
       logits = pool[size_t(i) % pool.size()];
-      // sample_constrained, with the mask (apply) timed on its own.
+      // sample_constrained (a sampling, not greedy, pick), with the mask timed on its own.
       const auto t0 = Clock::now();
-      unmasked.assign(logits.begin(), logits.end());
-      int32_t t = sampler.sample(logits, {});
-      if (!c.allows(t, kMaxTokens - i)) {
-        logits.swap(unmasked);
-        const auto m0 = Clock::now();
-        c.apply(logits, kMaxTokens - i);
-        mask_s += seconds_since(m0);
-        t = sampler.sample(logits, {});
-      }
+      const TokenSet allowed = c.allowed(kMaxTokens - i);
+      mask_s += seconds_since(t0);
+      const int32_t t = sampler.pick_among(logits, allowed);
       c.accept(t);
       doc_s += seconds_since(t0);
       ++tokens;

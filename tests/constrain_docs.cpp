@@ -81,12 +81,12 @@ ojson decode(const ojson& req, const Tokenizer& tok, const std::shared_ptr<const
   Sampler sampler(p, logits_size);
   std::mt19937_64 rng(p.seed);
   const auto& pool = logit_pool(size_t(logits_size));
-  std::vector<float> logits, scratch;
+  std::vector<float> logits;
   std::vector<int32_t> out;
   const int max_tokens = req.at("max_tokens").get<int>();
   for (int i = 0; i < max_tokens; ++i) {
     logits = pool[rng() % pool.size()];
-    const int32_t t = sample_constrained(sampler, c, logits, scratch, out, max_tokens - i);
+    const int32_t t = sample_constrained(sampler, c, logits, out, max_tokens - i);
     if (t == stops[0]) break;
     out.push_back(t);
   }

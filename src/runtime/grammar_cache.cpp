@@ -126,6 +126,7 @@ TokenMask SharedGrammar::walk(int32_t state, uint32_t budget) {
 TokenMask SharedGrammar::walk_locked(int32_t state, uint32_t budget) {
   TokenMask m;
   m.bits.assign((size_t(vocab_->vocab_size()) + 63) / 64, 0);
+  walk_after_.clear();
   const auto& nodes = vocab_->nodes();
   const auto& edges = vocab_->edges();
   walk_stack_.clear();
@@ -143,13 +144,44 @@ TokenMask SharedGrammar::walk_locked(int32_t state, uint32_t budget) {
         if (need <= budget) {
           m.bits[size_t(child.token) >> 6] |= uint64_t(1) << (child.token & 63);
           m.max_after = std::max(m.max_after, need);
-          m.any = true;
+          walk_after_.push_back({need, child.token});
         }
       }
       if (child.edge_count) walk_stack_.push_back({edges[e].child, next});
     }
   }
+  m.any = !walk_after_.empty();
+  sort_by_after(m);
   return m;
+}
+
+// Finds the most common completion length (the shortest on ties) and lists the other tokens.
+void SharedGrammar::sort_by_after(TokenMask& m) {
+  if (walk_after_.empty()) return;
+  walk_count_.assign(size_t(m.max_after) + 1, 0);
+  for (const auto& [after, token] : walk_after_) ++walk_count_[after];
+  m.common_after = uint32_t(std::max_element(walk_count_.begin(), walk_count_.end()) - walk_count_.begin());
+  for (const TokenMask::After& a : walk_after_) {
+    if (a.first < m.common_after) m.below.push_back(a);
+    if (a.first > m.common_after) m.above.push_back(a);
+  }
+  std::sort(m.below.begin(), m.below.end());
+  std::sort(m.above.begin(), m.above.end());
+}
+
+TokenSet TokenMask::within(uint32_t budget, std::vector<uint64_t>& out_bits, std::vector<int32_t>& ids) const {
+  ids.clear();
+  if (!any) return {};
+  if (budget >= max_after) return {bits, {}};
+  const auto fits = [budget](const After& a) { return a.first <= budget; };
+  if (budget >= common_after) {  // all but the tail of `above`
+    out_bits = bits;
+    for (auto it = std::partition_point(above.begin(), above.end(), fits); it != above.end(); ++it)
+      out_bits[size_t(it->second) >> 6] &= ~(uint64_t(1) << (it->second & 63));
+    return {out_bits, {}};
+  }
+  for (auto it = below.begin(); it != below.end() && fits(*it); ++it) ids.push_back(it->second);
+  return {{}, ids};
 }
 
 // --------------------------------------------------------------------------- GrammarCache

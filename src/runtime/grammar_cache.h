@@ -14,6 +14,7 @@
 #pragma once
 
 #include "runtime/grammar.h"
+#include "runtime/sampler.h"
 #include "runtime/vocab_trie.h"
 
 #include <atomic>
@@ -30,10 +31,23 @@
 namespace swiftlet {
 
 struct TokenMask {
+  using After = std::pair<uint32_t, int32_t>;  // (shortest completion after the token, token)
   std::vector<uint64_t> bits;  // [vocab/64] allowed tokens
   uint32_t max_after = 0;      // largest shortest-completion over the allowed tokens' states
   bool any = false;            // some token is allowed
-  size_t bytes() const { return bits.size() * sizeof(uint64_t) + sizeof(TokenMask); }
+  // The shortest completion after each allowed token, in bytes: `common_after` for most of them
+  // (inside a string, every token that stays in it); the others listed in ascending order,
+  // those with less in `below`, those with more in `above`.
+  uint32_t common_after = 0;
+  std::vector<After> below, above;
+
+  // The allowed tokens whose shortest completion fits in `budget` bytes, without walking the
+  // trie again: these bits when all fit; else `bits` (a copy without the longer ones, when the
+  // common length fits) or `ids` (the shorter ones). Empty when none fits.
+  TokenSet within(uint32_t budget, std::vector<uint64_t>& bits, std::vector<int32_t>& ids) const;
+  size_t bytes() const {
+    return bits.size() * sizeof(uint64_t) + (below.size() + above.size()) * sizeof(After) + sizeof(TokenMask);
+  }
 };
 
 struct GrammarCacheStats {
@@ -102,14 +116,15 @@ class SharedGrammar {
   // walked the trie.
   std::shared_ptr<const TokenMask> mask(int32_t state, uint64_t owner, bool prefetch = false, bool* made = nullptr);
   bool has_mask(int32_t state) const;
-  // A mask of tokens whose shortest completion after them is at most `budget` bytes, not kept
-  // (near the end of an answer's token budget).
+  // A mask of tokens whose shortest completion after them is at most `budget` bytes, not kept:
+  // what TokenMask::within gives from the cached mask, by walking the trie again (tests).
   TokenMask walk(int32_t state, uint32_t budget);
   size_t states() const;
 
  private:
   uint64_t key(int32_t state) const { return uint64_t(id_) << 32 | uint32_t(state); }
   TokenMask walk_locked(int32_t state, uint32_t budget);
+  void sort_by_after(TokenMask& m);  // fills common_after, below and above from walk_after_
 
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const VocabTrie> vocab_;
@@ -119,6 +134,8 @@ class SharedGrammar {
   GrammarMatcher matcher_;  // guarded by mu_
   int32_t start_;
   std::vector<std::pair<uint32_t, int32_t>> walk_stack_;  // guarded by mu_: (trie node, state)
+  std::vector<TokenMask::After> walk_after_;              // guarded by mu_: the allowed tokens of a walk
+  std::vector<uint32_t> walk_count_;                      // guarded by mu_: tokens per completion length
 };
 
 struct GrammarCacheOptions {

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -73,11 +74,11 @@ std::vector<int32_t> decode(TokenConstraint& c, uint32_t seed, int budget, const
   SamplingParams p;
   p.greedy = true;
   Sampler sampler(p, int(kLogits));
-  std::vector<float> logits, scratch;
+  std::vector<float> logits;
   std::vector<int32_t> out;
   for (int i = 0; i < budget; ++i) {
     logits = logit_pool()[(seed * 3 + uint32_t(i) * (seed % 5 + 1)) % logit_pool().size()];
-    const int32_t t = sample_constrained(sampler, c, logits, scratch, {}, budget - i);
+    const int32_t t = sample_constrained(sampler, c, logits, {}, budget - i);
     out.push_back(t);
     if (t == stops()[0]) break;
     if (each_step) each_step();
@@ -203,10 +204,52 @@ TEST(GrammarCache, ThreadsSharingAGrammarGetTheMasksOfOneThread) {
   EXPECT_EQ(s.masks_computed + s.mask_hits, size_t(kThreads) * prefixes.size());
 }
 
+// A cached mask answers for any budget (TokenMask::within) what a walk with that budget finds:
+// states after structural text, inside strings, numbers and enums, every budget from 0 up.
+TEST(GrammarCache, MasksWithinABudgetAreThoseOfTheWalk) {
+  const size_t vocab = size_t(trie()->vocab_size());
+  auto members = [&](const TokenSet& set) {
+    std::vector<bool> in(vocab);
+    for (size_t t = 0; t < vocab; ++t) in[t] = t / 64 < set.bits.size() && (set.bits[t / 64] >> (t % 64)) & 1;
+    for (int32_t t : set.ids) {
+      EXPECT_FALSE(in[size_t(t)]) << "token " << t << " listed twice";
+      in[size_t(t)] = true;
+    }
+    return in;
+  };
+  int listed = 0, cleared = 0;  // budgets answered from `below`, and by clearing `above`
+  for (const auto& [schema, prefixes] : std::vector<std::pair<const char*, std::vector<std::string>>>{
+           {kWeather, {"", "{", R"({"city": ")", R"({"city": "Par)", R"({"city": "Oslo\)",
+                       R"({"city": "Oslo", "unit": "c)", R"({"city": "", "unit": "celsius", "days": 1)"}},
+           {kPerson, {R"({"name": "Al)", R"({"name": "", "age": -)", R"({"name": "", "age": 3, "tags": [)"}}}) {
+    GrammarCache cache(trie());
+    const auto g = cache.get(compile(schema));
+    for (const std::string& prefix : prefixes) {
+      const int32_t state = g->step(g->start(), prefix);
+      ASSERT_GE(state, 0) << prefix;
+      const auto mask = g->mask(state, 0);
+      std::vector<uint64_t> bits;
+      std::vector<int32_t> ids;
+      for (uint32_t budget = 0; budget <= mask->max_after + 2; ++budget) {
+        const TokenMask walked = g->walk(state, budget);
+        const TokenSet set = mask->within(budget, bits, ids);
+        ASSERT_TRUE(members(set) == members(TokenSet{walked.bits, {}})) << prefix << " budget " << budget;
+        EXPECT_EQ(!set.bits.empty() || !set.ids.empty(), walked.any);
+        listed += budget < mask->common_after && !set.ids.empty();
+        cleared += budget >= mask->common_after && budget < mask->max_after;
+      }
+    }
+  }
+  EXPECT_GT(listed, 0);
+  EXPECT_GT(cleared, 0);
+}
+
 TEST(GrammarCache, StaysWithinItsBounds) {
   GrammarCacheOptions o;
   o.max_grammars = 2;
-  const size_t one = TokenMask{std::vector<uint64_t>((trie()->vocab_size() + 63) / 64)}.bytes();
+  TokenMask empty;
+  empty.bits.resize((trie()->vocab_size() + 63) / 64);
+  const size_t one = empty.bytes();
   o.max_mask_bytes = 3 * one;
   GrammarCache cache(trie(), o);
   for (const char* schema : {kWeather, kPerson}) {
@@ -225,6 +268,44 @@ TEST(GrammarCache, StaysWithinItsBounds) {
   EXPECT_EQ(cache.stats().grammar_hits, 1u);
   cache.get(compile(kWeather));
   EXPECT_EQ(cache.stats().grammar_misses, 4u);
+}
+
+// The constrained pick is the sampler's pick from the logits with every forbidden token at -inf
+// (penalties first), for greedy and sampled settings, up to the end of a tight budget.
+TEST(TokenConstraint, PicksAreTheDrawFromMaskedLogits) {
+  std::vector<SamplingParams> settings(4);
+  settings[0].greedy = true;
+  settings[1].temperature = 0.7f;  // top-k 20, top-p 0.8: the defaults
+  settings[2].top_k = 0;            // top-p over the whole vocabulary
+  settings[2].top_p = 0.9f;
+  settings[3].top_k = 40;           // with penalties on the answer so far
+  settings[3].repetition_penalty = 1.3f;
+  settings[3].presence_penalty = 0.5f;
+  for (SamplingParams& p : settings) p.seed = 21;
+  int masked_picks = 0;
+  for (const SamplingParams& p : settings) {
+    for (int budget : {40, 64}) {  // 40: just over the shortest document, 37 bytes
+      Sampler a(p, int(kLogits)), b(p, int(kLogits));
+      TokenConstraint ca(compile(kWeather), trie(), stops()), cb(compile(kWeather), trie(), stops());
+      std::vector<int32_t> history;
+      std::vector<float> logits, reference;
+      for (int i = 0; i < budget; ++i) {
+        logits = reference = logit_pool()[size_t(i * 5 + budget) % logit_pool().size()];
+        const int32_t got = sample_constrained(a, ca, logits, history, budget - i);
+        b.penalize(reference, history);
+        const auto best = int32_t(std::max_element(reference.begin(), reference.end()) - reference.begin());
+        masked_picks += !cb.allows(best, budget - i);
+        cb.apply(reference, budget - i);
+        const int32_t want = b.pick(reference);
+        ASSERT_EQ(got, want) << "setting " << (&p - settings.data()) << " budget " << budget << " step " << i;
+        if (got == stops()[0]) break;
+        cb.accept(want);
+        history.push_back(got);
+      }
+      EXPECT_TRUE(ca.complete()) << "setting " << (&p - settings.data()) << " budget " << budget;
+    }
+  }
+  EXPECT_GT(masked_picks, 20) << "the grammar must refuse the unconstrained picks often";
 }
 
 // Through the generation loop: a session with masks prefetched on a worker (forced on, on the

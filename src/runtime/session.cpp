@@ -312,7 +312,7 @@ std::optional<int32_t> Generation::next() {
     return std::nullopt;
   }
   s_.logits_pos_ = -1;  // sampling (and the constraint) modifies the logits in place
-  const int32_t next = req_.constraint ? sample_constrained(sampler_, *req_.constraint, s_.logits_, s_.unmasked_,
+  const int32_t next = req_.constraint ? sample_constrained(sampler_, *req_.constraint, s_.logits_,
                                                             history_, req_.max_new_tokens - i_)
                                        : sampler_.sample(s_.logits_, history_);
   if (i_ == 0) {

@@ -162,7 +162,6 @@ class Session {
   std::unique_ptr<ForwardPass> forward_;
   SessionState state_;
   std::vector<float> logits_;     // after consuming state_.pos tokens, when logits_pos_ == pos
-  std::vector<float> unmasked_;   // [vocab] the logits before a constrained pick (sample_constrained)
   int64_t logits_pos_ = -1;
   std::vector<StateSnapshot> snapshots_;  // oldest first
   std::vector<int32_t> pending_;  // begin_prompt: the prompt tokens left to feed

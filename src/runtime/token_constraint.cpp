@@ -34,46 +34,42 @@ void TokenConstraint::catch_up() {
   behind_.clear();
 }
 
-void TokenConstraint::set_bits(std::span<float> logits, const std::vector<uint64_t>& bits, bool allow_stop) const {
-  constexpr float kOff = -std::numeric_limits<float>::infinity();
-  std::vector<float> stop_logits;
-  for (int32_t t : stop_tokens_) stop_logits.push_back(t >= 0 && size_t(t) < logits.size() ? logits[size_t(t)] : kOff);
-  const size_t n = logits.size();
-  for (size_t w = 0; w * 64 < n; ++w) {
-    const uint64_t word = w < bits.size() ? bits[w] : 0;
-    if (word == ~uint64_t(0)) continue;
-    const size_t end = std::min(n, (w + 1) * 64);
-    if (word == 0) {  // most words of a structural state's mask
-      std::fill(logits.begin() + ptrdiff_t(w * 64), logits.begin() + ptrdiff_t(end), kOff);
-      continue;
-    }
-    for (size_t t = w * 64; t < end; ++t)
-      if (!((word >> (t & 63)) & 1)) logits[t] = kOff;
+TokenSet TokenConstraint::allowed(int64_t tokens_left) {
+  within_ids_.clear();
+  TokenSet set;
+  if (state_ >= 0) {
+    catch_up();
+    bool made = false;
+    mask_ = shared_->mask(shared_state_, id_, /*prefetch=*/false, &made);
+    ++(made ? masks_computed_ : masks_reused_);
+    const auto budget = uint32_t(std::clamp<int64_t>(tokens_left - 1, 0, Grammar::kInfinite));
+    set = mask_->within(budget, within_bits_, within_ids_);
+    // Nothing fits: the answer cannot be completed any more; the grammar still holds.
+    if (set.bits.empty() && set.ids.empty() && !own_.accepting(state_)) set = {mask_->bits, {}};
   }
-  if (allow_stop)
-    for (size_t i = 0; i < stop_tokens_.size(); ++i)
-      if (stop_tokens_[i] >= 0 && size_t(stop_tokens_[i]) < n) logits[size_t(stop_tokens_[i])] = stop_logits[i];
+  // A failed answer (cannot happen through allowed/accept) may only end.
+  if (state_ < 0 || own_.accepting(state_)) {
+    for (int32_t t : stop_tokens_)
+      if (t >= 0 && std::find(within_ids_.begin(), within_ids_.end(), t) == within_ids_.end())
+        within_ids_.push_back(t);
+    set.ids = within_ids_;
+  }
+  return set;
 }
 
 void TokenConstraint::apply(std::span<float> logits, int64_t tokens_left) {
-  static const std::vector<uint64_t> kNone;
-  if (state_ < 0) {  // cannot happen through apply/accept; end the answer rather than go on unchecked
-    set_bits(logits, kNone, /*allow_stop=*/true);
-    return;
+  constexpr float kOff = -std::numeric_limits<float>::infinity();
+  const TokenSet set = allowed(tokens_left);
+  std::vector<float> kept;
+  for (int32_t t : set.ids) kept.push_back(size_t(t) < logits.size() ? logits[size_t(t)] : kOff);
+  for (size_t w = 0; w * 64 < logits.size(); ++w) {
+    const uint64_t word = w < set.bits.size() ? set.bits[w] : 0;
+    const size_t end = std::min(logits.size(), (w + 1) * 64);
+    for (size_t t = w * 64; t < end; ++t)
+      if (!((word >> (t & 63)) & 1)) logits[t] = kOff;
   }
-  catch_up();
-  bool made = false;
-  const std::shared_ptr<const TokenMask> m = shared_->mask(shared_state_, id_, /*prefetch=*/false, &made);
-  ++(made ? masks_computed_ : masks_reused_);
-  const bool stop = own_.accepting(state_);
-  const auto budget = uint32_t(std::clamp<int64_t>(tokens_left - 1, 0, Grammar::kInfinite));
-  if (m->max_after <= budget) {
-    set_bits(logits, m->bits, stop);
-    return;
-  }
-  // Near the end of the budget: only tokens after which the text can still be completed.
-  const TokenMask tight = shared_->walk(shared_state_, budget);
-  set_bits(logits, tight.any || stop ? tight.bits : m->bits, stop);
+  for (size_t i = 0; i < set.ids.size(); ++i)
+    if (size_t(set.ids[i]) < logits.size()) logits[size_t(set.ids[i])] = kept[i];
 }
 
 MaskJob TokenConstraint::next_mask() {
@@ -110,14 +106,15 @@ void TokenConstraint::accept(int32_t token) {
   if (state_ >= 0) behind_.append(bytes);
 }
 
-int32_t sample_constrained(Sampler& sampler, TokenConstraint& c, std::vector<float>& logits, std::vector<float>& scratch,
+int32_t sample_constrained(Sampler& sampler, TokenConstraint& c, std::span<float> logits,
                            std::span<const int32_t> history, int64_t tokens_left) {
-  scratch.assign(logits.begin(), logits.end());
-  int32_t next = sampler.sample(logits, history);
-  if (!c.allows(next, tokens_left)) {
-    logits.swap(scratch);
-    c.apply(logits, tokens_left);
-    next = sampler.sample(logits, history);
+  sampler.penalize(logits, history);
+  int32_t next = -1;
+  if (sampler.greedy()) {
+    next = sampler.pick(logits);
+    if (!c.allows(next, tokens_left)) next = sampler.pick_among(logits, c.allowed(tokens_left));
+  } else {
+    next = sampler.pick_among(logits, c.allowed(tokens_left));
   }
   c.accept(next);
   return next;

@@ -11,7 +11,7 @@
 // The answer must also fit the tokens left (max_tokens): every single byte is a token, so a
 // state whose shortest completion is n bytes can always finish in n tokens. A token is allowed
 // only if the shortest completion after it fits in the tokens left after it; the cached mask
-// serves while no allowed token can break that, a per-step mask near the end of the budget.
+// knows that length for each token (TokenMask::within), so the end of the budget needs no walk.
 // Hence an answer that had room for its shortest completion when it started is always complete.
 #pragma once
 
@@ -53,6 +53,9 @@ class TokenConstraint {
   // Cheap (the token's bytes through this answer's own matcher, no lock): the sampler tries its
   // pick first.
   bool allows(int32_t token, int64_t tokens_left);
+  // The tokens that may come next (the stop tokens among them when the text is complete). Valid
+  // until the next call; every non-const call but allows() may change it.
+  TokenSet allowed(int64_t tokens_left);
   // Sets the logits of the tokens that may not come next to -inf.
   void apply(std::span<float> logits, int64_t tokens_left);
   // Moves past a sampled token.
@@ -72,7 +75,6 @@ class TokenConstraint {
 
  private:
   void catch_up();  // brings shared_state_ to this answer's text (takes the grammar's lock)
-  void set_bits(std::span<float> logits, const std::vector<uint64_t>& bits, bool allow_stop) const;
 
   std::shared_ptr<SharedGrammar> shared_;
   std::vector<int32_t> stop_tokens_;
@@ -82,15 +84,17 @@ class TokenConstraint {
   std::string behind_;
   uint64_t id_;
   size_t masks_computed_ = 0, masks_reused_ = 0;
+  std::shared_ptr<const TokenMask> mask_;  // allowed()'s mask, and its budgeted forms:
+  std::vector<uint64_t> within_bits_;
+  std::vector<int32_t> within_ids_;
 };
 
-// Picks the next token under a constraint, as the generation loop does: the sampler's pick is
-// kept when the constraint allows it; otherwise the pick is made again from the logits with
-// every disallowed token masked. Both ways a token comes out with its probability among the
-// allowed ones (p/Z = p + (1-Z)·p/Z), and the mask, the costly part, is needed only when the
-// model wanted something the grammar forbids. `logits` is modified; `scratch` is a buffer of the
-// same size. Accepts the token into the constraint and returns it.
-int32_t sample_constrained(Sampler& sampler, TokenConstraint& c, std::vector<float>& logits, std::vector<float>& scratch,
+// Picks the next token under a constraint: the token the sampler picks from the logits with
+// every token the constraint forbids at -inf (penalties first, as Sampler::sample), reading only
+// the allowed logits where the sampler can. Greedy keeps the model's own pick when the grammar
+// allows it, so a model that agrees with its schema needs no mask. `logits` is modified.
+// Accepts the token into the constraint and returns it.
+int32_t sample_constrained(Sampler& sampler, TokenConstraint& c, std::span<float> logits,
                            std::span<const int32_t> history, int64_t tokens_left);
 
 }  // namespace swiftlet
