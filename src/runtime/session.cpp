@@ -312,9 +312,11 @@ std::optional<int32_t> Generation::next() {
     return std::nullopt;
   }
   s_.logits_pos_ = -1;  // sampling (and the constraint) modifies the logits in place
+  const Clock::time_point t_sample = Clock::now();
   const int32_t next = req_.constraint ? sample_constrained(sampler_, *req_.constraint, s_.logits_,
                                                             history_, req_.max_new_tokens - i_)
                                        : sampler_.sample(s_.logits_, history_);
+  res_.stats.sample_seconds += since(t_sample);
   if (i_ == 0) {
     t_first_ = Clock::now();
     res_.stats.ttft_seconds = since(t0_);

@@ -47,6 +47,7 @@ struct GenerateStats {
   double prefill_seconds = 0;
   double ttft_seconds = 0;       // request start to the first generated token
   double decode_seconds = 0;     // first to last generated token
+  double sample_seconds = 0;     // picking the generated tokens from the logits (sampler, constraint)
   ExpertStats experts;           // this request's share of the expert source's counters
   MissPolicy on_miss;            // how missed experts were treated (label() for printed figures)
   bool on_gpu = false;           // decoded on the GPU (--gpu): then `gpu` holds the VRAM cache's share

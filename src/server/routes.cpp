@@ -153,6 +153,7 @@ json timings_json(const GenerateStats& s) {
           {"time_to_first_token_ms", s.ttft_seconds * 1e3},
           {"prefill_ms", s.prefill_seconds * 1e3},
           {"decode_ms", s.decode_seconds * 1e3},
+          {"sample_ms", s.sample_seconds * 1e3},  // within time_to_first_token_ms + decode_ms
           {"expert_cache_hit_rate", s.experts.hit_rate()},
           {"expert_bytes_read", s.experts.bytes_read},
           {"experts_skipped", s.experts.skipped},

@@ -92,6 +92,9 @@ test('usage numbers add up and max_tokens ends with "length"', async () => {
   assert.equal(u.prompt_tokens_details.cached_tokens + u.prefilled_tokens, u.prompt_tokens);
   assert.equal(u.reused_tokens, u.prompt_tokens_details.cached_tokens);
   assert.ok(r.timings.decode_tokens_per_second >= 0);
+  // Picking 3 tokens is part of the request's time, never more than all of it.
+  assert.ok(r.timings.sample_ms > 0, `sample_ms ${r.timings.sample_ms}`);
+  assert.ok(r.timings.sample_ms <= r.timings.time_to_first_token_ms + r.timings.decode_ms, JSON.stringify(r.timings));
 
   const s = await streamChat({ model: MODEL, messages: poem, temperature: 0, max_tokens: 3 });
   assert.equal(s.finish, 'length');
