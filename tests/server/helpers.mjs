@@ -86,6 +86,18 @@ function assert503(status) {
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// fetch, sent again once when the pooled keep-alive connection it went out on had been closed
+// by the server (its idle timeout) before the request reached it: a test that kept the event
+// loop busy past the timeout leaves such a connection in the pool ("other side closed").
+export async function fetchRetryingStale(url, init) {
+  try {
+    return await fetch(url, init);
+  } catch (e) {
+    if (e.cause?.code !== 'UND_ERR_SOCKET') throw e;
+    return fetch(url, init);
+  }
+}
+
 // A request with node's http module, for what fetch hides (status of half-sent bodies, slow
 // reading, aborting). Resolves with { status, headers, body }.
 export function rawRequest(server, { method = 'POST', path: p = '/v1/chat/completions', body = '', headers = {} } = {}) {
