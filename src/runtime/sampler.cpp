@@ -124,6 +124,26 @@ SamplingParams sampling_params_from_generation_config(const nlohmann::json& conf
   return p;
 }
 
+void mask_outside(std::span<float> logits, const TokenSet& allowed, std::vector<float>& held) {
+  const size_t vocab = logits.size();
+  const auto has_logit = [vocab](int32_t id) { return id >= 0 && static_cast<size_t>(id) < vocab; };
+  held.clear();
+  for (int32_t id : allowed.ids) held.push_back(has_logit(id) ? logits[size_t(id)] : kNegInf);
+  for (size_t w = 0; w * 64 < vocab; ++w) {
+    const uint64_t word = w < allowed.bits.size() ? allowed.bits[w] : 0;
+    if (word == ~uint64_t{0}) continue;
+    const size_t end = std::min(vocab, (w + 1) * 64);
+    if (word == 0) {  // most words of a structural state's mask
+      std::fill(logits.begin() + static_cast<ptrdiff_t>(w * 64), logits.begin() + static_cast<ptrdiff_t>(end), kNegInf);
+      continue;
+    }
+    for (size_t t = w * 64; t < end; ++t)
+      if (!((word >> (t & 63)) & 1)) logits[t] = kNegInf;
+  }
+  for (size_t i = 0; i < allowed.ids.size(); ++i)
+    if (has_logit(allowed.ids[i])) logits[size_t(allowed.ids[i])] = held[i];
+}
+
 // ---- Sampler -----------------------------------------------------------------------------------
 
 Sampler::Sampler(SamplingParams params, int vocab_size) : params_(params), vocab_(vocab_size) {
@@ -343,18 +363,8 @@ int32_t Sampler::pick_among(std::span<float> logits, const TokenSet& allowed) {
       fail("sampling: the logits of every allowed token are -inf or NaN");
     return draw_top_k(logits, n);
   }
-  // Without top-k every token is read anyway: mask the others, keeping the listed ids' logits.
-  held_.clear();
-  for (int32_t id : allowed.ids) held_.push_back(id >= 0 && static_cast<size_t>(id) < vocab ? logits[size_t(id)] : kNegInf);
-  for (size_t w = 0; w * 64 < vocab; ++w) {
-    const uint64_t word = w < allowed.bits.size() ? allowed.bits[w] : 0;
-    if (word == ~uint64_t{0}) continue;
-    const size_t end = std::min(vocab, (w + 1) * 64);
-    for (size_t t = w * 64; t < end; ++t)
-      if (!((word >> (t & 63)) & 1)) logits[t] = kNegInf;
-  }
-  for (size_t i = 0; i < allowed.ids.size(); ++i)
-    if (allowed.ids[i] >= 0 && static_cast<size_t>(allowed.ids[i]) < vocab) logits[size_t(allowed.ids[i])] = held_[i];
+  // Without top-k every token is read anyway: mask the others, then the plain pick.
+  mask_outside(logits, allowed, held_);
   return pick(logits);
 }
 

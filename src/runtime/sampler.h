@@ -32,6 +32,10 @@ struct TokenSet {
   std::span<const int32_t> ids;
 };
 
+// Sets the logits of the tokens outside `allowed` to -inf (allowed ids beyond the logits are
+// ignored). `held` is scratch: the listed ids' logits while their words are cleared.
+void mask_outside(std::span<float> logits, const TokenSet& allowed, std::vector<float>& held);
+
 struct SamplingParams {
   float temperature = 0.7f;        // <= 0: greedy
   int top_k = 20;                  // <= 0 or >= vocab: off
@@ -99,7 +103,7 @@ class Sampler {
   std::vector<float> probs_;      // [vocab] unnormalised probabilities of ids_[i]
   std::vector<int32_t> counts_;   // [vocab] occurrences in the history; zero between calls
   std::vector<int32_t> touched_;  // [<= vocab] distinct history tokens of this call
-  std::vector<float> held_;       // pick_among: the listed allowed ids' logits while the rest is masked
+  std::vector<float> held_;       // mask_outside scratch (pick_among without top-k)
   std::vector<double> bucket_mass_;  // [kTopPBuckets] probability mass per -log p bucket (top-p)
 };
 

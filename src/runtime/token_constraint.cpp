@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
 
 namespace swiftlet {
 
@@ -58,18 +57,8 @@ TokenSet TokenConstraint::allowed(int64_t tokens_left) {
 }
 
 void TokenConstraint::apply(std::span<float> logits, int64_t tokens_left) {
-  constexpr float kOff = -std::numeric_limits<float>::infinity();
-  const TokenSet set = allowed(tokens_left);
-  std::vector<float> kept;
-  for (int32_t t : set.ids) kept.push_back(size_t(t) < logits.size() ? logits[size_t(t)] : kOff);
-  for (size_t w = 0; w * 64 < logits.size(); ++w) {
-    const uint64_t word = w < set.bits.size() ? set.bits[w] : 0;
-    const size_t end = std::min(logits.size(), (w + 1) * 64);
-    for (size_t t = w * 64; t < end; ++t)
-      if (!((word >> (t & 63)) & 1)) logits[t] = kOff;
-  }
-  for (size_t i = 0; i < set.ids.size(); ++i)
-    if (size_t(set.ids[i]) < logits.size()) logits[size_t(set.ids[i])] = kept[i];
+  std::vector<float> held;
+  mask_outside(logits, allowed(tokens_left), held);
 }
 
 MaskJob TokenConstraint::next_mask() {
