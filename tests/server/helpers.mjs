@@ -59,8 +59,11 @@ export async function startServer({ apiKey = '', args = [], chatTemplate = '', e
   });
   const base = `http://127.0.0.1:${port}`;
   const deadline = Date.now() + 90000;  // the sanitizer build loads the tokenizer slowly on a busy machine
+  // Polled on connections closed after each answer: a keep-alive one would wait in fetch's pool
+  // while a test keeps the event loop busy past the server's idle timeout, and the test's first
+  // request would go out on it after the server closed it ("other side closed").
   for (;;) {
-    const r = await fetch(base + '/health').catch(() => null);
+    const r = await rawRequest({ port }, { method: 'GET', path: '/health', headers: { Connection: 'close' } }).catch(() => null);
     if (r && r.status === 200) break;
     if (r) assert503(r.status);
     if (Date.now() > deadline) throw new Error('the server never became healthy:\n' + stderr);
@@ -85,18 +88,6 @@ function assert503(status) {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-// fetch, sent again once when the pooled keep-alive connection it went out on had been closed
-// by the server (its idle timeout) before the request reached it: a test that kept the event
-// loop busy past the timeout leaves such a connection in the pool ("other side closed").
-export async function fetchRetryingStale(url, init) {
-  try {
-    return await fetch(url, init);
-  } catch (e) {
-    if (e.cause?.code !== 'UND_ERR_SOCKET') throw e;
-    return fetch(url, init);
-  }
-}
 
 // A request with node's http module, for what fetch hides (status of half-sent bodies, slow
 // reading, aborting). Resolves with { status, headers, body }.
