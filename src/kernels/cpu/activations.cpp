@@ -1,23 +1,14 @@
 #include "kernels/cpu/activations.h"
 
 #include "kernels/cpu/ops_ref.h"
-#if defined(__x86_64__)
-#include "kernels/cpu/matmul_avx2.h"
-#endif
+#include "kernels/cpu/simd_cpu.h"
 
 namespace swiftlet::act {
 
-#if defined(__x86_64__)
-namespace avx2 {  // activations_avx2.cpp (built with -mavx2 -mfma); call only when the CPU has them
+#if SWIFTLET_F8_KERNELS
+namespace vec {  // activations_simd.cpp; call only when simd::cpu_runs_f8()
 void silu_mul(float* g, const float* u, int64_t n);
 }
-
-namespace {
-bool has_avx2() {
-  static const bool has = swiftlet::avx2::cpu_has_avx2();
-  return has;
-}
-}  // namespace
 #endif
 
 void silu_mul_reference(float* g, const float* u, int64_t n) {
@@ -25,8 +16,8 @@ void silu_mul_reference(float* g, const float* u, int64_t n) {
 }
 
 void silu_mul(float* g, const float* u, int64_t n) {
-#if defined(__x86_64__)
-  if (has_avx2()) return avx2::silu_mul(g, u, n);
+#if SWIFTLET_F8_KERNELS
+  if (simd::cpu_runs_f8()) return vec::silu_mul(g, u, n);
 #endif
   silu_mul_reference(g, u, n);
 }

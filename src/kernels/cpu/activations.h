@@ -7,10 +7,10 @@
 
 namespace swiftlet::act {
 
-// g[i] = SiLU(g[i]) * u[i] for i < n. With AVX2, 8 at a time with a vector e^x (relative error
+// g[i] = SiLU(g[i]) * u[i] for i < n. With AVX2 or NEON, 8 at a time with a vector e^x (relative error
 // ~2e-7): every element gets the same result wherever it sits in the array (the tail goes
 // through the same vector code), so a token's result does not depend on how many tokens share
-// the call. Without AVX2: the reference.
+// the call. Without either: the reference.
 void silu_mul(float* g, const float* u, int64_t n);
 void silu_mul_reference(float* g, const float* u, int64_t n);
 

@@ -2,9 +2,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/ops_ref.h"
-#if defined(__x86_64__)
-#include "kernels/cpu/matmul_avx2.h"
-#endif
+#include "kernels/cpu/simd_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,24 +10,13 @@
 
 namespace swiftlet::attn {
 
-#if defined(__x86_64__)
-// In attention_avx2.cpp (built with -mavx2 -mfma); call only when the CPU has AVX2.
-namespace avx2 {
+#if SWIFTLET_F8_KERNELS
+// In attention_simd.cpp; call only when simd::cpu_runs_f8().
+namespace vec {
 void attend_rows(const float* q, int nh, int nkv, int hd, const float* K, const float* V, int64_t stride,
                  int64_t s0, int64_t s1, float scale, float* o, float* m, float* l);
 void sigmoid_gate(float* o, const float* gate, int64_t n);
-}  // namespace avx2
-
-namespace {
-bool has_avx2() {
-  static const bool has = swiftlet::avx2::cpu_has_avx2();
-  return has;
-}
-}  // namespace
-#else
-namespace {
-bool has_avx2() { return false; }  // other architectures: the scalar loops
-}  // namespace
+}  // namespace vec
 #endif
 
 void attend_reference(const AttnShape& sh, const AttnBatch& b) {
@@ -73,9 +60,9 @@ struct RowScratch {
 };
 
 void run_part(const AttnShape& sh, const AttnBatch& b, const float* q, int64_t n, int parts, int p, RowScratch& w) {
-#if defined(__x86_64__)
+#if SWIFTLET_F8_KERNELS
   const int nh = sh.heads, hd = sh.head_dim;
-  avx2::attend_rows(q, nh, sh.kv_heads, hd, b.K, b.V, b.kv_stride, n * p / parts, n * (p + 1) / parts, b.scale,
+  vec::attend_rows(q, nh, sh.kv_heads, hd, b.K, b.V, b.kv_stride, n * p / parts, n * (p + 1) / parts, b.scale,
                     w.o.data() + p * nh * hd, w.ml.data() + p * nh * 2, w.ml.data() + p * nh * 2 + nh);
 #endif
 }
@@ -103,7 +90,7 @@ void merge(int nh, int hd, int parts, const RowScratch& w, float* out) {
 void attend(const AttnShape& sh, const AttnBatch& b) {
   const int nh = sh.heads, nkv = sh.kv_heads, hd = sh.head_dim;
   const int blocks = nkv * ((nh / nkv + 7) / 8);
-  if (!has_avx2() || hd % 8 != 0 || blocks > 64) return attend_reference(sh, b);
+  if (!simd::cpu_runs_f8() || hd % 8 != 0 || blocks > 64) return attend_reference(sh, b);
   ThreadPool& pool = ThreadPool::global();
   const int threads = pool.size();
   if (b.T > 1) {
@@ -151,8 +138,8 @@ void sigmoid_gate_reference(float* o, const float* gate, int64_t n) {
 }
 
 void sigmoid_gate(float* o, const float* gate, int64_t n) {
-#if defined(__x86_64__)
-  if (has_avx2()) return avx2::sigmoid_gate(o, gate, n);
+#if SWIFTLET_F8_KERNELS
+  if (simd::cpu_runs_f8()) return vec::sigmoid_gate(o, gate, n);
 #endif
   sigmoid_gate_reference(o, gate, n);
 }

@@ -1,5 +1,5 @@
 // Causal softmax attention with grouped KV heads over the KV cache (model-math.md 4.4),
-// for the fast CPU backends: fp32 dot products and weighted V sums in AVX2, each K and V row
+// for the fast CPU backends: fp32 dot products and weighted V sums in 8-lane vectors (AVX2 or NEON), each K and V row
 // read once for all the query heads that share it, scratch reused between calls.
 // attend_reference and sigmoid_gate_reference are the scalar oracle (Backend::Reference runs
 // them; the fast forms and the CUDA kernels are tested against them).

@@ -1,6 +1,6 @@
-// Small AVX2 + F16C helpers shared by the SIMD kernels (matmul_avx2.cpp, matmul_q8_avx2.cpp,
-// matmul_q8_avx512.cpp and the token mixers' simd_avx2.h). Include only from translation
-// units compiled with at least -mavx2 -mfma -mf16c; callers check the CPU first.
+// Small AVX2 + F16C helpers shared by the x86 products (matmul_avx2.cpp, matmul_q8_avx2.cpp,
+// matmul_q8_avx512.cpp). Include only from translation units compiled with at least
+// -mavx2 -mfma -mf16c; callers check the CPU first.
 //
 // The helpers have internal linkage: translation units built for different instruction sets
 // (AVX2, AVX-512) each keep their own copy, so the linker can never hand an AVX2-only caller a

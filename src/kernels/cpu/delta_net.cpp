@@ -2,9 +2,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu/ops_ref.h"
-#if defined(__x86_64__)
-#include "kernels/cpu/matmul_avx2.h"
-#endif
+#include "kernels/cpu/simd_cpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,25 +10,18 @@
 
 namespace swiftlet::gdn {
 
-#if defined(__x86_64__)
-// In delta_net_avx2.cpp (built with -mavx2 -mfma); call only when has_avx2().
-namespace avx2 {
+#if SWIFTLET_F8_KERNELS
+// In delta_net_simd.cpp; call only when simd::cpu_runs_f8().
+namespace vec {
 void recurrent_head(const DeltaShape& s, const DeltaBatch& b, int h, float* S_h);
 void chunked_key_head(const DeltaShape& s, const DeltaBatch& b, int kh, float* S);
 void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* state);
 void l2_norm_heads(float* x, int heads, int n, float eps, float scale);
 void gated_rms_norm(float* o, const float* z, const float* w, int heads, int n, float eps);
-}  // namespace avx2
+}  // namespace vec
 #endif
 
 namespace {
-#if defined(__x86_64__)
-bool has_avx2() {
-  static const bool has = swiftlet::avx2::cpu_has_avx2();
-  return has;
-}
-#endif
-
 // Runs fn(i) for i < n on the global pool when the work is worth waking the workers for.
 template <typename F>
 void for_heads(int n, int64_t work, F&& fn) {
@@ -69,11 +60,11 @@ void delta_rule_reference(const DeltaShape& sh, const DeltaBatch& b, float* S) {
 }
 
 void delta_rule_recurrent(const DeltaShape& sh, const DeltaBatch& b, float* S) {
-#if defined(__x86_64__)
-  if (has_avx2()) {
+#if SWIFTLET_F8_KERNELS
+  if (simd::cpu_runs_f8()) {
     const int64_t per_head = int64_t(sh.key_dim) * sh.value_dim;
     for_heads(sh.value_heads, b.T * per_head * sh.value_heads,
-              [&](int h) { avx2::recurrent_head(sh, b, h, S + h * per_head); });
+              [&](int h) { vec::recurrent_head(sh, b, h, S + h * per_head); });
     return;
   }
 #endif
@@ -81,11 +72,11 @@ void delta_rule_recurrent(const DeltaShape& sh, const DeltaBatch& b, float* S) {
 }
 
 void delta_rule_chunked(const DeltaShape& sh, const DeltaBatch& b, float* S) {
-#if defined(__x86_64__)
-  if (has_avx2()) {
+#if SWIFTLET_F8_KERNELS
+  if (simd::cpu_runs_f8()) {
     const int64_t per_head = int64_t(sh.key_dim) * sh.value_dim;
     // One task per key head: its value heads share the chunk's K K^T and Q K^T.
-    for_heads(sh.key_heads, b.T * per_head * sh.value_heads, [&](int kh) { avx2::chunked_key_head(sh, b, kh, S); });
+    for_heads(sh.key_heads, b.T * per_head * sh.value_heads, [&](int kh) { vec::chunked_key_head(sh, b, kh, S); });
     return;
   }
 #endif
@@ -93,8 +84,8 @@ void delta_rule_chunked(const DeltaShape& sh, const DeltaBatch& b, float* S) {
 }
 
 void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* state) {
-#if defined(__x86_64__)
-  if (has_avx2() && K == 4) return avx2::conv_silu(x, T, C, w, K, state);
+#if SWIFTLET_F8_KERNELS
+  if (simd::cpu_runs_f8() && K == 4) return vec::conv_silu(x, T, C, w, K, state);
 #endif
   conv_silu_reference(x, T, C, w, K, state);
 }
@@ -114,8 +105,8 @@ void conv_silu_reference(float* x, int64_t T, int64_t C, const float* w, int K, 
 }
 
 void l2_norm_heads(float* x, int heads, int n, float eps, float scale) {
-#if defined(__x86_64__)
-  if (has_avx2()) return avx2::l2_norm_heads(x, heads, n, eps, scale);
+#if SWIFTLET_F8_KERNELS
+  if (simd::cpu_runs_f8()) return vec::l2_norm_heads(x, heads, n, eps, scale);
 #endif
   l2_norm_heads_reference(x, heads, n, eps, scale);
 }
@@ -125,8 +116,8 @@ void l2_norm_heads_reference(float* x, int heads, int n, float eps, float scale)
 }
 
 void gated_rms_norm(float* o, const float* z, const float* w, int heads, int n, float eps) {
-#if defined(__x86_64__)
-  if (has_avx2()) return avx2::gated_rms_norm(o, z, w, heads, n, eps);
+#if SWIFTLET_F8_KERNELS
+  if (simd::cpu_runs_f8()) return vec::gated_rms_norm(o, z, w, heads, n, eps);
 #endif
   gated_rms_norm_reference(o, z, w, heads, n, eps);
 }

@@ -3,7 +3,7 @@
 // and in chunks of 64 with the WY/UT form (prefill, 5.5), and the gated RMSNorm.
 // The *_reference functions are the scalar oracle (Backend::Reference runs them; the fast forms
 // and the CUDA kernels are tested against them); the others are the fast forms, which fall back
-// to them on a CPU without AVX2.
+// to them on a CPU without AVX2 or NEON.
 #pragma once
 
 #include <cstdint>

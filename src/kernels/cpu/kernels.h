@@ -42,7 +42,8 @@ struct Kernels {
 // int8-activation products, the cpu backend on affine weights, have an AVX-512 form; everything
 // else runs the AVX2 kernels). aarch64: NEON (every CPU), NEON with dotprod (`sdot`), NEON with
 // i8mm (`smmla`); there the int8-activation products have a form for each, the fp32-activation
-// products one NEON form, and the token mixers run the scalar code.
+// products one NEON form. The token mixers and activations (mixers.h) have one 8-lane form,
+// AVX2 or NEON (simd_f8.h), whatever the choice here.
 enum class Isa { Avx2, Avx512Vnni, Neon, NeonDotprod, NeonI8mm };
 std::vector<Isa> available_isas();  // those this CPU runs, weakest first; empty: scalar code only
 const char* isa_name(Isa isa);      // "avx2", "avx512-vnni", "neon", "neon-dotprod", "neon-i8mm"

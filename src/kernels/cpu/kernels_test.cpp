@@ -8,6 +8,7 @@
 //   sum over blocks of d / 2 * sum |scale * q| (the bias term uses exact fp32 block sums, so the
 //   bias part of W does not enter), plus float rounding: 1e-5 sum |W x| + 1e-6.
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/simd_cpu.h"
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -461,6 +462,21 @@ TEST(Kernels, NeonFormsGiveTheSameBits) {
         }
       }
     }
+}
+
+// The token mixers' and the activations' fast forms (mixers.h) run their 8-lane kernels on every
+// CPU that has a vector form of the products: AVX2 on x86-64, NEON on every aarch64 CPU.
+TEST(Kernels, MixersRunTheVectorFormWhereTheProductsDo) {
+#if defined(__aarch64__)
+  EXPECT_STREQ(simd::f8_isa(), "neon");
+  EXPECT_TRUE(simd::cpu_runs_f8());
+#elif defined(__x86_64__)
+  const bool avx2 = runs(available_isas(), Isa::Avx2);
+  EXPECT_STREQ(simd::f8_isa(), avx2 ? "avx2" : "scalar");
+  EXPECT_EQ(simd::cpu_runs_f8(), avx2);
+#else
+  EXPECT_STREQ(simd::f8_isa(), "scalar");
+#endif
 }
 
 // set_cpu_isa chooses what kernels_for(b) gives; an instruction set the CPU lacks is refused and

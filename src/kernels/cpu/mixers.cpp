@@ -1,8 +1,36 @@
 #include "kernels/cpu/mixers.h"
 
 #include "kernels/cpu/activations.h"
+#include "kernels/cpu/simd_cpu.h"
+#if defined(__x86_64__)
+#include "kernels/cpu/matmul_avx2.h"
+#endif
 
 namespace swiftlet {
+
+namespace simd {
+
+bool cpu_runs_f8() {
+#if defined(__x86_64__)
+  static const bool runs = avx2::cpu_has_avx2();
+  return runs;
+#elif SWIFTLET_F8_KERNELS
+  return true;  // NEON: every aarch64 CPU
+#else
+  return false;
+#endif
+}
+
+const char* f8_isa() {
+  if (!cpu_runs_f8()) return "scalar";
+#if defined(__aarch64__)
+  return "neon";
+#else
+  return "avx2";
+#endif
+}
+
+}  // namespace simd
 
 const MixerKernels& mixers_for(Backend b) {
   static const MixerKernels reference{&attn::attend_reference,         &attn::sigmoid_gate_reference,

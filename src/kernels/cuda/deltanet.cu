@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kDeltaCols * kDeltaSlices) delta_rule_scan_ker
 //   [U | -W] = (I + L)^{-1} [diag(beta) V | -diag(beta e^gamma) K],   L_ij = beta_i D_ij k_i.k_j (j < i)
 //   V' = U - W S,   O = diag(e^gamma) Q S + (D o Q K^T) V',
 //   S <- e^{gamma_n} S + K^T diag(e^{gamma_n - gamma}) V'
-// (the CPU's delta_rule_chunked, kernels/cpu/delta_net_avx2.cpp). Two launches: the first builds
+// (the CPU's delta_rule_chunked, kernels/cpu/delta_net_simd.cpp). Two launches: the first builds
 // every chunk's U, -W and D o Q K^T at once (a block per (chunk, value head): nothing in it depends
 // on the state); the second carries the state through the chunks in order (a block per (value
 // head, 32 state columns), the state slice in shared memory), a few small products a chunk.

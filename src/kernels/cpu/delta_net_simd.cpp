@@ -1,7 +1,8 @@
-// AVX2 + FMA kernels of the Gated DeltaNet mixer (see delta_net.h). Built with -mavx2 -mfma in
-// its own translation unit; delta_net.cpp calls in here only after checking the CPU.
+// The 8-lane kernels of the Gated DeltaNet mixer (see delta_net.h), one source for AVX2 and NEON
+// (simd_f8.h). On x86-64 built with -mavx2 -mfma in its own translation unit; delta_net.cpp calls
+// in here only after checking the CPU.
 #include "kernels/cpu/delta_net.h"
-#include "kernels/cpu/simd_avx2.h"
+#include "kernels/cpu/simd_f8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,27 +18,27 @@ namespace {
 template <int MR, int NV>
 inline void gemm_tile(int64_t k, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
                       int64_t ldc, bool accumulate) {
-  __m256 c[MR][NV];
+  F8 c[MR][NV];
   #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
     #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
-      c[r][v] = accumulate ? _mm256_loadu_ps(C + r * ldc + 8 * v) : _mm256_setzero_ps();
+      c[r][v] = accumulate ? load(C + r * ldc + 8 * v) : zero();
   for (int64_t p = 0; p < k; ++p) {
-    __m256 b[NV];
+    F8 b[NV];
     #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) b[v] = _mm256_loadu_ps(B + p * ldb + 8 * v);
+    for (int v = 0; v < NV; ++v) b[v] = load(B + p * ldb + 8 * v);
     #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(A + r * lda + p);
+      const F8 a = broadcast(A + r * lda + p);
       #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) c[r][v] = _mm256_fmadd_ps(a, b[v], c[r][v]);
+      for (int v = 0; v < NV; ++v) c[r][v] = fma(a, b[v], c[r][v]);
     }
   }
   #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
     #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(C + r * ldc + 8 * v, c[r][v]);
+    for (int v = 0; v < NV; ++v) store(C + r * ldc + 8 * v, c[r][v]);
 }
 
 template <int NV>
@@ -80,7 +81,7 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* A, int64_t lda, const fl
 
 }  // namespace simd
 
-namespace gdn::avx2 {
+namespace gdn::vec {
 
 using namespace simd;
 
@@ -91,44 +92,44 @@ using namespace simd;
 template <int NV>
 inline void step_columns(float* S, int dk, int dv, int j0, const float* q, const float* k,
                          const float* v, float alpha, float beta, float* o) {
-  __m256 m0[NV], m1[NV];
+  F8 m0[NV], m1[NV];
   #pragma GCC unroll 8
-  for (int c = 0; c < NV; ++c) m0[c] = m1[c] = _mm256_setzero_ps();
+  for (int c = 0; c < NV; ++c) m0[c] = m1[c] = zero();
   int i = 0;
   for (; i + 2 <= dk; i += 2) {
-    const __m256 k0 = _mm256_broadcast_ss(k + i), k1 = _mm256_broadcast_ss(k + i + 1);
+    const F8 k0 = broadcast(k + i), k1 = broadcast(k + i + 1);
     const float* s0 = S + int64_t(i) * dv + j0;
     #pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) {
-      m0[c] = _mm256_fmadd_ps(_mm256_loadu_ps(s0 + 8 * c), k0, m0[c]);
-      m1[c] = _mm256_fmadd_ps(_mm256_loadu_ps(s0 + dv + 8 * c), k1, m1[c]);
+      m0[c] = fma(load(s0 + 8 * c), k0, m0[c]);
+      m1[c] = fma(load(s0 + dv + 8 * c), k1, m1[c]);
     }
   }
   if (i < dk) {
-    const __m256 k0 = _mm256_broadcast_ss(k + i);
+    const F8 k0 = broadcast(k + i);
     #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) m0[c] = _mm256_fmadd_ps(_mm256_loadu_ps(S + int64_t(i) * dv + j0 + 8 * c), k0, m0[c]);
+    for (int c = 0; c < NV; ++c) m0[c] = fma(load(S + int64_t(i) * dv + j0 + 8 * c), k0, m0[c]);
   }
-  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-  __m256 delta[NV], acc[NV];
+  const F8 va = splat(alpha), vb = splat(beta);
+  F8 delta[NV], acc[NV];
   #pragma GCC unroll 8
   for (int c = 0; c < NV; ++c) {
-    const __m256 m = _mm256_mul_ps(va, _mm256_add_ps(m0[c], m1[c]));
-    delta[c] = _mm256_mul_ps(vb, _mm256_sub_ps(_mm256_loadu_ps(v + j0 + 8 * c), m));
-    acc[c] = _mm256_setzero_ps();
+    const F8 m = va * (m0[c] + m1[c]);
+    delta[c] = vb * (load(v + j0 + 8 * c) - m);
+    acc[c] = zero();
   }
   for (i = 0; i < dk; ++i) {
-    const __m256 ki = _mm256_broadcast_ss(k + i), qi = _mm256_broadcast_ss(q + i);
+    const F8 ki = broadcast(k + i), qi = broadcast(q + i);
     float* s = S + int64_t(i) * dv + j0;
     #pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) {
-      __m256 x = _mm256_fmadd_ps(ki, delta[c], _mm256_mul_ps(va, _mm256_loadu_ps(s + 8 * c)));
-      _mm256_storeu_ps(s + 8 * c, x);
-      acc[c] = _mm256_fmadd_ps(qi, x, acc[c]);
+      const F8 x = fma(ki, delta[c], va * load(s + 8 * c));
+      store(s + 8 * c, x);
+      acc[c] = fma(qi, x, acc[c]);
     }
   }
   #pragma GCC unroll 8
-  for (int c = 0; c < NV; ++c) _mm256_storeu_ps(o + j0 + 8 * c, acc[c]);
+  for (int c = 0; c < NV; ++c) store(o + j0 + 8 * c, acc[c]);
 }
 
 void step_head(float* S, int dk, int dv, const float* q, const float* k, const float* v, float alpha,
@@ -183,17 +184,10 @@ struct ChunkScratch {
   }
 };
 
-inline void scale_row(float* x, int64_t n, float s) {
-  const __m256 vs = _mm256_set1_ps(s);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(vs, _mm256_loadu_ps(x + i)));
-  for (; i < n; ++i) x[i] *= s;
-}
-
 inline void scale_copy(float* dst, const float* src, int64_t n, float s) {
-  const __m256 vs = _mm256_set1_ps(s);
+  const F8 vs = splat(s);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(vs, _mm256_loadu_ps(src + i)));
+  for (; i + 8 <= n; i += 8) store(dst + i, vs * load(src + i));
   for (; i < n; ++i) dst[i] = s * src[i];
 }
 
@@ -205,26 +199,24 @@ void forward_substitute(const float* L, int n, float* X, int w) {
     float* xi = X + int64_t(i) * w;
     int c = 0;
     for (; c + 32 <= w; c += 32) {
-      __m256 a0 = _mm256_loadu_ps(xi + c), a1 = _mm256_loadu_ps(xi + c + 8);
-      __m256 a2 = _mm256_loadu_ps(xi + c + 16), a3 = _mm256_loadu_ps(xi + c + 24);
+      F8 a0 = load(xi + c), a1 = load(xi + c + 8), a2 = load(xi + c + 16), a3 = load(xi + c + 24);
       for (int j = 0; j < i; ++j) {
-        const __m256 l = _mm256_broadcast_ss(li + j);
+        const F8 l = broadcast(li + j);
         const float* xj = X + int64_t(j) * w + c;
-        a0 = _mm256_fnmadd_ps(l, _mm256_loadu_ps(xj), a0);
-        a1 = _mm256_fnmadd_ps(l, _mm256_loadu_ps(xj + 8), a1);
-        a2 = _mm256_fnmadd_ps(l, _mm256_loadu_ps(xj + 16), a2);
-        a3 = _mm256_fnmadd_ps(l, _mm256_loadu_ps(xj + 24), a3);
+        a0 = fnma(l, load(xj), a0);
+        a1 = fnma(l, load(xj + 8), a1);
+        a2 = fnma(l, load(xj + 16), a2);
+        a3 = fnma(l, load(xj + 24), a3);
       }
-      _mm256_storeu_ps(xi + c, a0);
-      _mm256_storeu_ps(xi + c + 8, a1);
-      _mm256_storeu_ps(xi + c + 16, a2);
-      _mm256_storeu_ps(xi + c + 24, a3);
+      store(xi + c, a0);
+      store(xi + c + 8, a1);
+      store(xi + c + 16, a2);
+      store(xi + c + 24, a3);
     }
     for (; c + 8 <= w; c += 8) {
-      __m256 a0 = _mm256_loadu_ps(xi + c);
-      for (int j = 0; j < i; ++j)
-        a0 = _mm256_fnmadd_ps(_mm256_broadcast_ss(li + j), _mm256_loadu_ps(X + int64_t(j) * w + c), a0);
-      _mm256_storeu_ps(xi + c, a0);
+      F8 a0 = load(xi + c);
+      for (int j = 0; j < i; ++j) a0 = fnma(broadcast(li + j), load(X + int64_t(j) * w + c), a0);
+      store(xi + c, a0);
     }
     for (; c < w; ++c) {
       float a = xi[c];
@@ -248,10 +240,10 @@ void chunk(const DeltaShape& sh, const DeltaBatch& b, int kh, int64_t t0, int n,
       const int64_t ahead = 4 * b.qkv_stride;
       const float* v = b.v + (t0 + i) * b.qkv_stride + int64_t(kh) * r * dv;
       for (int d = 0; d < dk; d += 16) {
-        _mm_prefetch(reinterpret_cast<const char*>(q + ahead + d), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(k + ahead + d), _MM_HINT_T0);
+        prefetch(q + ahead + d);
+        prefetch(k + ahead + d);
       }
-      for (int d = 0; d < r * dv; d += 16) _mm_prefetch(reinterpret_cast<const char*>(v + ahead + d), _MM_HINT_T0);
+      for (int d = 0; d < r * dv; d += 16) prefetch(v + ahead + d);
     }
     std::copy(q, q + dk, Qc + int64_t(i) * dk);
     std::copy(k, k + dk, Kc + int64_t(i) * dk);
@@ -280,10 +272,9 @@ void chunk(const DeltaShape& sh, const DeltaBatch& b, int kh, int64_t t0, int n,
       scale_copy(xi + dv, Kc + int64_t(i) * dk, dk, -beta * eg[i]);
       // D_ij = exp(gamma_i - gamma_j) for j <= i; the difference is clamped at 0 before the
       // exponential so that the masked (j > i) side never overflows.
-      const __m256 gi = _mm256_set1_ps(gamma[i]);
+      const F8 gi = splat(gamma[i]);
       int j = 0;
-      for (; j + 8 <= i + 1; j += 8)
-        _mm256_storeu_ps(w.D.data() + j, exp(_mm256_min_ps(_mm256_sub_ps(gi, _mm256_loadu_ps(gamma + j)), _mm256_setzero_ps())));
+      for (; j + 8 <= i + 1; j += 8) store(w.D.data() + j, exp(min(gi - load(gamma + j), zero())));
       for (; j <= i; ++j) w.D[size_t(j)] = std::exp(gamma[i] - gamma[j]);
       float* li = L + int64_t(i) * n;
       float* ai = A + int64_t(i) * n;
@@ -322,27 +313,26 @@ void chunked_key_head(const DeltaShape& sh, const DeltaBatch& b, int kh, float* 
 
 void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* state) {
   // K = 4 (both models) here; other kernel sizes go to the scalar path in delta_net.cpp.
-  const __m256i idx = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   int64_t c = 0;
   for (; c + 8 <= C; c += 8) {
-    const __m256 w0 = _mm256_i32gather_ps(w + c * 4 + 0, idx, 4), w1 = _mm256_i32gather_ps(w + c * 4 + 1, idx, 4);
-    const __m256 w2 = _mm256_i32gather_ps(w + c * 4 + 2, idx, 4), w3 = _mm256_i32gather_ps(w + c * 4 + 3, idx, 4);
-    __m256 h0 = _mm256_loadu_ps(state + c), h1 = _mm256_loadu_ps(state + C + c), h2 = _mm256_loadu_ps(state + 2 * C + c);
+    const F8 w0 = load_strided(w + c * 4 + 0, 4), w1 = load_strided(w + c * 4 + 1, 4);
+    const F8 w2 = load_strided(w + c * 4 + 2, 4), w3 = load_strided(w + c * 4 + 3, 4);
+    F8 h0 = load(state + c), h1 = load(state + C + c), h2 = load(state + 2 * C + c);
     for (int64_t t = 0; t < T; ++t) {
       float* xt = x + t * C + c;
-      const __m256 cur = _mm256_loadu_ps(xt);
-      __m256 acc = _mm256_mul_ps(w3, cur);
-      acc = _mm256_fmadd_ps(w0, h0, acc);
-      acc = _mm256_fmadd_ps(w1, h1, acc);
-      acc = _mm256_fmadd_ps(w2, h2, acc);
-      _mm256_storeu_ps(xt, silu(acc));
+      const F8 cur = load(xt);
+      F8 acc = w3 * cur;
+      acc = fma(w0, h0, acc);
+      acc = fma(w1, h1, acc);
+      acc = fma(w2, h2, acc);
+      store(xt, silu(acc));
       h0 = h1;
       h1 = h2;
       h2 = cur;
     }
-    _mm256_storeu_ps(state + c, h0);
-    _mm256_storeu_ps(state + C + c, h1);
-    _mm256_storeu_ps(state + 2 * C + c, h2);
+    store(state + c, h0);
+    store(state + C + c, h1);
+    store(state + 2 * C + c, h2);
   }
   for (; c < C; ++c) {
     float h0 = state[c], h1 = state[C + c], h2 = state[2 * C + c];
@@ -374,15 +364,12 @@ void gated_rms_norm(float* o, const float* z, const float* w, int heads, int n, 
     float* oh = o + int64_t(h) * n;
     const float* zh = z + int64_t(h) * n;
     const float inv = 1.0f / std::sqrt(dot(oh, oh, n) / float(n) + eps);
-    const __m256 vi = _mm256_set1_ps(inv);
+    const F8 vi = splat(inv);
     int j = 0;
-    for (; j + 8 <= n; j += 8) {
-      const __m256 y = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(oh + j), vi), _mm256_loadu_ps(w + j));
-      _mm256_storeu_ps(oh + j, _mm256_mul_ps(y, silu(_mm256_loadu_ps(zh + j))));
-    }
+    for (; j + 8 <= n; j += 8) store(oh + j, load(oh + j) * vi * load(w + j) * silu(load(zh + j)));
     for (; j < n; ++j) oh[j] = oh[j] * inv * w[j] * (zh[j] / (1.0f + std::exp(-zh[j])));
   }
 }
 
-}  // namespace gdn::avx2
+}  // namespace gdn::vec
 }  // namespace swiftlet

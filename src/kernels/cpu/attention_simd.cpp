@@ -1,14 +1,15 @@
-// AVX2 + FMA attention kernels (see attention.h). Built with -mavx2 -mfma in its own
-// translation unit; attention.cpp calls in here only after checking the CPU.
+// The 8-lane attention kernels (see attention.h), one source for AVX2 and NEON (simd_f8.h). On
+// x86-64 built with -mavx2 -mfma in its own translation unit; attention.cpp calls in here only
+// after checking the CPU.
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/simd_avx2.h"
+#include "kernels/cpu/simd_f8.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-namespace swiftlet::attn::avx2 {
+namespace swiftlet::attn::vec {
 
 using namespace simd;
 
@@ -16,14 +17,6 @@ namespace {
 constexpr int kHeads = 8;   // query heads per block: one score vector per cache row
 constexpr int kRows = 8;    // cache rows per V block (whole rows, stay in L1)
 constexpr int kAhead = 6;   // K rows prefetched ahead
-
-// Lane g of the result = sum of the 8 lanes of a[g].
-inline __m256 reduce8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
 
 struct Scratch {
   std::vector<float> q;       // [blocks][8][hd]: queries by KV head, scaled, zero-padded to 8
@@ -36,26 +29,26 @@ struct Scratch {
 template <int NV>
 inline void vsum4(const float* p, int64_t ps, const float* V, int64_t stride, int64_t s0, int64_t s1,
                   int g0, int d, float* acc, int hd) {
-  __m256 a[4][NV];
+  F8 a[4][NV];
 #pragma GCC unroll 8
   for (int g = 0; g < 4; ++g)
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) a[g][c] = _mm256_loadu_ps(acc + (g0 + g) * hd + d + 8 * c);
+    for (int c = 0; c < NV; ++c) a[g][c] = load(acc + (g0 + g) * hd + d + 8 * c);
   for (int64_t s = s0; s < s1; ++s) {
-    __m256 v[NV];
+    F8 v[NV];
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) v[c] = _mm256_loadu_ps(V + s * stride + d + 8 * c);
+    for (int c = 0; c < NV; ++c) v[c] = load(V + s * stride + d + 8 * c);
 #pragma GCC unroll 8
     for (int g = 0; g < 4; ++g) {
-      const __m256 w = _mm256_broadcast_ss(p + s * ps + g0 + g);
+      const F8 w = broadcast(p + s * ps + g0 + g);
 #pragma GCC unroll 8
-      for (int c = 0; c < NV; ++c) a[g][c] = _mm256_fmadd_ps(w, v[c], a[g][c]);
+      for (int c = 0; c < NV; ++c) a[g][c] = fma(w, v[c], a[g][c]);
     }
   }
 #pragma GCC unroll 8
   for (int g = 0; g < 4; ++g)
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc + (g0 + g) * hd + d + 8 * c, a[g][c]);
+    for (int c = 0; c < NV; ++c) store(acc + (g0 + g) * hd + d + 8 * c, a[g][c]);
 }
 }  // namespace
 
@@ -83,41 +76,41 @@ void attend_rows(const float* q, int nh, int nkv, int hd, const float* K, const 
 
   // Scores, row by row.
   alignas(32) float mx[64 * kHeads];  // per block running max (nb <= 64)
-  for (int b = 0; b < nb; ++b) _mm256_store_ps(mx + b * kHeads, _mm256_set1_ps(-INFINITY));
+  for (int b = 0; b < nb; ++b) store(mx + b * kHeads, splat(-INFINITY));
   for (int64_t s = s0; s < s1; ++s) {
     const float* kr = K + s * stride;
     if (s + kAhead < s1)  // the next rows: a few lines of each ahead of the hardware prefetcher
       for (int d = 0; d < nkv * hd; d += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(kr + kAhead * stride + d), _MM_HINT_T0);
+        prefetch(kr + kAhead * stride + d);
     float* srow = sc + (s - s0) * ps;
     for (int b = 0; b < nb; ++b) {
       const float* kh = kr + (b / per_kv) * hd;
       const float* qb = qp + b * kHeads * hd;
-      __m256 a[kHeads];
+      F8 a[kHeads];
 #pragma GCC unroll 8
-      for (int g = 0; g < kHeads; ++g) a[g] = _mm256_setzero_ps();
+      for (int g = 0; g < kHeads; ++g) a[g] = zero();
       for (int d = 0; d < hd; d += 8) {
-        const __m256 kv = _mm256_loadu_ps(kh + d);
+        const F8 kv = load(kh + d);
 #pragma GCC unroll 8
-        for (int g = 0; g < kHeads; ++g) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qb + g * hd + d), kv, a[g]);
+        for (int g = 0; g < kHeads; ++g) a[g] = fma(load(qb + g * hd + d), kv, a[g]);
       }
-      const __m256 r = reduce8(a);
-      _mm256_store_ps(mx + b * kHeads, _mm256_max_ps(_mm256_load_ps(mx + b * kHeads), r));
-      _mm256_storeu_ps(srow + b * kHeads, r);
+      const F8 r = reduce8(a);
+      store(mx + b * kHeads, max(load(mx + b * kHeads), r));
+      store(srow + b * kHeads, r);
     }
   }
   // Softmax numerators.
   alignas(32) float sum[64 * kHeads];
   for (int b = 0; b < nb; ++b) {
-    const __m256 vm = _mm256_load_ps(mx + b * kHeads);
-    __m256 vs = _mm256_setzero_ps();
+    const F8 vm = load(mx + b * kHeads);
+    F8 vs = zero();
     for (int64_t s = 0; s < rows; ++s) {
       float* p = sc + s * ps + b * kHeads;
-      const __m256 e = exp(_mm256_sub_ps(_mm256_loadu_ps(p), vm));
-      vs = _mm256_add_ps(vs, e);
-      _mm256_storeu_ps(p, e);
+      const F8 e = exp(load(p) - vm);
+      vs = vs + e;
+      store(p, e);
     }
-    _mm256_store_ps(sum + b * kHeads, vs);
+    store(sum + b * kHeads, vs);
   }
   // Weighted V sums, a few whole rows at a time (they stay in L1 for all blocks).
   std::fill(acc, acc + nb * kHeads * hd, 0.0f);
@@ -146,8 +139,8 @@ void attend_rows(const float* q, int nh, int nkv, int hd, const float* K, const 
 void sigmoid_gate(float* o, const float* gate, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), sigmoid(_mm256_loadu_ps(gate + i))));
+    store(o + i, load(o + i) * sigmoid(load(gate + i)));
   for (; i < n; ++i) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
 }
 
-}  // namespace swiftlet::attn::avx2
+}  // namespace swiftlet::attn::vec
