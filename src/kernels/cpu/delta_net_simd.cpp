@@ -315,8 +315,9 @@ void conv_silu(float* x, int64_t T, int64_t C, const float* w, int K, float* sta
   // K = 4 (both models) here; other kernel sizes go to the scalar path in delta_net.cpp.
   int64_t c = 0;
   for (; c + 8 <= C; c += 8) {
-    const F8 w0 = load_strided(w + c * 4 + 0, 4), w1 = load_strided(w + c * 4 + 1, 4);
-    const F8 w2 = load_strided(w + c * 4 + 2, 4), w3 = load_strided(w + c * 4 + 3, 4);
+    F8 wj[4];  // tap j of channels c .. c + 7
+    load_deinterleave4(w + c * 4, wj);
+    const F8 w0 = wj[0], w1 = wj[1], w2 = wj[2], w3 = wj[3];
     F8 h0 = load(state + c), h1 = load(state + C + c), h2 = load(state + 2 * C + c);
     for (int64_t t = 0; t < T; ++t) {
       float* xt = x + t * C + c;

@@ -37,10 +37,10 @@ inline F8 zero() { return {_mm256_setzero_ps()}; }
 inline F8 splat(float x) { return {_mm256_set1_ps(x)}; }
 inline F8 load(const float* p) { return {_mm256_loadu_ps(p)}; }
 inline void store(float* p, F8 a) { _mm256_storeu_ps(p, a.v); }
-// p[0], p[stride], ..., p[7 stride].
-inline F8 load_strided(const float* p, int stride) {
-  const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
-  return {_mm256_i32gather_ps(p, idx, 4)};
+// Lane i of out[j] = p[4 i + j]: 32 floats of 8 groups of 4, split by place in the group.
+inline void load_deinterleave4(const float* p, F8 out[4]) {
+  const __m256i idx = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  for (int j = 0; j < 4; ++j) out[j] = {_mm256_i32gather_ps(p + j, idx, 4)};
 }
 inline F8 operator+(F8 a, F8 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline F8 operator-(F8 a, F8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
@@ -95,10 +95,9 @@ inline void store(float* p, F8 a) {
   vst1q_f32(p, a.lo);
   vst1q_f32(p + 4, a.hi);
 }
-inline F8 load_strided(const float* p, int stride) {
-  alignas(16) float t[8];
-  for (int i = 0; i < 8; ++i) t[i] = p[int64_t(i) * stride];
-  return load(t);
+inline void load_deinterleave4(const float* p, F8 out[4]) {
+  const float32x4x4_t lo = vld4q_f32(p), hi = vld4q_f32(p + 16);
+  for (int j = 0; j < 4; ++j) out[j] = {lo.val[j], hi.val[j]};
 }
 inline F8 operator+(F8 a, F8 b) { return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 inline F8 operator-(F8 a, F8 b) { return {vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)}; }
