@@ -32,21 +32,7 @@ trap 'rm -f "$log"' EXIT
 count() {  # instructions executed inside the ranges $1
   qemu-aarch64 -cpu "$cpu" -d in_asm,exec,nochain -dfilter "$1" -D "$log" "$bin" "$isa" "$format" "$rows" "$cols" "$n" 1 \
     >/dev/null
-  python3 - "$log" <<'PY'
-import re, sys
-size, total, pc, cur = {}, 0, None, 0
-for line in open(sys.argv[1], errors="replace"):
-    if line.startswith("IN:"):
-        pc, cur = None, 0
-    elif re.match(r"0x[0-9a-f]+:\s", line):
-        if pc is None:
-            pc = int(line.split(":")[0], 16)
-        cur += 1
-        size[pc] = cur
-    elif line.startswith("Trace"):
-        total += size.get(int(line.split("/")[1], 16), 0)
-print(total)
-PY
+  tools/insn_count/sum_trace.py "$log"
 }
 k=$(count "$kernel")
 echo "$isa $format ${rows}x${cols}, $n token(s): $k instructions in the product, $(python3 -c "print(f'{$k / ($rows * $n):.1f}')") per output element, $(python3 -c "print(f'{$k / ($rows * $n * $cols / 64):.2f}')") per 64 weights of an output"
