@@ -26,7 +26,7 @@ if ! dpkg --print-foreign-architectures | grep -qx arm64; then
 fi
 pkgs=(g++-aarch64-linux-gnu qemu-user cmake ninja-build pkg-config libfmt-dev:arm64 libzstd-dev:arm64 libgtest-dev:arm64)
 if ((cli)); then
-  pkgs+=(nlohmann-json3-dev libcli11-dev libpcre2-dev:arm64 libsimdjson-dev:arm64 libxxhash-dev:arm64 liburing-dev:arm64
+  pkgs+=(nlohmann-json3-dev libcli11-dev libpcre2-dev:arm64 libsimdjson14:arm64 libxxhash-dev:arm64 liburing-dev:arm64
          libcpp-httplib-dev:arm64 libcurl4-openssl-dev:arm64 libicu-dev:arm64 libreadline-dev:arm64)
 fi
 missing=()
@@ -45,6 +45,17 @@ command -v ccache >/dev/null && flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B build-arm64 "${flags[@]}" -DSWIFTLET_KERNELS_ONLY=ON >/dev/null
 ninja -C build-arm64 "$jobs" swiftlet_tests
 if ((cli)); then
-  cmake -S . -B build-arm64-cli "${flags[@]}" -DSWIFTLET_CUDA=OFF -DSWIFTLET_TESTS=OFF >/dev/null
+  # libsimdjson-dev:arm64 cannot be installed beside the host's (both own /usr/include/simdjson.h:
+  # apt would remove the x86-64 one and break the native build), so its package is unpacked into
+  # the build tree instead, with the library's, and CMake pointed at it.
+  sj=$PWD/build-arm64-cli/simdjson
+  if [ ! -f "$sj/usr/lib/aarch64-linux-gnu/cmake/simdjson/simdjson-config.cmake" ]; then
+    debs=$(mktemp -d)
+    (cd "$debs" && apt-get download -q libsimdjson-dev:arm64 libsimdjson14:arm64)
+    for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$sj"; done
+    rm -rf "$debs"
+  fi
+  cmake -S . -B build-arm64-cli "${flags[@]}" -DSWIFTLET_CUDA=OFF -DSWIFTLET_TESTS=OFF \
+    -Dsimdjson_DIR="$sj/usr/lib/aarch64-linux-gnu/cmake/simdjson" >/dev/null
   ninja -C build-arm64-cli "$jobs" swiftlet-cli
 fi
