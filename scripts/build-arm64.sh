@@ -43,7 +43,7 @@ flags=(--no-warn-unused-cli -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-
        -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWIFTLET_BENCH=OFF)
 command -v ccache >/dev/null && flags+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 cmake -S . -B build-arm64 "${flags[@]}" -DSWIFTLET_KERNELS_ONLY=ON >/dev/null
-ninja -C build-arm64 "$jobs" swiftlet_tests
+ninja -C build-arm64 "$jobs" swiftlet_tests swiftlet_ops_test
 if ((cli)); then
   # libsimdjson-dev:arm64 cannot be installed beside the host's (both own /usr/include/simdjson.h:
   # apt would remove the x86-64 one and break the native build), so its package is unpacked into

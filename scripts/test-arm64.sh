@@ -22,6 +22,11 @@ for cpu in cortex-a53 cortex-a76 max; do
   [ "$cpu" = max ] && filter='*'
   echo "== qemu-aarch64 -cpu $cpu: $filter"
   "$qemu" -cpu "$cpu" "$bin" --gtest_brief=1 --gtest_filter="$filter"
+  # The operation table: the products' forms on every model, the mixers' one NEON form on max.
+  ops=(--op matmul)
+  [ "$cpu" = max ] && ops=()
+  echo "== qemu-aarch64 -cpu $cpu: swiftlet_ops_test ${ops[*]}"
+  "$qemu" -cpu "$cpu" build-arm64/bin/swiftlet_ops_test "${ops[@]}" | grep -E "FAIL|cases within"
 done
 
 # With the CLI built (scripts/test-arm64.sh --cli): models/toy.qpack's greedy continuations of

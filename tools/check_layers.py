@@ -48,11 +48,11 @@ TEST_EXTRA = {
 TEST_HARNESS = {"runtime/model_loader.h", "convert/synthetic.h", "convert/repack.h"}
 HARNESS_FROM = "model"
 # tests/support headers a unit test of any layer may include (they include only core/, the
-# standard library and test libraries). The others need more (tiny_model.h: a synthetic container, from
-# convert/; split_inputs.h: the DeltaNet row order, from model/; greedy_decode.h: a forward
+# standard library and test libraries). The others need more (random_weights.h: the reference
+# products, from kernels/cpu/; tiny_model.h: a synthetic container, from convert/; split_inputs.h: the DeltaNet row order, from model/; greedy_decode.h: a forward
 # pass's prompt-then-greedy loop, from model/).
 LIGHT_SUPPORT = {"support/test_paths.h", "support/test_util.h", "support/local_hub.h", "support/fake_machine.h"}
-SUPPORT_NEEDS = {"support/tiny_model.h": "convert", "support/split_inputs.h": "model", "support/greedy_decode.h": "model"}
+SUPPORT_NEEDS = {"support/random_weights.h": "kernels/cpu", "support/tiny_model.h": "convert", "support/split_inputs.h": "model", "support/greedy_decode.h": "model"}
 
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
 SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")

@@ -1,4 +1,5 @@
-// The AVX2 attention against the scalar double-precision loop.
+// The attention kernels' properties beyond matching the scalar loop (which swiftlet_ops_test
+// checks at every shape and form, ops_test.cpp).
 #include "kernels/cpu/attention.h"
 
 #include "kernels/cpu/ops_ref.h"
@@ -11,30 +12,6 @@
 
 namespace swiftlet::attn {
 namespace {
-
-void check(AttnShape sh, int64_t pos0, int64_t T) {
-  std::mt19937_64 rng(uint64_t(pos0 * 31 + T + sh.heads));
-  std::normal_distribution<float> nd;
-  const int64_t qs = int64_t(sh.heads) * sh.head_dim, kvs = int64_t(sh.kv_heads) * sh.head_dim;
-  const int64_t n = pos0 + T;
-  std::vector<float> q(size_t(T * qs)), K(size_t(n * kvs)), V(size_t(n * kvs));
-  for (auto* v : {&q, &K, &V})
-    for (float& e : *v) e = 2.0f * nd(rng);  // peaked softmaxes as well as flat ones
-  std::vector<float> want(q.size()), got(q.size());
-  AttnBatch b{T, pos0, q.data(), qs, K.data(), V.data(), kvs, 1.0f / std::sqrt(float(sh.head_dim)), want.data(), qs};
-  attend_reference(sh, b);
-  b.out = got.data();
-  attend(sh, b);
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - want[i])));
-  EXPECT_LT(worst, 5e-5) << sh.heads << "/" << sh.kv_heads << "x" << sh.head_dim << " pos0 " << pos0 << " T " << T;
-}
-
-TEST(Attention, MatchesScalarLoop) {
-  for (AttnShape sh : {AttnShape{16, 2, 256}, AttnShape{4, 2, 32}, AttnShape{16, 1, 64}, AttnShape{6, 2, 24}})
-    for (auto [pos0, T] : {std::pair<int64_t, int64_t>{0, 1}, {0, 7}, {37, 1}, {100, 3}, {1000, 1}, {3000, 1}})
-      check(sh, pos0, T);
-}
 
 TEST(Attention, PrefillRowsEqualDecodedRowsExactly) {
   // Prefix reuse relies on it: a row gives the same bits whether it was prefilled with others

@@ -1,0 +1,423 @@
+// swiftlet_ops_test: every CPU operation x shape x form against its scalar reference, in one
+// table. The forms are those this CPU runs:
+//   products (matmul): cpu/<isa> (int8 activations) and cpu-f32/<isa> for each instruction set
+//     of available_isas() (avx2, avx512-vnni; neon, neon-dotprod, neon-i8mm), each distinct
+//     kernel once;
+//   token mixers and activations: f8/avx2 or f8/neon (mixers.h: one 8-lane source, simd_f8.h).
+// The reference of each operation is the one Backend::Reference runs. Each case's error is
+// measured against its own bound (fit <= 1 passes): the int8 rounding bound for int8
+// activations, float rounding for the rest.
+//   swiftlet_ops_test [--op NAME] [--perf] [--threads N]
+// Default: check every case, one line each; exit status 1 when any fails. --perf: also each
+// form's best time, GB/s of the bytes the operation must move (weights, activations, state, KV
+// cache, each once) and that as a share of the read bandwidth measured in the same run, and the
+// speed-up over the reference (over 100% of the bandwidth where the operation's data stays in the
+// caches, as at the smaller shapes here). ctest runs the check (label unit), on aarch64 under qemu.
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/mixers.h"
+#include "kernels/cpu/read_bandwidth.h"
+#include "kernels/cpu/simd_cpu.h"
+#include "support/random_weights.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace swiftlet {
+namespace {
+
+using namespace swiftlet::testing;
+
+// A way to run an operation: a products table or a mixers table (never both). int8: the
+// products take int8 activations for affine weights (the cpu backend).
+struct Form {
+  std::string name;
+  const Kernels* products = nullptr;
+  const MixerKernels* mixers = nullptr;
+  bool int8 = false;
+};
+
+// One operation at one shape, on buffers of its own: reset() puts its inputs and state back,
+// call(form) runs the operation on them in place, outputs() is what it wrote (the updated state
+// included); fit(got, want, form) is the worst error in units of the case's bound for that form.
+struct Case {
+  std::string op, shape;
+  double bytes = 0;  // what the operation must move once
+  bool product = false;
+  std::function<void()> reset = [] {};
+  std::function<void(const Form&)> call;
+  std::function<std::vector<float>()> outputs;
+  std::function<double(const std::vector<float>&, const std::vector<float>&, const Form&)> fit;
+  std::vector<float> run(const Form& form) const {
+    reset();
+    call(form);
+    return outputs();
+  }
+};
+
+// Worst |got - want| / (rel |want| + abs) over the elements; NaN is the worst.
+double fit_close(const std::vector<float>& got, const std::vector<float>& want, double rel, double abs) {
+  if (got.size() != want.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(double(got[i]) - want[i]) / (rel * std::fabs(want[i]) + abs);
+    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+  }
+  return worst;
+}
+
+// Worst |got - want| over the largest |want|, in units of `tol`.
+double fit_relative_to_max(const std::vector<float>& got, const std::vector<float>& want, double tol) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = std::fabs(double(got[i]) - want[i]);
+    if (!(e <= num)) num = std::isnan(e) ? INFINITY : e;
+    den = std::max(den, double(std::fabs(want[i])));
+  }
+  return num / std::max(den, 1e-30) / tol;
+}
+
+std::vector<float> normal(std::mt19937& rng, size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+// ---- products ----
+
+double matrix_bytes(const QMatrix& m) {
+  double b = double(m.rows) * double(m.row_bytes());
+  if (m.format == WeightFormat::Affine) b += 2.0 * double(m.rows) * double(m.scale_row_bytes());
+  return b;
+}
+
+void add_matmul(std::vector<Case>& cases, std::mt19937& rng, WeightFormat f, int bits, int group, int64_t rows,
+                int64_t cols, int64_t n) {
+  auto w = std::make_shared<OwnedMatrix>(random_matrix(rng, f, rows, cols, bits, DType::BF16, group));
+  auto x = std::make_shared<std::vector<float>>(random_x(rng, n, cols));
+  const char* fname = f == WeightFormat::Affine ? (bits == 4 ? "q4" : "q8")
+                      : f == WeightFormat::BF16 ? "bf16"
+                      : f == WeightFormat::F16  ? "f16"
+                                                : "f32";
+  Case c;
+  c.op = "matmul";
+  c.shape = fmt::format("{}{} {}x{} n={}", fname, f == WeightFormat::Affine ? fmt::format(" g{}", group) : "", rows,
+                        cols, n);
+  c.bytes = matrix_bytes(w->m) + 4.0 * double(n * (rows + cols));
+  c.product = true;
+  auto y = std::make_shared<std::vector<float>>(size_t(n * rows));
+  c.call = [w, x, y, n](const Form& form) { form.products->matmul(w->m, x->data(), n, y->data()); };
+  c.outputs = [y] { return *y; };
+  // int8 activations (affine weights on the cpu backend): the rounding bound, worst case and on
+  // average (rounding errors add up like a random walk: well inside the worst case); float
+  // rounding otherwise.
+  auto q8 = f == WeightFormat::Affine ? std::make_shared<std::vector<float>>(q8_bound(w->m, *x, n)) : nullptr;
+  auto fp = std::make_shared<std::vector<float>>(float_bound(w->m, *x, n));
+  c.fit = [q8, fp](const std::vector<float>& got, const std::vector<float>& want, const Form& form) {
+    const bool int8 = q8 && form.int8;
+    const Fit q = fit_q8(got, want, int8 ? *q8 : *fp);
+    return int8 ? std::max(q.worst, q.mean_share / 0.25) : q.worst;
+  };
+  cases.push_back(std::move(c));
+}
+
+// ---- mixers and activations ----
+
+void add_elementwise(std::vector<Case>& cases, std::mt19937& rng, const std::string& op, int64_t n) {
+  auto a = std::make_shared<std::vector<float>>(normal(rng, size_t(n), 4.0f));
+  auto b = std::make_shared<std::vector<float>>(normal(rng, size_t(n), 2.0f));
+  Case c;
+  c.op = op;
+  c.shape = fmt::format("n={}", n);
+  c.bytes = 12.0 * double(n);
+  auto out = std::make_shared<std::vector<float>>();
+  c.reset = [a, out] { *out = *a; };
+  c.call = [b, out, op, n](const Form& form) {
+    (op == "silu_mul" ? form.mixers->silu_mul : form.mixers->sigmoid_gate)(out->data(), b->data(), n);
+  };
+  c.outputs = [out] { return *out; };
+  c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
+    return fit_close(got, want, 2e-6, 2e-6);
+  };
+  cases.push_back(std::move(c));
+}
+
+void add_conv(std::vector<Case>& cases, std::mt19937& rng, int64_t T, int64_t C) {
+  const int K = 4;
+  auto x = std::make_shared<std::vector<float>>(normal(rng, size_t(T * C)));
+  auto w = std::make_shared<std::vector<float>>(normal(rng, size_t(C * K), 0.5f));
+  auto st = std::make_shared<std::vector<float>>(normal(rng, size_t((K - 1) * C)));
+  Case c;
+  c.op = "conv_silu";
+  c.shape = fmt::format("T={} C={} K={}", T, C, K);
+  c.bytes = 4.0 * double(2 * T * C + C * K + 2 * (K - 1) * C);
+  auto out = std::make_shared<std::vector<float>>(), s = std::make_shared<std::vector<float>>();
+  c.reset = [x, st, out, s] { *out = *x, *s = *st; };
+  c.call = [w, out, s, T, C](const Form& form) { form.mixers->conv_silu(out->data(), T, C, w->data(), K, s->data()); };
+  c.outputs = [out, s] {
+    std::vector<float> all = *out;
+    all.insert(all.end(), s->begin(), s->end());  // the advanced state is an output too
+    return all;
+  };
+  c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
+    return fit_relative_to_max(got, want, 1e-6);
+  };
+  cases.push_back(std::move(c));
+}
+
+void add_norm(std::vector<Case>& cases, std::mt19937& rng, bool gated, int heads, int n) {
+  auto x = std::make_shared<std::vector<float>>(normal(rng, size_t(heads * n)));
+  auto z = std::make_shared<std::vector<float>>(normal(rng, size_t(heads * n)));
+  auto w = std::make_shared<std::vector<float>>(normal(rng, size_t(n)));
+  Case c;
+  c.op = gated ? "gated_rms_norm" : "l2_norm_heads";
+  c.shape = fmt::format("{}x{}", heads, n);
+  c.bytes = 4.0 * double(heads * n) * (gated ? 3 : 2);
+  auto out = std::make_shared<std::vector<float>>();
+  c.reset = [x, out] { *out = *x; };
+  c.call = [z, w, out, gated, heads, n](const Form& form) {
+    if (gated) form.mixers->gated_rms_norm(out->data(), z->data(), w->data(), heads, n, 1e-6f);
+    else form.mixers->l2_norm_heads(out->data(), heads, n, 1e-6f, 0.5f);
+  };
+  c.outputs = [out] { return *out; };
+  c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
+    return fit_relative_to_max(got, want, 1e-6);
+  };
+  cases.push_back(std::move(c));
+}
+
+// The delta rule over T tokens, token by token (the fused recurrence, decode's form) or chunked
+// (prompts' form); the reference runs token by token either way. Inputs as the model makes them: unit q and k (q scaled by
+// 1/sqrt(dk)), decays from mild to strong, betas in (0, 1), a nonzero incoming state.
+void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, int64_t T, bool chunked) {
+  const int64_t kd = int64_t(sh.key_heads) * sh.key_dim, stride = 2 * kd + int64_t(sh.value_heads) * sh.value_dim;
+  auto qkv = std::make_shared<std::vector<float>>(normal(rng, size_t(T * stride)));
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < sh.key_heads; ++h) {
+      float* row = qkv->data() + t * stride;
+      ref::l2_norm_scaled(row + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f / std::sqrt(float(sh.key_dim)));
+      ref::l2_norm_scaled(row + kd + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f);
+    }
+  auto g = std::make_shared<std::vector<float>>(size_t(T * sh.value_heads));
+  auto beta = std::make_shared<std::vector<float>>(g->size());
+  std::normal_distribution<float> nd;
+  for (size_t i = 0; i < g->size(); ++i) {
+    (*g)[i] = -std::exp(-1.0f + 0.5f * nd(rng)) * ref::softplus(2.0f * nd(rng));
+    (*beta)[i] = ref::sigmoid(nd(rng));
+  }
+  const size_t state = size_t(sh.value_heads) * sh.key_dim * sh.value_dim;
+  auto S0 = std::make_shared<std::vector<float>>(normal(rng, state, 0.3f));
+  Case c;
+  c.op = chunked ? "delta_rule_chunked" : "delta_rule";
+  c.shape = fmt::format("{}/{} heads x {}x{} T={}", sh.key_heads, sh.value_heads, sh.key_dim, sh.value_dim, T);
+  c.bytes = 4.0 * double(2 * state + T * (stride + 2 * sh.value_heads + int64_t(sh.value_heads) * sh.value_dim));
+  auto out = std::make_shared<std::vector<float>>(size_t(T * sh.value_heads * sh.value_dim));
+  auto S = std::make_shared<std::vector<float>>();
+  c.reset = [S0, S] { *S = *S0; };
+  c.call = [=](const Form& form) {
+    gdn::DeltaBatch b;
+    b.T = T;
+    b.q = qkv->data();
+    b.k = qkv->data() + kd;
+    b.v = qkv->data() + 2 * kd;
+    b.qkv_stride = stride;
+    b.g = g->data();
+    b.beta = beta->data();
+    b.gate_stride = sh.value_heads;
+    b.out = out->data();
+    b.out_stride = int64_t(sh.value_heads) * sh.value_dim;
+    (chunked ? form.mixers->delta_rule_chunked : form.mixers->delta_rule)(sh, b, S->data());
+  };
+  // The outputs and the state, each within 1e-4 of its largest value.
+  c.outputs = [out, S] {
+    std::vector<float> all = *out;
+    all.insert(all.end(), S->begin(), S->end());
+    return all;
+  };
+  const size_t outs = out->size();
+  c.fit = [outs](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
+    if (got.size() != want.size()) return double(INFINITY);
+    auto part = [&](const std::vector<float>& v, size_t a, size_t b) {
+      return std::vector<float>(v.begin() + ptrdiff_t(a), v.begin() + ptrdiff_t(b));
+    };
+    return std::max(fit_relative_to_max(part(got, 0, outs), part(want, 0, outs), 1e-4),
+                    fit_relative_to_max(part(got, outs, got.size()), part(want, outs, want.size()), 1e-4));
+  };
+  cases.push_back(std::move(c));
+}
+
+// Causal attention of T rows at positions pos0 .. over the cache (peaked softmaxes as well as
+// flat ones: inputs of scale 2).
+void add_attention(std::vector<Case>& cases, std::mt19937& rng, attn::AttnShape sh, int64_t pos0, int64_t T) {
+  const int64_t qs = int64_t(sh.heads) * sh.head_dim, kvs = int64_t(sh.kv_heads) * sh.head_dim, n = pos0 + T;
+  auto q = std::make_shared<std::vector<float>>(normal(rng, size_t(T * qs), 2.0f));
+  auto K = std::make_shared<std::vector<float>>(normal(rng, size_t(n * kvs), 2.0f));
+  auto V = std::make_shared<std::vector<float>>(normal(rng, size_t(n * kvs), 2.0f));
+  Case c;
+  c.op = "attend";
+  c.shape = fmt::format("{}/{} heads x {} pos {} T={}", sh.heads, sh.kv_heads, sh.head_dim, pos0, T);
+  c.bytes = 4.0 * double(2 * n * kvs + 2 * T * qs);
+  auto out = std::make_shared<std::vector<float>>(size_t(T * qs));
+  c.call = [=](const Form& form) {
+    const attn::AttnBatch b{T, pos0, q->data(), qs, K->data(), V->data(), kvs,
+                            1.0f / std::sqrt(float(sh.head_dim)), out->data(), qs};
+    form.mixers->attend(sh, b);
+  };
+  c.outputs = [out] { return *out; };
+  c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
+    return fit_close(got, want, 0, 5e-5);
+  };
+  cases.push_back(std::move(c));
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  std::mt19937 rng(2026);
+  // Products: an expert's projection in decode and in a batch of 8 (4 and 8 bits, groups of 64
+  // and 128), tile and block remainders, dense weights with ragged columns.
+  for (int64_t n : {1, 8}) {
+    add_matmul(cases, rng, WeightFormat::Affine, 4, 64, 512, 2048, n);
+    add_matmul(cases, rng, WeightFormat::Affine, 8, 64, 512, 2048, n);
+    add_matmul(cases, rng, WeightFormat::BF16, 0, 0, 512, 2048, n);
+  }
+  add_matmul(cases, rng, WeightFormat::Affine, 4, 128, 130, 1152, 17);
+  add_matmul(cases, rng, WeightFormat::Affine, 8, 64, 7, 576, 3);
+  add_matmul(cases, rng, WeightFormat::F16, 0, 0, 33, 389, 5);
+  add_matmul(cases, rng, WeightFormat::F32, 0, 0, 7, 131, 2);
+  // Mixers and activations at the models' shapes and at shapes with tails: lengths around the
+  // 8-lane width, the conv's channels past a multiple of 8, the delta rule's fixture shapes (dv
+  // not a multiple of 32), real head sizes and tails everywhere, at chunk boundaries; attention
+  // with grouped and single KV heads, head sizes of 24 to 256, contexts split over threads.
+  for (int64_t n : {1, 7, 8, 9, 63, 512, 1027, 4096}) add_elementwise(cases, rng, "silu_mul", n);
+  for (int64_t n : {37, 4096}) add_elementwise(cases, rng, "sigmoid_gate", n);
+  for (int64_t C : {64, 77})
+    for (int64_t T : {1, 2, 5}) add_conv(cases, rng, T, C);
+  add_conv(cases, rng, 1, 8192);
+  for (bool gated : {false, true}) {
+    add_norm(cases, rng, gated, 3, 20);
+    add_norm(cases, rng, gated, gated ? 32 : 16, 128);
+  }
+  const gdn::DeltaShape small{2, 4, 16, 24}, real{2, 4, 128, 128}, odd{1, 3, 12, 13};
+  for (const gdn::DeltaShape& sh : {small, real, odd}) {
+    for (int64_t T : {1, 2, 65}) add_delta(cases, rng, sh, T, false);
+    for (int64_t T : {1, 2, 63, 64, 65, 130, 200}) add_delta(cases, rng, sh, T, true);
+  }
+  for (attn::AttnShape sh : {attn::AttnShape{16, 2, 256}, attn::AttnShape{4, 2, 32}, attn::AttnShape{16, 1, 64},
+                             attn::AttnShape{6, 2, 24}})
+    for (auto [pos0, T] : {std::pair<int64_t, int64_t>{0, 1}, {0, 7}, {37, 1}, {100, 3}, {1000, 1}, {3000, 1}})
+      add_attention(cases, rng, sh, pos0, T);
+  return cases;
+}
+
+// The forms of this CPU, each distinct kernel table once.
+std::vector<Form> product_forms() {
+  std::vector<Form> out;
+  for (Backend b : {Backend::Cpu, Backend::CpuF32})
+    for (Isa isa : available_isas()) {
+      const Kernels* k = &kernels_for(b, isa);
+      if (std::none_of(out.begin(), out.end(), [&](const Form& f) { return f.products->matmul == k->matmul; }))
+        out.push_back({fmt::format("{}/{}", k->name, isa_name(isa)), k, nullptr, b == Backend::Cpu});
+    }
+  return out;
+}
+
+std::vector<Form> mixer_forms() {
+  if (!simd::cpu_runs_f8()) return {};
+  return {{fmt::format("f8/{}", simd::f8_isa()), nullptr, &mixers_for(Backend::Cpu)}};
+}
+
+// Best seconds of fn over repetitions lasting at least `budget` seconds (and 3 runs).
+double best_seconds(const std::function<void()>& fn, double budget) {
+  using Clock = std::chrono::steady_clock;
+  double best = INFINITY, total = 0;
+  for (int rep = 0; rep < 3 || (total < budget && rep < 100000); ++rep) {
+    const auto t0 = Clock::now();
+    fn();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, s);
+    total += s;
+  }
+  return best;
+}
+
+int run(int argc, char** argv) {
+  std::string only;
+  bool perf = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--perf") {
+      perf = true;
+    } else if (a == "--op" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (a == "--threads" && i + 1 < argc) {
+      const int t = std::atoi(argv[++i]);
+      if (t < 1) fail("--threads takes a positive count, not '{}'", argv[i]);
+      ThreadPool::set_global_threads(t);
+    } else {
+      fail("usage: swiftlet_ops_test [--op NAME] [--perf] [--threads N] ('{}' is not an option)", a);
+    }
+  }
+  const std::vector<Form> pforms = product_forms(), mforms = mixer_forms();
+  const Form pref{"reference", &kernels_for(Backend::Reference), nullptr, false};
+  const Form mref{"reference", nullptr, &mixers_for(Backend::Reference), false};
+  double bw = 0;
+  if (perf) {
+    ReadBandwidth r(size_t(256) << 20);
+    bw = r.best(5);
+    fmt::print("threads {}  read bandwidth {:.1f} GB/s (best of 5 passes over 256 MiB)\n", ThreadPool::global().size(), bw);
+  }
+  std::vector<Case> cases = all_cases();
+  std::erase_if(cases, [&](const Case& c) { return !only.empty() && c.op != only; });
+  if (cases.empty()) fail("no operation named '{}'", only);
+  fmt::print("{:<19} {:<32} {:<20} {:>8}{}\n", "op", "shape", "form", "fit", perf ? "       us      GB/s   of bw  vs ref" : "");
+  int failed = 0, checked = 0;
+  for (const Case& c : cases) {
+    const Form& ref = c.product ? pref : mref;
+    const std::vector<float> want = c.run(ref);
+    // The time of a call alone: of reset + call, less that of reset.
+    const double t_reset = perf ? best_seconds(c.reset, 0.05) : 0;
+    auto timed = [&](const Form& form) {
+      return std::max(1e-9, best_seconds([&] { c.reset(), c.call(form); }, 0.2) - t_reset);
+    };
+    const double t_ref = perf ? timed(ref) : 0;
+    for (const Form& form : c.product ? pforms : mforms) {
+      const double fit = c.fit(c.run(form), want, form);
+      const bool ok = fit <= 1.0;
+      failed += !ok;
+      ++checked;
+      std::string line = fmt::format("{:<19} {:<32} {:<20} {:>8.3f}", c.op, c.shape, form.name, fit);
+      if (perf) {
+        const double t = timed(form);
+        const double gbs = c.bytes / t / 1e9;
+        line += fmt::format(" {:>8.1f} {:>9.2f} {:>6.1f}% {:>6.1f}x", t * 1e6, gbs, 100.0 * gbs / bw, t_ref / t);
+      }
+      fmt::print("{}{}\n", line, ok ? "" : "  FAIL");
+    }
+  }
+  fmt::print("{} of {} cases within their bounds\n", checked - failed, checked);
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace swiftlet
+
+int main(int argc, char** argv) {
+  try {
+    return swiftlet::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "swiftlet_ops_test: %s\n", e.what());
+    return 2;
+  }
+}
