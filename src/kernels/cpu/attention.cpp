@@ -63,7 +63,7 @@ void run_part(const AttnShape& sh, const AttnBatch& b, const float* q, int64_t n
 #if SWIFTLET_F8_KERNELS
   const int nh = sh.heads, hd = sh.head_dim;
   vec::attend_rows(q, nh, sh.kv_heads, hd, b.K, b.V, b.kv_stride, n * p / parts, n * (p + 1) / parts, b.scale,
-                    w.o.data() + p * nh * hd, w.ml.data() + p * nh * 2, w.ml.data() + p * nh * 2 + nh);
+                   w.o.data() + p * nh * hd, w.ml.data() + p * nh * 2, w.ml.data() + p * nh * 2 + nh);
 #endif
 }
 

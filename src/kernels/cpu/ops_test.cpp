@@ -65,27 +65,19 @@ struct Case {
   }
 };
 
-// Worst |got - want| / (rel |want| + abs) over the elements; NaN is the worst.
+// Worst |got - want| / (rel |want| + abs) over the elements (fit_q8's measure); NaN is the worst.
 double fit_close(const std::vector<float>& got, const std::vector<float>& want, double rel, double abs) {
   if (got.size() != want.size()) return INFINITY;
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(double(got[i]) - want[i]) / (rel * std::fabs(want[i]) + abs);
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
-  }
-  return worst;
+  std::vector<float> bound(want.size());
+  for (size_t i = 0; i < want.size(); ++i) bound[i] = float(rel * std::fabs(want[i]) + abs);
+  return fit_q8(got, want, bound).worst;
 }
 
 // Worst |got - want| over the largest |want|, in units of `tol`.
 double fit_relative_to_max(const std::vector<float>& got, const std::vector<float>& want, double tol) {
-  if (got.size() != want.size()) return INFINITY;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double e = std::fabs(double(got[i]) - want[i]);
-    if (!(e <= num)) num = std::isnan(e) ? INFINITY : e;
-    den = std::max(den, double(std::fabs(want[i])));
-  }
-  return num / std::max(den, 1e-30) / tol;
+  double den = 0;
+  for (float w : want) den = std::max(den, double(std::fabs(w)));
+  return fit_close(got, want, 0, tol * std::max(den, 1e-30));
 }
 
 std::vector<float> normal(std::mt19937& rng, size_t n, float scale = 1.0f) {
