@@ -27,17 +27,46 @@ int64_t TensorView::numel() const {
 
 std::string TensorView::shape_str() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+uint64_t safetensors_head_bytes(const uint8_t* first8) {
+  uint64_t n;
+  std::memcpy(&n, first8, 8);
+  return n > kMaxHeaderBytes ? UINT64_MAX : 8 + n;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path, Residency mode) : file_(path, mode) {
-  const size_t size = file_.size();
+  parse(file_.data(), file_.size());
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path, uint64_t size, std::string head)
+    : file_(MappedFile::reserve(path, size_t(size))), head_(std::move(head)) {
+  if (head_.size() < 8 || head_.size() < safetensors_head_bytes(reinterpret_cast<const uint8_t*>(head_.data())) ||
+      head_.size() > size)
+    fail("'{}': the {} first bytes given do not hold its safetensors header (file of {} bytes)", path,
+         head_.size(), size);
+  parse(reinterpret_cast<const uint8_t*>(head_.data()), size_t(size));
+}
+
+void SafetensorsFile::attach() {
+  file_.attach();
+  if (!head_.empty() && std::memcmp(file_.data(), head_.data(), head_.size()) != 0) {
+    file_.detach();
+    fail("'{}' does not start with the header announced for it (changed since?)", path());
+  }
+}
+
+void SafetensorsFile::detach() { file_.detach(); }
+
+void SafetensorsFile::parse(const uint8_t* head, size_t size) {
+  const std::string& path = file_.path();
   if (size < 8)
     fail("'{}' is not a safetensors file: {} bytes, too short for a header (truncated download?)",
          path, size);
   uint64_t header_len;
-  std::memcpy(&header_len, file_.data(), 8);
+  std::memcpy(&header_len, head, 8);
   if (header_len == 0 || header_len > kMaxHeaderBytes || header_len > size - 8)
     fail("'{}' has a corrupt safetensors header: header length {} for a file of {} bytes "
          "(truncated or not a safetensors file)", path, header_len, size);
-  const char* hbegin = reinterpret_cast<const char*>(file_.data() + 8);
+  const char* hbegin = reinterpret_cast<const char*>(head + 8);
   json header = json::parse(hbegin, hbegin + header_len, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object())
     fail("'{}' has a corrupt safetensors header: not a JSON object", path);
@@ -103,46 +132,62 @@ SafetensorsFile::SafetensorsFile(const std::string& path, Residency mode) : file
   std::sort(tensors_.begin(), tensors_.end(), [](auto& a, auto& b) { return a.name < b.name; });
 }
 
+void TensorSet::add(std::unique_ptr<SafetensorsFile> f) {
+  files_.push_back(std::move(f));
+  for (const auto& t : files_.back()->tensors()) {
+    auto [it, inserted] = by_name_.emplace(t.name, &t);
+    if (!inserted) fail("tensor '{}' appears in both '{}' and '{}'", t.name, *it->second->file, files_.back()->path());
+  }
+}
+
+TensorSet TensorSet::of_files(std::vector<std::unique_ptr<SafetensorsFile>> files, const std::string& source) {
+  TensorSet set;
+  for (auto& f : files) set.add(std::move(f));
+  set.source_ = source;
+  return set;
+}
+
 TensorSet TensorSet::open_files(const std::vector<std::string>& paths, Residency mode) {
   TensorSet set;
-  for (const auto& p : paths) {
-    set.files_.push_back(std::make_unique<SafetensorsFile>(p, mode));
-    for (const auto& t : set.files_.back()->tensors()) {
-      auto [it, inserted] = set.by_name_.emplace(t.name, &t);
-      if (!inserted)
-        fail("tensor '{}' appears in both '{}' and '{}'", t.name, *it->second->file, p);
-    }
+  for (const auto& p : paths) set.add(std::make_unique<SafetensorsFile>(p, mode));
+  return set;
+}
+
+TensorSet TensorSet::open_index(const std::string& dir,
+                                const std::function<std::unique_ptr<SafetensorsFile>(const std::string&)>& open_shard) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  json j = json::parse(read_text_file(index.string()), nullptr, false);
+  if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail("'{}' is not a valid safetensors index (needs a weight_map object)", index.string());
+  std::vector<std::string> shards;
+  for (auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) fail("'{}': weight_map entry for '{}' is not a file name", index.string(), name);
+    std::string f = (fs::path(dir) / file.get<std::string>()).string();
+    if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
   }
+  TensorSet set;
+  for (const auto& f : shards) set.add(open_shard(f));
+  for (auto& [name, file] : j["weight_map"].items()) {
+    const TensorView* t = set.find(name);
+    std::string f = (fs::path(dir) / file.get<std::string>()).string();
+    if (!t || *t->file != f)
+      fail("'{}' says tensor '{}' is in '{}' but that file does not hold it", index.string(), name, f);
+  }
+  set.source_ = dir;
   return set;
 }
 
 TensorSet TensorSet::open_dir(const std::string& dir) {
   if (!fs::is_directory(dir)) fail("'{}' is not a directory", dir);
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  TensorSet set;
   if (fs::exists(index)) {
-    json j = json::parse(read_text_file(index.string()), nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail("'{}' is not a valid safetensors index (needs a weight_map object)", index.string());
-    std::vector<std::string> shards;
-    for (auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) fail("'{}': weight_map entry for '{}' is not a file name", index.string(), name);
-      std::string f = (fs::path(dir) / file.get<std::string>()).string();
-      if (std::find(shards.begin(), shards.end(), f) == shards.end()) {
-        if (!fs::exists(f))
-          fail("shard '{}' named by '{}' is missing (incomplete download?)", f, index.string());
-        shards.push_back(f);
-      }
-    }
-    set = open_files(shards);
-    for (auto& [name, file] : j["weight_map"].items()) {
-      const TensorView* t = set.find(name);
-      std::string f = (fs::path(dir) / file.get<std::string>()).string();
-      if (!t || *t->file != f)
-        fail("'{}' says tensor '{}' is in '{}' but that file does not hold it", index.string(),
-             name, f);
-    }
-  } else if (fs::exists(fs::path(dir) / "model.safetensors")) {
+    return open_index(dir, [&](const std::string& f) {
+      if (!fs::exists(f)) fail("shard '{}' named by '{}' is missing (incomplete download?)", f, index.string());
+      return std::make_unique<SafetensorsFile>(f);
+    });
+  }
+  TensorSet set;
+  if (fs::exists(fs::path(dir) / "model.safetensors")) {
     set = open_files({(fs::path(dir) / "model.safetensors").string()});
   } else {
     std::vector<std::string> files;

@@ -149,5 +149,39 @@ TEST_F(SafetensorsTest, ShardedDirectoryWithIndex) {
             std::string::npos);
 }
 
+TEST_F(SafetensorsTest, ReservedFileReadsItsBytesOnceAttachedAndRefusesAnotherHeader) {
+  const std::string path = write_sample("m.safetensors");
+  const std::string bytes = slurp(path);
+  const std::string head = bytes.substr(0, safetensors_head_bytes(reinterpret_cast<const uint8_t*>(bytes.data())));
+  const SafetensorsFile mapped(path);
+  SafetensorsFile reserved(path, bytes.size(), head);
+  EXPECT_FALSE(reserved.attached());
+  ASSERT_EQ(reserved.tensors().size(), mapped.tensors().size());
+  const uint8_t* before = reserved.tensors()[1].data;
+  for (int round = 0; round < 2; ++round) {  // attached, detached, attached again: the same range
+    reserved.attach();
+    EXPECT_TRUE(reserved.attached());
+    for (size_t i = 0; i < mapped.tensors().size(); ++i) {
+      const TensorView &a = reserved.tensors()[i], &b = mapped.tensors()[i];
+      ASSERT_EQ(a.name, b.name);
+      ASSERT_EQ(a.nbytes, b.nbytes);
+      EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << a.name;
+    }
+    reserved.detach();
+  }
+  EXPECT_EQ(reserved.tensors()[1].data, before);
+
+  std::string other = head;
+  other.back() = other.back() == ' ' ? '\n' : ' ';
+  SafetensorsFile changed(path, bytes.size(), other);
+  std::string e = error_of([&] { changed.attach(); });
+  EXPECT_NE(e.find("does not start with the header announced"), std::string::npos) << e;
+  SafetensorsFile longer(path, bytes.size() + 8, head);
+  e = error_of([&] { longer.attach(); });
+  EXPECT_NE(e.find("expected " + std::to_string(bytes.size() + 8)), std::string::npos) << e;
+  e = error_of([&] { SafetensorsFile(path, bytes.size(), head.substr(0, head.size() - 1)); });
+  EXPECT_NE(e.find("do not hold its safetensors header"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace swiftlet

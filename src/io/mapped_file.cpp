@@ -170,13 +170,51 @@ MappedFile::MappedFile(const std::string& path, Residency mode) : path_(path) {
     register_mapping(p, size_, path);
   }
   ::close(fd);
+  attached_ = true;
+}
+
+MappedFile MappedFile::reserve(const std::string& path, size_t size) {
+  MappedFile m;
+  m.path_ = path;
+  m.size_ = size;
+  if (size == 0) fail("cannot reserve an empty range for '{}'", path);
+  void* p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) fail("cannot reserve {} bytes of address space for '{}': {}", size, path, std::strerror(errno));
+  m.data_ = static_cast<const uint8_t*>(p);
+  return m;
+}
+
+void MappedFile::attach() {
+  if (attached_) return;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open '{}': {}", path_, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || uint64_t(st.st_size) != size_) {
+    ::close(fd);
+    fail("'{}' has {} bytes, expected {} (changed or truncated?)", path_, uint64_t(st.st_size), size_);
+  }
+  void* p = ::mmap(const_cast<uint8_t*>(data_), size_, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) fail("cannot map '{}': {}", path_, std::strerror(e));
+  register_mapping(data_, size_, path_);
+  attached_ = true;
+}
+
+void MappedFile::detach() {
+  if (!attached_ || anonymous_) return;
+  unregister_mapping(data_);
+  void* p = ::mmap(const_cast<uint8_t*>(data_), size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                   -1, 0);
+  if (p == MAP_FAILED) fail("cannot unmap '{}': {}", path_, std::strerror(errno));
+  attached_ = false;
 }
 
 MappedFile::~MappedFile() { reset(); }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
     : path_(std::move(o.path_)), data_(std::exchange(o.data_, nullptr)),
-      size_(std::exchange(o.size_, 0)), anonymous_(o.anonymous_) {}
+      size_(std::exchange(o.size_, 0)), anonymous_(o.anonymous_), attached_(std::exchange(o.attached_, false)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
@@ -185,15 +223,17 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
     anonymous_ = o.anonymous_;
+    attached_ = std::exchange(o.attached_, false);
   }
   return *this;
 }
 
 void MappedFile::reset() {
-  if (data_ && !anonymous_) unregister_mapping(data_);
+  if (data_ && !anonymous_ && attached_) unregister_mapping(data_);
   if (data_) ::munmap(const_cast<uint8_t*>(data_), anonymous_ ? (size_ + 4095) & ~size_t(4095) : size_);
   data_ = nullptr;
   size_ = 0;
+  attached_ = false;
 }
 
 std::string read_text_file(const std::string& path) {

@@ -28,6 +28,16 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
+  // An address range of `size` bytes for `path` before the file is there (a checkpoint shard
+  // still to be downloaded): data() is stable from now on, and reading it faults until attach().
+  static MappedFile reserve(const std::string& path, size_t size);
+  // Maps the file, which must now have the reserved size, over the reserved range. Throws Error
+  // naming the file otherwise.
+  void attach();
+  // Unmaps the file and keeps the range reserved (reading it faults again): the file can go.
+  void detach();
+  bool attached() const { return attached_; }
+
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
@@ -38,6 +48,7 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool anonymous_ = false;  // Residency::Read
+  bool attached_ = false;   // false only for a reserve()d range without its file
 };
 
 // Reads a whole (small) file into a string. Throws Error naming the file on failure.
