@@ -50,9 +50,10 @@ HARNESS_FROM = "model"
 # tests/support headers a unit test of any layer may include (they include only core/, the
 # standard library and test libraries). The others need more (random_weights.h: the reference
 # products, from kernels/cpu/; tiny_model.h: a synthetic container, from convert/; split_inputs.h: the DeltaNet row order, from model/; greedy_decode.h: a forward
-# pass's prompt-then-greedy loop, from model/).
+# pass's prompt-then-greedy loop, from model/; sharded_checkpoint.h: a checkpoint written as shards,
+# from format/).
 LIGHT_SUPPORT = {"support/test_paths.h", "support/test_util.h", "support/local_hub.h", "support/fake_machine.h"}
-SUPPORT_NEEDS = {"support/random_weights.h": "kernels/cpu", "support/tiny_model.h": "convert", "support/split_inputs.h": "model", "support/greedy_decode.h": "model"}
+SUPPORT_NEEDS = {"support/random_weights.h": "kernels/cpu", "support/tiny_model.h": "convert", "support/split_inputs.h": "model", "support/greedy_decode.h": "model", "support/sharded_checkpoint.h": "format"}
 
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
 SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")

@@ -1,7 +1,7 @@
 // swiftlet-repack: build a .qpack container from a checkpoint directory, a Hugging Face repo or a
 // synthetic preset (docs/qpack-format.md).
 //
-//   swiftlet-repack --from-dir DIR --output OUT.qpack [--bits 4|8|16] [--force]
+//   swiftlet-repack --from-dir DIR --output OUT.qpack [--bits 4|8|16] [--force] [--delete-source]
 //   swiftlet-repack --from-hf ORG/REPO [--revision R] --output OUT.qpack
 //   swiftlet-repack --from-gguf FILE|DIR --output OUT.qpack [--bits 4|8|16]
 //   swiftlet-repack --synthetic PRESET [--tokenizer tokenizer.json] --output OUT.qpack
@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(swiftlet::version()));
   auto* src = app.add_option_group("source", "what to convert (exactly one)");
   src->add_option("--from-dir", from_dir, "Hugging Face (bf16: quantised) or MLX-quantised (copied) checkpoint directory");
-  src->add_option("--from-hf", from_hf, "ORG/REPO on the Hugging Face hub (downloaded, then converted)");
+  src->add_option("--from-hf", from_hf, "ORG/REPO on the Hugging Face hub (converted shard by shard as it "
+                  "downloads; a rerun resumes)");
   src->add_option("--from-gguf", from_gguf, "llama.cpp GGUF model (qwen3next or qwen35moe; a file, any "
                   "part of a split model, or a directory holding one): dequantised, then written at --bits");
   src->add_option("--synthetic", synthetic, "random weights of a preset's shapes (see --list-presets)");
@@ -39,7 +40,10 @@ int main(int argc, char** argv) {
   src->require_option(1);
   app.add_option("--revision", revision, "branch, tag or commit of --from-hf");
   app.add_option("--download-dir", download_dir, "where --from-hf keeps the checkpoint (default OUT.download)");
-  app.add_flag("--keep-download", keep_download, "keep the --from-hf checkpoint after converting");
+  app.add_flag("--keep-download", keep_download, "keep the --from-hf checkpoint's shards (by default each is "
+               "deleted once converted)");
+  app.add_flag("--delete-source", o.delete_source, "--from-dir: convert shard by shard and delete each shard "
+               "once converted (the disk then needs the container and about two shards; a rerun resumes)");
   app.add_option("--output,-o", o.output, "the container to write (a directory, e.g. model.qpack)");
   app.add_option("--bits", o.bits, "4 (default), 8, or 16 (bf16, no quantisation); router and "
                  "shared_expert_gate use 8 bits when quantising")->check(CLI::IsMember({4, 8, 16}));
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
   if (!quiet) o.log = [](const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); };
   try {
     if (o.output.empty()) swiftlet::fail("--output OUT.qpack is required");
+    if (o.delete_source && from_dir.empty()) swiftlet::fail("--delete-source applies to --from-dir only");
     swiftlet::RepackStats st;
     if (!synthetic.empty()) st = swiftlet::repack_synthetic(synthetic, o);
     else if (!from_dir.empty()) st = swiftlet::repack_from_dir(from_dir, o);

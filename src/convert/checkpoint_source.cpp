@@ -110,7 +110,7 @@ const char* kCopiedFiles[] = {"tokenizer.json",         "tokenizer.json.zst",   
 
 class CheckpointSource : public RepackSource {
  public:
-  CheckpointSource(const std::string& dir, const RepackOptions& o)
+  CheckpointSource(const std::string& dir, std::unique_ptr<TensorSet> ts, const RepackOptions& o)
       : dir_(fs::absolute(dir).lexically_normal().string()) {
     if (looks_like_qpack(dir))
       fail("'{}' is already a .qpack container (swiftlet runs it as is; `swiftlet verify` checks it)", dir);
@@ -119,7 +119,7 @@ class CheckpointSource : public RepackSource {
     raw_config_ = json::parse(read_text_file(cfg_path), nullptr, false);
     if (raw_config_.is_discarded()) fail("'{}' is not valid JSON", cfg_path);
     config_ = ModelConfig::load(cfg_path);
-    ts_ = std::make_unique<TensorSet>(TensorSet::open_dir(dir));
+    ts_ = ts ? std::move(ts) : std::make_unique<TensorSet>(TensorSet::open_dir(dir));
     src_names_ = NameScheme::detect(*ts_, config_);
     dst_names_ = NameScheme::mlx(config_);
     shifted_ = norms_hold_one_plus_w(*ts_, config_, src_names_);
@@ -234,6 +234,15 @@ class CheckpointSource : public RepackSource {
     }
   }
 
+  std::vector<std::string> layer_inputs(int layer) const override {
+    std::vector<std::string> out;
+    for (const char* part : {"mlp.experts.", "mlp.switch_mlp."}) {
+      const auto more = names_under(src_names_.layer(layer) + part);
+      out.insert(out.end(), more.begin(), more.end());
+    }
+    return out;
+  }
+
   void layer_done(int layer) override {
     for (int e = 0; e < config_.num_experts; ++e) {
       const ExpertWeights& w = experts_->get(layer, e);
@@ -244,7 +253,21 @@ class CheckpointSource : public RepackSource {
   }
 
  private:
+  // The source tensors named `prefix`* (a module's weight, scales and biases; a layer's experts).
+  std::vector<std::string> names_under(const std::string& prefix) const {
+    std::vector<std::string> out;
+    for (const std::string& n : ts_->names())
+      if (n.starts_with(prefix)) out.push_back(n);
+    return out;
+  }
+
   ResidentItem resident_item(const DenseTensorSpec& s, const DenseTensorSpec& d) {
+    ResidentItem it = resident_item_of(s, d);
+    it.inputs = s.kind == TensorKind::Linear ? names_under(s.name + ".") : std::vector<std::string>{s.name};
+    return it;
+  }
+
+  ResidentItem resident_item_of(const DenseTensorSpec& s, const DenseTensorSpec& d) {
     ResidentItem it;
     switch (s.kind) {
       case TensorKind::Linear: {
@@ -340,7 +363,12 @@ class CheckpointSource : public RepackSource {
 }  // namespace
 
 std::unique_ptr<RepackSource> open_checkpoint_source(const std::string& dir, const RepackOptions& opts) {
-  return std::make_unique<CheckpointSource>(dir, opts);
+  return std::make_unique<CheckpointSource>(dir, nullptr, opts);
+}
+
+std::unique_ptr<RepackSource> open_checkpoint_source(const std::string& dir, TensorSet tensors,
+                                                     const RepackOptions& opts) {
+  return std::make_unique<CheckpointSource>(dir, std::make_unique<TensorSet>(std::move(tensors)), opts);
 }
 
 }  // namespace swiftlet

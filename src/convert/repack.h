@@ -24,6 +24,8 @@
 
 namespace swiftlet {
 
+class TensorSet;
+
 struct RepackOptions {
   std::string output;     // OUT.qpack
   int bits = 0;           // 0: default (4 for float inputs, as stored for MLX inputs); 4, 8, 16
@@ -34,6 +36,7 @@ struct RepackOptions {
   std::string source_name;  // manifest sourceCheckpoint; empty: the input path / preset
   int threads = 2;        // producer threads for expert blobs (quantising / generating)
   bool compress_tokenizer = false;  // write tokenizer.json as tokenizer.json.zst (zstd level 19)
+  bool delete_source = false;  // --from-dir: convert shard by shard, deleting each once converted
   std::function<void(const std::string&)> log;  // progress lines; empty: quiet
 };
 
@@ -59,6 +62,7 @@ struct TensorBytes {
 struct ResidentItem {
   std::vector<TensorToWrite> tensors;  // data pointers unused
   std::function<std::vector<TensorBytes>()> produce;
+  std::vector<std::string> inputs;  // the source tensors produce() reads (for a ShardFeed)
 };
 
 // The config.json text of a container: `config` (the model's HF config) with MLX's quantization
@@ -86,26 +90,64 @@ class RepackSource {
   // Writes the sections of (layer, expert) into blob[0, layout.payload()). Thread-safe.
   virtual void expert(int layer, int expert, const QpackLayout& layout, uint8_t* blob) const = 0;
   virtual void layer_done(int layer) {}  // e.g. let the kernel drop the source's pages
+  // The source tensors expert(layer, ...) reads (for a ShardFeed).
+  virtual std::vector<std::string> layer_inputs(int layer) const { return {}; }
+};
+
+// A source whose tensors arrive shard by shard (a checkpoint downloaded from the hub, or one
+// deleted as it is converted): write_container makes each part of the container once the shards
+// it reads are there, in an order that keeps few of them at once, and says when each is needed
+// no more.
+class ShardFeed {
+ public:
+  virtual ~ShardFeed() = default;
+  virtual int shards() const = 0;
+  virtual std::string shard_name(int s) const = 0;
+  virtual uint64_t shard_bytes(int s) const = 0;
+  virtual int shard_of(const std::string& tensor) const = 0;  // -1: not in any shard
+  virtual std::string dir() const = 0;  // where the shards are (for the free-space check)
+  virtual bool deletes() const = 0;     // a released shard leaves the disk
+  // The shards the writer will acquire, in order (each once); a feed may fetch ahead.
+  virtual void plan(const std::vector<int>& order) = 0;
+  virtual void acquire(int s) = 0;  // returns once the shard's tensors can be read
+  virtual void release(int s) = 0;  // its tensors are read no more: the shard may go
 };
 
 // A Hugging Face (bf16: quantised to opts.bits) or MLX-quantised (bytes copied) checkpoint.
 std::unique_ptr<RepackSource> open_checkpoint_source(const std::string& dir, const RepackOptions& opts);
+// The same over tensors already opened (shards possibly reserved, not yet on disk); `dir` holds
+// config.json and the tokenizer files.
+std::unique_ptr<RepackSource> open_checkpoint_source(const std::string& dir, TensorSet tensors,
+                                                     const RepackOptions& opts);
 
 // A llama.cpp GGUF model (qwen3next or qwen35moe; a file, a split model's part, or a directory
 // holding one model): every tensor dequantised, then written at opts.bits (gguf_source.cpp).
 std::unique_ptr<RepackSource> open_gguf_source(const std::string& path, const RepackOptions& opts);
 
-RepackStats write_container(RepackSource& src, const RepackOptions& opts);
+// Writes the container. With a feed, the parts are made as their shards arrive, and the
+// container is built in OUT.partial, which a later run with the same source and options resumes
+// (what it holds is neither fetched nor made again).
+RepackStats write_container(RepackSource& src, const RepackOptions& opts, ShardFeed* feed = nullptr);
 
 inline RepackStats repack_from_gguf(const std::string& path, const RepackOptions& opts) {
   auto src = open_gguf_source(path, opts);
   return write_container(*src, opts);
 }
 
+// A checkpoint directory converted shard by shard, each shard deleted once its parts are written
+// (opts.delete_source; shard_feed.cpp). Resumable like a hub conversion.
+RepackStats repack_from_dir_deleting(const std::string& dir, const RepackOptions& opts);
+
 inline RepackStats repack_from_dir(const std::string& dir, const RepackOptions& opts) {
+  if (opts.delete_source) return repack_from_dir_deleting(dir, opts);
   auto src = open_checkpoint_source(dir, opts);
   return write_container(*src, opts);
 }
+
+// Where write_container builds a container fed shard by shard (OUT.partial), and the folder in
+// it where a feed may keep the shards' headers (removed with the build's other scratch files).
+std::string partial_dir(const std::string& output);
+inline constexpr const char* kShardHeadsDir = "heads";
 
 // Throws Error with the numbers unless `dir`'s file system has `need` bytes (plus a margin) free.
 void require_free_space(const std::string& dir, uint64_t need, const std::string& what,

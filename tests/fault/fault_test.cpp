@@ -8,6 +8,7 @@
 #include "runtime/session.h"
 #include "support/test_paths.h"
 #include "support/local_hub.h"
+#include "support/sharded_checkpoint.h"
 #include "support/test_util.h"
 
 #include <gtest/gtest.h>
@@ -38,6 +39,8 @@ using swiftlet::testing::bin_path;
 using swiftlet::testing::CmdResult;
 using swiftlet::testing::run_command;
 using Scratch = swiftlet::testing::ScratchDir;
+using swiftlet::testing::fixture_dir;
+using swiftlet::testing::write_sharded;
 
 // The environment prefix that loads the shim with `faults` (VAR=value ...).
 std::string with_faults(const std::string& faults) {
@@ -173,11 +176,28 @@ std::map<std::string, std::string> container_files(const std::string& dir) {
   return m;
 }
 
-pid_t spawn(const std::string& cmd) {
+// Starts `cmd` in a shell (which should exec the program, so that a signal reaches it), kills it
+// with SIGKILL after `seconds`: true when the kill ended it, false when it had finished.
+bool killed_after(const std::string& cmd, double seconds) {
   pid_t pid;
   const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
-  if (posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) return -1;
-  return pid;
+  if (posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) != 0) {
+    ADD_FAILURE() << "cannot start " << cmd;
+    return false;
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFSIGNALED(st);
+}
+
+// The seconds one run of `cmd` takes; it must succeed.
+double seconds_of(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const CmdResult r = run_command(cmd + " 2>&1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // kill -9 at random points of repacks that replace the same output: at every moment the output
@@ -185,9 +205,8 @@ pid_t spawn(const std::string& cmd) {
 TEST(RepackFaults, KillNineAtRandomPointsNeverLeavesAWrongContainer) {
   Scratch dir;
   const std::string ref = dir / "ref.qpack", out = dir / "out.qpack";
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(run_command(repack_tiny(ref) + " 2>&1").status, 0);
-  const double full_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double full_s = seconds_of(repack_tiny(ref));
+  ASSERT_TRUE(fs::exists(ref));
   const auto want = container_files(ref);
   std::mt19937 rng(12345);
   // Kill points are drawn from [0, window); a repack that finishes before its kill shrinks the
@@ -198,14 +217,8 @@ TEST(RepackFaults, KillNineAtRandomPointsNeverLeavesAWrongContainer) {
   for (int i = 0; i < 120 && killed < 20; ++i) {
     // Every other run writes a new container, the others replace a complete one.
     if (i % 2 == 0) fs::remove_all(out);
-    // exec: the shell becomes the repack, so the kill reaches it.
-    const pid_t pid = spawn("exec " + repack_tiny(out, "--force") + " 2>/dev/null");
-    ASSERT_GT(pid, 0);
-    std::this_thread::sleep_for(std::chrono::duration<double>(std::uniform_real_distribution<double>(0.0, window)(rng)));
-    ::kill(pid, SIGKILL);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    if (WIFSIGNALED(st)) {
+    if (killed_after("exec " + repack_tiny(out, "--force") + " 2>/dev/null",
+                     std::uniform_real_distribution<double>(0.0, window)(rng))) {
       ++killed;
     } else {
       ++finished;
@@ -264,22 +277,13 @@ TEST(DownloadFaults, KillNineAtRandomPointsThenResumeGivesTheSameBytes) {
   ASSERT_EQ(run_command(repack_tiny(published) + " 2>&1").status, 0);
   const auto want = container_files(published);
   LocalHub hub(published, kHubPace);
-  const auto t0 = std::chrono::steady_clock::now();
-  const CmdResult once = run_command(fetch_cmd(hub, dir / "once.qpack") + " 2>&1");
-  ASSERT_EQ(once.status, 0) << once.out;
-  const double full_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double full_s = seconds_of(fetch_cmd(hub, dir / "once.qpack"));
   EXPECT_EQ(container_files(dir / "once.qpack"), want);
   std::mt19937 rng(777);
   std::uniform_real_distribution<double> when(0.0, full_s);
   int killed = 0, with_parts = 0, complete = 0;
   for (int i = 0; i < 20; ++i) {
-    const pid_t pid = spawn(fetch_cmd(hub, out) + " 2>/dev/null");
-    ASSERT_GT(pid, 0);
-    std::this_thread::sleep_for(std::chrono::duration<double>(when(rng)));
-    ::kill(pid, SIGKILL);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    killed += WIFSIGNALED(st);
+    killed += killed_after(fetch_cmd(hub, out) + " 2>/dev/null", when(rng));
     expect_download_consistent(out + ".download", want);
     if (fs::exists(out + ".download"))
       for (const auto& e : fs::recursive_directory_iterator(out + ".download"))
@@ -320,6 +324,108 @@ TEST(DownloadFaults, DiskFullIsClearAndARerunResumes) {
   const CmdResult again = run_command(fetch_cmd(hub, out) + " 2>&1");
   ASSERT_EQ(again.status, 0) << again.out;
   EXPECT_EQ(container_files(out), container_files(published));
+}
+
+// ---- Conversion shard by shard (swiftlet-repack --from-hf of a sharded checkpoint) ------------
+
+class HubConversion : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fixture_dir("next_8l") + "/config.json")) GTEST_SKIP() << "fixture next_8l missing";
+    // ~8 shards of ~200 KB, layers straddling shards as on the hub.
+    shards_ = write_sharded(fixture_dir("next_8l"), dir_ / "ckpt", 200 << 10);
+    for (const auto& s : shards_) {
+      total_ += fs::file_size(dir_ / ("ckpt/" + s));
+      largest_ = std::max<uint64_t>(largest_, fs::file_size(dir_ / ("ckpt/" + s)));
+    }
+    const CmdResult r = run_command(bin_path("swiftlet-repack") + " --quiet --from-dir " + (dir_ / "ckpt") +
+                                    " --output " + (dir_ / "whole.qpack") + " 2>&1");
+    ASSERT_EQ(r.status, 0) << r.out;
+    want_ = without_manifest(dir_ / "whole.qpack");
+  }
+  static std::map<std::string, std::string> without_manifest(const std::string& dir) {
+    auto m = container_files(dir);
+    m.erase("manifest.json");  // it names the source
+    return m;
+  }
+  static std::string convert_cmd(const LocalHub& hub, const std::string& out) {
+    return "HF_ENDPOINT=" + hub.endpoint() + " " + bin_path("swiftlet-repack") + " --from-hf acme/next --quiet --output " + out;
+  }
+
+  Scratch dir_;
+  std::vector<std::string> shards_;
+  uint64_t total_ = 0, largest_ = 0;
+  std::map<std::string, std::string> want_;
+};
+
+TEST_F(HubConversion, KillNineAtRandomPointsThenRerunGivesTheSameContainer) {
+  LocalHub hub(dir_ / "ckpt", kHubPace);
+  const std::string out = dir_ / "out.qpack";
+  const double full_s = seconds_of(convert_cmd(hub, dir_ / "once.qpack"));
+  EXPECT_EQ(without_manifest(dir_ / "once.qpack"), want_);
+  std::mt19937 rng(4242);
+  std::uniform_real_distribution<double> when(0.0, full_s);
+  int killed = 0, resumable = 0, complete = 0;
+  for (int i = 0; i < 16; ++i) {
+    killed += killed_after("exec env " + convert_cmd(hub, out) + " 2>/dev/null", when(rng));
+    if (fs::exists(out + ".partial/progress.jsonl")) {
+      const std::string journal = read_text_file(out + ".partial/progress.jsonl");
+      resumable += std::count(journal.begin(), journal.end(), '\n') > 1;
+    }
+    if (fs::exists(out)) {
+      ++complete;
+      EXPECT_EQ(without_manifest(out), want_) << "after kill " << i;
+      fs::remove_all(out);
+    }
+  }
+  std::printf("kill -9 during a conversion from the hub: %d runs killed, %d left converted parts to resume, %d "
+              "finished\n", killed, resumable, complete);
+  EXPECT_GT(resumable, 0) << "no kill landed after a converted part";
+  const CmdResult r = run_command(convert_cmd(hub, out) + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(without_manifest(out), want_);
+  EXPECT_FALSE(fs::exists(out + ".partial"));
+  EXPECT_FALSE(fs::exists(out + ".download"));
+}
+
+// A disk of its own (a tmpfs in a private mount namespace) as small as the container and two
+// shards: the conversion fits; with a shard less it is refused before any shard is downloaded.
+TEST_F(HubConversion, FitsADiskOfTheContainerAndTwoShardsAndRefusesLess) {
+  if (std::system("unshare -rm true >/dev/null 2>&1") != 0) GTEST_SKIP() << "no private mount namespaces (unshare -rm)";
+  LocalHub hub(dir_ / "ckpt");
+  fs::create_directories(dir_ / "disk");
+  auto on_disk_of = [&](uint64_t bytes) {
+    const std::string disk = dir_ / "disk";
+    return run_command("unshare -rm sh -c 'mount -t tmpfs -o size=" + std::to_string(bytes) + " tmpfs " + disk + " && " +
+                       convert_cmd(hub, disk + "/out.qpack") + "; rc=$?; ls " + disk + "/out.qpack.download > " +
+                       (dir_ / "listing.txt") + " 2>/dev/null; rm -rf " + (dir_ / "got.qpack") + "; cp -r " + disk +
+                       "/out.qpack " + (dir_ / "got.qpack") + " 2>/dev/null; exit $rc' 2>&1");
+  };
+  // What the plan asks for (the container and two shards), from its refusal on a disk of 1 MB.
+  const CmdResult probe = on_disk_of(1 << 20);
+  ASSERT_NE(probe.status, 0) << probe.out;
+  const size_t at = probe.out.find(" bytes, plus");
+  ASSERT_NE(at, std::string::npos) << probe.out;
+  const uint64_t need = std::stoull(probe.out.substr(probe.out.rfind('(', at) + 1));
+  // The margin is a 32nd of a small disk; 128 KiB for the download folder's small files and the
+  // shards' headers.
+  const uint64_t quota = (need + (128 << 10)) * 32 / 31;
+  uint64_t container = 0;
+  for (const auto& [rel, bytes] : container_files(dir_ / "whole.qpack")) container += (bytes.size() + 4095) / 4096 * 4096;
+  std::printf("disk of %llu bytes: the container %llu, the largest shard %llu, all %zu shards %llu\n",
+              (unsigned long long)quota, (unsigned long long)container, (unsigned long long)largest_, shards_.size(),
+              (unsigned long long)total_);
+  ASSERT_LT(quota + largest_, container + total_) << "the disk would hold every shard: the test proves nothing";
+
+  const CmdResult less = on_disk_of(quota - largest_);
+  EXPECT_NE(less.status, 0) << less.out;
+  EXPECT_NE(less.out.find("not enough disk space"), std::string::npos) << less.out;
+  const std::string listing = read_text_file(dir_ / "listing.txt");
+  for (const auto& s : shards_) EXPECT_EQ(listing.find(s), std::string::npos) << s << " was downloaded: " << listing;
+
+  const CmdResult fits = on_disk_of(quota);
+  ASSERT_EQ(fits.status, 0) << fits.out;
+  EXPECT_EQ(without_manifest(dir_ / "got.qpack"), want_);
 }
 
 // ---- A container changed on disk while a process has it loaded -------------------------------
