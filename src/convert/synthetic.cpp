@@ -149,6 +149,14 @@ std::vector<SyntheticPreset> build_presets() {
                false, make_config({"qwen3_next", 4, 128, 4, 2, 64, 2, 4, 32, 32, 16, 4, 64, 64, 1024, 1e7, {}})});
   p.push_back({"tiny-q35", "Qwen3.5 family (multimodal wrapper config), 4 layers, hidden 128, 16 experts top-4",
                false, make_config({"qwen3_5_moe", 4, 128, 4, 2, 64, 2, 4, 32, 32, 16, 4, 64, 64, 1024, 1e7, {}})});
+  // Rows of 256 values (hidden, the experts' and value widths): llama.cpp's K-quant types
+  // (Q4_K, Q5_K, Q6_K blocks of 256) apply to every matrix; every expert serves every token, so
+  // that another engine's rounding cannot flip a routing choice. For comparing with llama.cpp.
+  p.push_back({"tiny-256", "Qwen3-Next family, 4 layers, hidden 256, 4 experts of 256 x 256 all used, vocab 256 "
+               "(whole 256-value blocks for GGUF K-quants)",
+               false, make_config({"qwen3_next", 4, 256, 4, 2, 64, 2, 4, 64, 64, 4, 4, 256, 256, 256, 1e7, {}})});
+  p.push_back({"tiny-256-q35", "Qwen3.5 family, as tiny-256", false,
+               make_config({"qwen3_5_moe", 4, 256, 4, 2, 64, 2, 4, 64, 64, 4, 4, 256, 256, 256, 1e7, {}})});
   return p;
 }
 
