@@ -51,9 +51,10 @@ HARNESS_FROM = "model"
 # standard library and test libraries). The others need more (random_weights.h: the reference
 # products, from kernels/cpu/; tiny_model.h: a synthetic container, from convert/; split_inputs.h: the DeltaNet row order, from model/; greedy_decode.h: a forward
 # pass's prompt-then-greedy loop, from model/; sharded_checkpoint.h: a checkpoint written as shards,
-# from format/).
+# from format/; gguf_export.h: a loaded model written as GGUF, from convert/; reference_logits.h:
+# a prompt's logits through the reference backend, from model/).
 LIGHT_SUPPORT = {"support/test_paths.h", "support/test_util.h", "support/local_hub.h", "support/fake_machine.h"}
-SUPPORT_NEEDS = {"support/random_weights.h": "kernels/cpu", "support/tiny_model.h": "convert", "support/split_inputs.h": "model", "support/greedy_decode.h": "model", "support/sharded_checkpoint.h": "format"}
+SUPPORT_NEEDS = {"support/random_weights.h": "kernels/cpu", "support/tiny_model.h": "convert", "support/split_inputs.h": "model", "support/greedy_decode.h": "model", "support/sharded_checkpoint.h": "format", "support/gguf_export.h": "convert", "support/reference_logits.h": "model"}
 
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.M)
 SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")

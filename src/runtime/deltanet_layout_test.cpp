@@ -12,6 +12,7 @@
 #include "model/weights.h"
 #include "runtime/model_info.h"
 #include "runtime/model_loader.h"
+#include "support/reference_logits.h"
 #include "support/split_inputs.h"
 #include "support/test_paths.h"
 #include "support/test_util.h"
@@ -40,12 +41,7 @@ bool has_fixture(const std::string& name) { return fs::exists(fixture_dir(name) 
 std::vector<float> prefill(const std::string& model, const std::string& fixture) {
   const json ref = json::parse(read_text_file(fixture_dir(fixture) + "/reference.json"));
   const auto tokens = ref["tokens"].get<std::vector<int32_t>>();
-  auto lm = load_model(model);
-  Forward fwd(lm->model, Backend::Reference);
-  SessionState st = SessionState::create(lm->model.config);
-  std::vector<float> logits;
-  fwd.run(st, tokens, LogitsMode::All, logits);
-  return logits;
+  return swiftlet::testing::reference_prefill(model, tokens);
 }
 
 std::string container(const std::string& fixture, int bits, const std::string& out) {
