@@ -1,0 +1,102 @@
+// llama.cpp as the oracle of what a GGUF file means. tests/data/gguf holds llama.cpp's logits for
+// GGUF files of the synthetic presets tiny-256 (qwen3next) and tiny-256-q35 (qwen35moe), whose
+// matrices have rows of 256 values so that llama.cpp's K-quant types apply to all of them, and
+// the K-quant files llama-quantize made (tools/reference/llama_cpp_gguf.sh, README.md there).
+// swiftlet's conversion of each file at --bits 16 (the file's own weights, dequantised) must give
+// llama.cpp's logits up to llama.cpp's rounding of the activations: its CPU products round them to
+// bf16 or 8 bits, so the bound is a share of the logits' range, far below what a wrong tensor
+// transform or block layout gives.
+#include "convert/repack.h"
+#include "convert/synthetic.h"
+
+#include "core/error.h"
+#include "support/gguf_export.h"
+#include "support/reference_logits.h"
+#include "support/test_paths.h"
+#include "support/test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace swiftlet {
+namespace {
+
+namespace fs = std::filesystem;
+using swiftlet::testing::read_f32;
+using swiftlet::testing::reference_prefill;
+using swiftlet::testing::ScratchDir;
+using swiftlet::testing::source_path;
+
+std::string data(const std::string& name) { return source_path("tests/data/gguf/" + name); }
+
+std::vector<int32_t> prompt() {
+  std::vector<int32_t> ids;
+  std::stringstream ss(read_text_file(data("ids.txt")));
+  for (std::string t; std::getline(ss, t, ',');) ids.push_back(int32_t(std::stoi(t)));
+  return ids;
+}
+
+// Largest |got - want| over the largest |want|.
+double relative_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double d = 0, m = 0;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    d = std::max(d, double(std::fabs(got[i] - want[i])));
+    m = std::max(m, double(std::fabs(want[i])));
+  }
+  return d / std::max(m, 1e-30);
+}
+
+// The file converted into `container`: its logits against llama.cpp's.
+double against_llama(const std::string& gguf, const std::string& golden, const std::string& container) {
+  RepackOptions o;
+  o.output = container;
+  o.bits = 16;
+  o.force = true;
+  repack_from_gguf(gguf, o);
+  return relative_diff(reference_prefill(container, prompt()), read_f32(data(golden)));
+}
+
+constexpr double kBound = 0.03;  // of the logits' range; llama.cpp's activation rounding
+
+// BF16 matrices: the transforms of both families (fused and tiled inputs, A_log, conv, norms,
+// stacked experts) as llama.cpp reads them. The file is written here as for the oracle run.
+TEST(GgufOracle, Bf16FilesOfBothFamiliesGiveLlamaCppsLogits) {
+  for (const std::string preset : {"tiny-256", "tiny-256-q35"}) {
+    ScratchDir tmp;
+    RepackOptions o;
+    o.output = tmp / "synthetic.qpack";
+    o.bits = 16;
+    repack_synthetic(preset, o);
+    swiftlet::testing::write_as_gguf(tmp / "synthetic.qpack", tmp / "m.gguf", {GgmlType::BF16, false, false});
+    const double d = against_llama(tmp / "m.gguf", preset + "-BF16.llama.f32", tmp / "m.qpack");
+    std::printf("%s BF16: largest difference from llama.cpp %.4f of the logits' range\n", preset.c_str(), d);
+    EXPECT_LT(d, kBound) << preset;
+  }
+}
+
+// Files llama-quantize wrote: its K-quant mixtures (Q4_K, Q5_K and Q6_K blocks) decoded as llama.cpp decodes them.
+TEST(GgufOracle, LlamaQuantizedFilesGiveLlamaCppsLogits) {
+  ScratchDir tmp;
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(source_path("tests/data/gguf"))) {
+    const std::string name = e.path().filename().string();
+    if (!name.ends_with(".gguf")) continue;
+    ++files;
+    const std::string stem = name.substr(0, name.size() - 5);
+    const double d = against_llama(e.path().string(), stem + ".llama.f32", tmp / "m.qpack");
+    std::printf("%s: largest difference from llama.cpp %.4f of the logits' range\n", stem.c_str(), d);
+    EXPECT_LT(d, kBound) << name;
+  }
+  EXPECT_GT(files, 0) << "no GGUF files in tests/data/gguf";
+}
+
+}  // namespace
+}  // namespace swiftlet
