@@ -85,7 +85,8 @@ RepackStats repack_hub_checkpoint(HubClient& hub, const RepoListing& ls, const s
   }
   log(fmt::format("{}@{} (commit {}): {} shards, {:.2f} GB, downloaded into {} one after another", repo,
                   ls.revision, ls.commit, shards.size(), double(total) / 1e9, dl.string()));
-  const auto heads = shard_heads(opts.output, shards, [&](const ShardInfo& s) { return fetch_head(hub, repo, rev, s); });
+  const auto heads =
+      shard_heads(opts.output, rev, shards, [&](const ShardInfo& s) { return fetch_head(hub, repo, rev, s); });
   TensorSet tensors = reserved_checkpoint(dl.string(), shards, heads);
   const std::string dir = dl.string();
   ShardFiles feed(dir, shards, tensors, [repo, rev, dir, log](const ShardInfo& s, const std::atomic<bool>& stop) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -43,9 +44,13 @@ std::vector<std::string> checkpoint_shard_names(const std::string& dir, const st
   return out;
 }
 
-std::map<std::string, std::string> shard_heads(const std::string& output, const std::vector<ShardInfo>& shards,
+std::map<std::string, std::string> shard_heads(const std::string& output, const std::string& version,
+                                               const std::vector<ShardInfo>& shards,
                                                const std::function<std::string(const ShardInfo&)>& read_head) {
-  const fs::path dir = fs::path(partial_dir(output)) / kShardHeadsDir;
+  std::string tag = version.empty() ? "local" : version;
+  for (char& ch : tag)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
+  const fs::path dir = fs::path(partial_dir(output)) / kShardHeadsDir / tag;
   fs::create_directories(dir);
   std::map<std::string, std::string> heads;
   for (const ShardInfo& s : shards) {
@@ -200,7 +205,7 @@ RepackStats repack_from_dir_deleting(const std::string& dir_in, const RepackOpti
   if (opts.output.empty()) fail("no output given (--output OUT.qpack)");
   std::vector<std::string> listed;
   for (const auto& e : fs::directory_iterator(dir)) listed.push_back(e.path().filename().string());
-  const fs::path kept = fs::path(partial_dir(opts.output)) / kShardHeadsDir;
+  const fs::path kept = fs::path(partial_dir(opts.output)) / kShardHeadsDir / "local";
   std::vector<ShardInfo> shards;
   std::map<std::string, std::string> heads;
   for (const std::string& name : checkpoint_shard_names(dir, listed)) {
@@ -215,7 +220,7 @@ RepackStats repack_from_dir_deleting(const std::string& dir_in, const RepackOpti
     }
     shards.push_back({name, fs::exists(p) ? uint64_t(fs::file_size(p)) : size_from_head(head, name)});
   }
-  heads = shard_heads(opts.output, shards, [&](const ShardInfo& s) { return read_local_head((fs::path(dir) / s.name).string()); });
+  heads = shard_heads(opts.output, "", shards, [&](const ShardInfo& s) { return read_local_head((fs::path(dir) / s.name).string()); });
   TensorSet tensors = reserved_checkpoint(dir, shards, heads);
   ShardFiles feed(dir, shards, tensors, [dir](const ShardInfo& s, const std::atomic<bool>&) {
     if (!fs::exists(fs::path(dir) / s.name))

@@ -37,9 +37,11 @@ struct ShardInfo {
 // model.safetensors, else every *.safetensors file listed in `listed` (names).
 std::vector<std::string> checkpoint_shard_names(const std::string& dir, const std::vector<std::string>& listed);
 
-// The first bytes (the header) of each shard: from OUT.partial/heads/NAME when an earlier run
-// kept it, else from `read_head(name)`, then kept there.
-std::map<std::string, std::string> shard_heads(const std::string& output, const std::vector<ShardInfo>& shards,
+// The first bytes (the header) of each shard: from OUT.partial/heads/VERSION/NAME when an earlier
+// run kept it, else from `read_head(name)`, then kept there. `version` names the checkpoint's
+// version (a hub commit), so that the headers of another one are never taken for its own.
+std::map<std::string, std::string> shard_heads(const std::string& output, const std::string& version,
+                                               const std::vector<ShardInfo>& shards,
                                                const std::function<std::string(const ShardInfo&)>& read_head);
 
 // The tensors of the shards in `dir`, every shard reserved (not read) from its header.
