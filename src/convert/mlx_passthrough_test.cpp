@@ -43,6 +43,7 @@ struct Variant {
   const char* name;
   DType router_dtype;  // the router and shared expert gate, stored unquantised
   bool overrides;      // a few other modules re-quantised at 8 bits, in groups of 32 or 128
+  bool one_layer_experts = false;  // instead: layer 1's experts' down_proj alone at 8 bits
 };
 
 const Variant kVariants[] = {{"router_f32", DType::F32, false}, {"router_bf16_8bit", DType::BF16, true}};
@@ -51,8 +52,10 @@ bool is_gate(const std::string& module) {
   return module.ends_with("mlp.gate") || module.ends_with("mlp.shared_expert_gate");
 }
 
-// The 8-bit overrides of the second variant: (module suffix, group size).
-int override_group(const std::string& module) {
+// The 8-bit overrides of a variant: (module suffix, group size).
+int override_group(const Variant& v, const std::string& module) {
+  if (v.one_layer_experts) return module.ends_with("layers.1.mlp.switch_mlp.down_proj") ? 64 : 0;
+  if (!v.overrides) return 0;
   if (module.ends_with("self_attn.q_proj") || module.ends_with("switch_mlp.down_proj")) return 32;
   if (module.ends_with("embed_tokens") || module.ends_with("linear_attn.out_proj")) return 128;
   return 0;
@@ -111,11 +114,11 @@ void make_checkpoint(const std::string& fixture, const Variant& v, const std::st
       set_quant(module, gates++ % 2 ? json(false) : json());
       continue;
     }
-    if (quantised && v.overrides && override_group(module) != 0) {
+    if (quantised && override_group(v, module) != 0) {
       if (part != "weight") continue;
       int64_t rows, cols;
       const std::vector<float> f = dequantised(src, quant, module, &rows, &cols);
-      const int group = override_group(module);
+      const int group = override_group(v, module);
       const AffineMatrix q = affine_quantize(f.data(), rows, cols, 8, group);
       std::vector<int64_t> lead(t.shape.begin(), t.shape.end() - 1);
       auto shaped = [&](int64_t last) {
@@ -224,9 +227,9 @@ TEST_P(MlxPassThrough, EveryTensorKeepsItsBytes) {
   std::set<int> groups;
   for (const auto& [module, spec] : qc.config.quant.overrides) {
     EXPECT_FALSE(is_gate(module) && spec.bits != 0) << module;
-    if (override_group(module) != 0 && variant_.overrides) {
+    if (override_group(variant_, module) != 0) {
       EXPECT_EQ(spec.bits, 8) << module;
-      EXPECT_EQ(spec.group_size, override_group(module)) << module;
+      EXPECT_EQ(spec.group_size, override_group(variant_, module)) << module;
       groups.insert(spec.group_size);
     }
   }
@@ -282,6 +285,28 @@ TEST_P(MlxPassThrough, EngineRunsTheStoredRouter) {
     std::memcpy(want.data(), b.data(), b.size());
     EXPECT_LT(max_abs_diff(from_qpack.logits, want), 1e-3f);
   }
+}
+
+// Experts of one layer at another precision than the rest: a container holds all experts in one
+// format, so the repack refuses, naming the layer and the projection of both formats.
+TEST(MlxMixedExperts, ARepackRefusesThemNamingTheModules) {
+  const std::string fixture = "next_mlx4";
+  if (!fs::exists(fixture_dir(fixture) + "/reference.json")) GTEST_SKIP() << "fixture " << fixture << " missing";
+  const fs::path dir = fs::temp_directory_path() / fmt::format("swiftlet_mlx_mixed_{}", ::getpid());
+  fs::remove_all(dir);
+  make_checkpoint(fixture, {"experts_mixed", DType::F32, false, true}, (dir / "ckpt").string());
+  RepackOptions o;
+  o.output = (dir / "m.qpack").string();
+  std::string e;
+  try {
+    repack_from_dir((dir / "ckpt").string(), o);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  fs::remove_all(dir);
+  EXPECT_NE(e.find("layer 1 expert 0 down_proj is stored as 8-bit"), std::string::npos) << e;
+  EXPECT_NE(e.find("but layer 0 expert 0 as 4-bit"), std::string::npos) << e;
+  EXPECT_NE(e.find("holds all experts in one format"), std::string::npos) << e;
 }
 
 // The loader reads bits and group size from the shapes, as mlx-lm's checkpoints make them, so a
