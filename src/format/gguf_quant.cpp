@@ -39,6 +39,34 @@ void q4_1(const uint8_t* b, float* y) {
   }
 }
 
+// Q5_0 and Q5_1: 32 values, low nibbles as Q4_0 / Q4_1 (values 0-15 low, 16-31 high), the fifth
+// bit of value j bit j of the little-endian 32-bit qh; Q5_0 centres at 16, Q5_1 adds its min.
+uint32_t u32_at(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+void q5_0(const uint8_t* b, float* y) {
+  const float d = f16_at(b);
+  const uint32_t qh = u32_at(b + 2);
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float(int((qs[j] & 0xF) | (qh >> j & 1) << 4) - 16) * d;
+    y[j + 16] = float(int((qs[j] >> 4) | (qh >> (j + 16) & 1) << 4) - 16) * d;
+  }
+}
+
+void q5_1(const uint8_t* b, float* y) {
+  const float d = f16_at(b), m = f16_at(b + 2);
+  const uint32_t qh = u32_at(b + 4);
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = float((qs[j] & 0xF) | (qh >> j & 1) << 4) * d + m;
+    y[j + 16] = float((qs[j] >> 4) | (qh >> (j + 16) & 1) << 4) * d + m;
+  }
+}
+
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 scale bytes: the
 // first four pairs are the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); the last four take
 // their low 4 bits from the nibbles of bytes 8-11 and their top 2 bits from the top bits of
@@ -114,6 +142,10 @@ BlockFn block_fn(uint32_t t) {
       return q4_0;
     case GgmlType::Q4_1:
       return q4_1;
+    case GgmlType::Q5_0:
+      return q5_0;
+    case GgmlType::Q5_1:
+      return q5_1;
     case GgmlType::Q4_K:
       return q4_k;
     case GgmlType::Q5_K:

@@ -1,11 +1,14 @@
 // ggml's block formats to fp32: the tensor types swiftlet converts from GGUF files (F32, F16,
-// BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K). The layouts and formulas are those of ggml's
+// BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K). The layouts and formulas are those of ggml's
 // ggml-common.h / ggml-quants.c reference dequantisers, in the same fp32 arithmetic, so a value
 // comes out as llama.cpp's CPU reference computes it:
 //   Q8_0  32 values: f16 d, int8 q[32];                            x = d * q
 //   Q4_0  32 values: f16 d, 16 bytes of nibbles;                   x = d * (q - 8)
 //   Q4_1  32 values: f16 d, f16 m, 16 bytes of nibbles;            x = d * q + m
 //         (byte j holds value j in its low nibble and value j + 16 in its high one)
+//   Q5_0  32 values: f16 d, u32 qh, 16 bytes of nibbles;           x = d * (q - 16)
+//   Q5_1  32 values: f16 d, f16 m, u32 qh, 16 bytes of nibbles;    x = d * q + m
+//         (value j's fifth bit is bit j of qh)
 //   Q4_K 256 values: f16 d, f16 dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of
 //         nibbles; sub-block s of 32: x = (d * sc[s]) * q - (dmin * m[s])
 //   Q5_K as Q4_K with 32 bytes of fifth bits (before the nibbles)

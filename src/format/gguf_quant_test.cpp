@@ -63,6 +63,41 @@ TEST(GgufQuant, Q4_1) {
   EXPECT_EQ(y[16], -1.0f);  // 0.5 * 1 - 1.5
 }
 
+// Q5_0 / Q5_1: a 32-bit qh whose bit e is value e's fifth bit (values 0-15 from the low nibbles,
+// 16-31 from the high ones).
+constexpr uint32_t kQh = 0xA5C3'0F96u;
+
+TEST(GgufQuant, Q5_0) {
+  std::vector<uint8_t> b(22);
+  put16(b, 0, kHalf);
+  std::memcpy(b.data() + 2, &kQh, 4);
+  for (int j = 0; j < 16; ++j) b[6 + j] = uint8_t(((j * 7) & 15) | (((j + 9) & 15) << 4));
+  const auto y = dequant(GgmlType::Q5_0, b, 32);
+  for (int e = 0; e < 32; ++e) {
+    const int low = e < 16 ? (e * 7) & 15 : ((e - 16) + 9) & 15;
+    const int q = low + 16 * int(kQh >> e & 1);
+    EXPECT_EQ(y[e], 0.5f * float(q - 16)) << e;
+  }
+  EXPECT_EQ(y[0], -8.0f);   // bit 0 of qh is 0: 0.5 * (0 - 16)
+  EXPECT_EQ(y[1], 3.5f);    // bit 1 is 1: 0.5 * (7 + 16 - 16)
+  EXPECT_EQ(y[16], 4.5f);   // high nibble of byte 0 = 9, bit 16 is 1: 0.5 * (25 - 16)
+}
+
+TEST(GgufQuant, Q5_1) {
+  std::vector<uint8_t> b(24);
+  put16(b, 0, kQuarter);
+  put16(b, 2, kMinus1_5);
+  std::memcpy(b.data() + 4, &kQh, 4);
+  for (int j = 0; j < 16; ++j) b[8 + j] = uint8_t(((15 - j) & 15) | (((j * 3) & 15) << 4));
+  const auto y = dequant(GgmlType::Q5_1, b, 32);
+  for (int e = 0; e < 32; ++e) {
+    const int low = e < 16 ? 15 - e : ((e - 16) * 3) & 15;
+    const int q = low + 16 * int(kQh >> e & 1);
+    EXPECT_EQ(y[e], 0.25f * float(q) - 1.5f) << e;
+  }
+  EXPECT_EQ(y[31], 5.75f);  // high nibble of byte 15 = 45 & 15 = 13, bit 31 set: 0.25 * 29 - 1.5
+}
+
 // The eight sub-blocks' 6-bit scales and mins used for Q4_K and Q5_K, and their 12 bytes packed
 // by hand: bytes 0-3 = sc[0..3] | (sc[4..7] >> 4) << 6, bytes 4-7 = m[0..3] | (m[4..7] >> 4) << 6,
 // bytes 8-11 = (sc[4..7] & 15) | (m[4..7] & 15) << 4.
@@ -161,8 +196,8 @@ TEST(GgufQuant, LengthsMustBeWholeBlocksOfTheirBytes) {
 }
 
 TEST(GgufQuant, OtherTypesAreRefusedByName) {
-  for (uint32_t t : {0u, 1u, 2u, 3u, 8u, 12u, 13u, 14u, 30u}) EXPECT_TRUE(gguf_type_readable(t)) << t;
-  for (uint32_t t : {6u, 7u, 10u, 11u, 15u, 17u, 20u, 23u, 39u, 4u, 1000u}) EXPECT_FALSE(gguf_type_readable(t)) << t;
+  for (uint32_t t : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 12u, 13u, 14u, 30u}) EXPECT_TRUE(gguf_type_readable(t)) << t;
+  for (uint32_t t : {10u, 11u, 15u, 17u, 20u, 23u, 39u, 4u, 1000u}) EXPECT_FALSE(gguf_type_readable(t)) << t;
   GgufTensor t;
   t.name = "blk.3.ffn_down_exps.weight";
   t.type = uint32_t(GgmlType::IQ2_XS);
