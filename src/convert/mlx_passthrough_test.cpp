@@ -287,6 +287,49 @@ TEST_P(MlxPassThrough, EngineRunsTheStoredRouter) {
   }
 }
 
+// The checkpoint's weights dequantised by the test (each module at its own bits and group size,
+// format/quantize.h) and stored as fp32, without a quantization block: the float model the
+// mixed-precision checkpoint stands for.
+void write_dequantised(const std::string& ckpt, const std::string& dir) {
+  fs::create_directories(dir);
+  const TensorSet src = TensorSet::open_dir(ckpt);
+  json cfg = json::parse(read_text_file(ckpt + "/config.json"));
+  const QuantConfig quant = ModelConfig::load(ckpt + "/config.json").quant;
+  cfg.erase("quantization");
+  cfg.erase("quantization_config");
+  std::deque<std::vector<float>> store;
+  std::vector<TensorToWrite> out;
+  for (const std::string& name : src.names()) {
+    const TensorView& t = src.get(name);
+    const std::string module = name.substr(0, name.rfind('.'));
+    if (!src.contains(module + ".scales")) {
+      out.push_back({name, t.dtype, t.shape, t.data});
+      continue;
+    }
+    if (!name.ends_with(".weight")) continue;
+    int64_t rows, cols;
+    store.push_back(dequantised(src, quant, module, &rows, &cols));
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.end() - 1);
+    shape.push_back(cols);
+    out.push_back({name, DType::F32, shape, store.back().data()});
+  }
+  write_safetensors(dir + "/model.safetensors", out, {{"format", "mlx"}});
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+}
+
+// Mixed precision is never silently wrong: the container gives the logits of its checkpoint's
+// weights dequantised module by module (the 8-bit modules in groups of 32 and 128 included).
+TEST_P(MlxPassThrough, LogitsAreThoseOfTheDequantisedWeights) {
+  const json ref = json::parse(read_text_file(fixture_dir(fixture_) + "/reference.json"));
+  const auto tokens = ref["tokens"].get<std::vector<int32_t>>();
+  write_dequantised(ckpt(), (root_ / "float").string());
+  const Outputs want = run((root_ / "float").string(), Backend::Reference, tokens);
+  const Outputs got = run(container(), Backend::Reference, tokens);
+  EXPECT_LT(max_abs_diff(got.logits, want.logits), 1e-4f);
+  ASSERT_EQ(got.routes.size(), want.routes.size());
+  for (size_t i = 0; i < got.routes.size(); ++i) EXPECT_EQ(got.routes[i].experts, want.routes[i].experts);
+}
+
 // Experts of one layer at another precision than the rest: a container holds all experts in one
 // format, so the repack refuses, naming the layer and the projection of both formats.
 TEST(MlxMixedExperts, ARepackRefusesThemNamingTheModules) {
