@@ -132,6 +132,76 @@ void q6_k(const uint8_t* b, float* y) {
   }
 }
 
+// Q2_K: 16 bytes of sub-block scales (low nibble: scale, high: min), 64 bytes of 2-bit codes,
+// f16 d, f16 dmin. Two halves of 128 values; in each, code byte l (of 32) holds values
+// l + 32 * s for s = 0..3 in its bit pairs, and sub-block i of 16 values uses scale byte i.
+void q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* q = b + 16 + 32 * half;
+    for (int s = 0; s < 4; ++s)
+      for (int part = 0; part < 2; ++part) {
+        const uint8_t sc = scales[half * 8 + s * 2 + part];
+        const float dl = d * float(sc & 0xF), ml = dmin * float(sc >> 4);
+        for (int l = 0; l < 16; ++l) y[half * 128 + s * 32 + part * 16 + l] = dl * float(q[part * 16 + l] >> (2 * s) & 3) - ml;
+      }
+  }
+}
+
+// Q3_K: 32 bytes of high bits, 64 bytes of 2-bit codes, 12 bytes of sixteen 6-bit scales, f16 d.
+// Values as Q2_K's (without mins); value v's third bit is bit (v / 32) of hmask[v % 32], and a
+// clear bit subtracts 4. Scale i (biased by 32): low 4 bits from the nibbles of bytes 0-7 (low
+// nibbles for scales 0-7, high for 8-15), top 2 bits from bytes 8-11 (pair i / 4 of byte 8 + i % 4).
+void q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hmask = b;
+  const uint8_t* packed = b + 96;
+  const float d = f16_at(b + 108);
+  int scale[16];
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? packed[i] & 0xF : packed[i - 8] >> 4;
+    const int high = packed[8 + i % 4] >> (2 * (i / 4)) & 3;
+    scale[i] = (low | high << 4) - 32;
+  }
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* q = b + 32 + 32 * half;
+    for (int s = 0; s < 4; ++s)
+      for (int part = 0; part < 2; ++part) {
+        const float dl = d * float(scale[half * 8 + s * 2 + part]);
+        const int bit = half * 4 + s;
+        for (int l = 0; l < 16; ++l) {
+          const int k = part * 16 + l;
+          const int code = int(q[k] >> (2 * s) & 3) - (hmask[k] >> bit & 1 ? 0 : 4);
+          y[half * 128 + s * 32 + k] = dl * float(code);
+        }
+      }
+  }
+}
+
+// The 16 levels of IQ4_NL and IQ4_XS (a non-uniform 4-bit grid).
+constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+void iq4_values(const uint8_t* qs, float d, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(kIq4Levels[qs[j] & 0xF]);
+    y[j + 16] = d * float(kIq4Levels[qs[j] >> 4]);
+  }
+}
+
+// IQ4_NL: 32 values, f16 d and 16 bytes of level indices (as Q4_0's nibbles).
+void iq4_nl(const uint8_t* b, float* y) { iq4_values(b + 2, f16_at(b), y); }
+
+// IQ4_XS: 256 values, f16 d, u16 of the eight sub-block scales' top 2 bits, 4 bytes of their low
+// nibbles, then eight sub-blocks of 32 as IQ4_NL's with scale d * (ls - 32).
+void iq4_xs(const uint8_t* b, float* y) {
+  const float d = f16_at(b);
+  const uint16_t high = u16_at(b + 2);
+  for (int i = 0; i < 8; ++i) {
+    const int ls = (b[4 + i / 2] >> (4 * (i % 2)) & 0xF) | (high >> (2 * i) & 3) << 4;
+    iq4_values(b + 8 + 16 * i, d * float(ls - 32), y + 32 * i);
+  }
+}
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_fn(uint32_t t) {
@@ -146,12 +216,20 @@ BlockFn block_fn(uint32_t t) {
       return q5_0;
     case GgmlType::Q5_1:
       return q5_1;
+    case GgmlType::Q2_K:
+      return q2_k;
+    case GgmlType::Q3_K:
+      return q3_k;
     case GgmlType::Q4_K:
       return q4_k;
     case GgmlType::Q5_K:
       return q5_k;
     case GgmlType::Q6_K:
       return q6_k;
+    case GgmlType::IQ4_NL:
+      return iq4_nl;
+    case GgmlType::IQ4_XS:
+      return iq4_xs;
     default:
       return nullptr;
   }

@@ -98,6 +98,74 @@ TEST(GgufQuant, Q5_1) {
   EXPECT_EQ(y[31], 5.75f);  // high nibble of byte 15 = 45 & 15 = 13, bit 31 set: 0.25 * 29 - 1.5
 }
 
+// Bytes of a pseudo-random block (a fixed LCG); tests put exact f16 factors over some of them.
+std::vector<uint8_t> random_block(size_t n, uint32_t seed) {
+  std::vector<uint8_t> b(n);
+  for (auto& x : b) {
+    seed = seed * 1664525u + 1013904223u;
+    x = uint8_t(seed >> 24);
+  }
+  return b;
+}
+
+// Value v of a 256-value Q2_K / Q3_K block: its 2-bit code is bits 2s..2s+1 of code byte
+// 32 * (v / 128) + v % 32, with s = v % 128 / 32; its sub-block of 16 is v / 16.
+int low2(const uint8_t* qs, int v) { return qs[32 * (v / 128) + v % 32] >> (2 * (v % 128 / 32)) & 3; }
+
+TEST(GgufQuant, Q2_K) {
+  std::vector<uint8_t> b = random_block(84, 7);
+  put16(b, 80, kHalf);     // d
+  put16(b, 82, kQuarter);  // dmin
+  const auto y = dequant(GgmlType::Q2_K, b, 256);
+  for (int v = 0; v < 256; ++v) {
+    const uint8_t sc = b[size_t(v / 16)];
+    EXPECT_EQ(y[size_t(v)], 0.5f * float(sc & 15) * float(low2(b.data() + 16, v)) - 0.25f * float(sc >> 4)) << v;
+  }
+}
+
+TEST(GgufQuant, Q3_K) {
+  std::vector<uint8_t> b = random_block(110, 11);
+  put16(b, 108, kTwo);
+  const auto y = dequant(GgmlType::Q3_K, b, 256);
+  // The sixteen scales as ggml unpacks them: three little-endian words a0, a1, a2; scale bytes
+  // 0-3 = low nibbles of a0 | bits 0-1 of a2's bytes << 4, 4-7 = low nibbles of a1 | bits 2-3,
+  // 8-11 = high nibbles of a0 | bits 4-5, 12-15 = high nibbles of a1 | bits 6-7; minus 32.
+  uint32_t a[3];
+  std::memcpy(a, b.data() + 96, 12);
+  const uint32_t lo = 0x0F0F0F0Fu, two = 0x03030303u;
+  const uint32_t words[4] = {(a[0] & lo) | (a[2] & two) << 4, (a[1] & lo) | (a[2] >> 2 & two) << 4,
+                             (a[0] >> 4 & lo) | (a[2] >> 4 & two) << 4, (a[1] >> 4 & lo) | (a[2] >> 6 & two) << 4};
+  int8_t scales[16];
+  std::memcpy(scales, words, 16);
+  for (int v = 0; v < 256; ++v) {
+    const bool high = b[size_t(v % 32)] >> (v / 32) & 1;
+    const int q = low2(b.data() + 32, v) - (high ? 0 : 4);
+    EXPECT_EQ(y[size_t(v)], 2.0f * float(scales[v / 16] - 32) * float(q)) << v;
+  }
+}
+
+constexpr float kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+TEST(GgufQuant, IQ4_NL) {
+  std::vector<uint8_t> b = random_block(18, 3);
+  put16(b, 0, kQuarter);
+  const auto y = dequant(GgmlType::IQ4_NL, b, 32);
+  for (int v = 0; v < 32; ++v) EXPECT_EQ(y[size_t(v)], 0.25f * kLevels[(b[2 + v % 16] >> (4 * (v / 16))) & 15]) << v;
+}
+
+TEST(GgufQuant, IQ4_XS) {
+  std::vector<uint8_t> b = random_block(136, 5);
+  put16(b, 0, kHalf);
+  const auto y = dequant(GgmlType::IQ4_XS, b, 256);
+  const uint16_t high = uint16_t(b[2] | b[3] << 8);
+  for (int v = 0; v < 256; ++v) {
+    const int i = v / 32, k = v % 32;
+    const int ls = ((b[size_t(4 + i / 2)] >> (4 * (i % 2))) & 15) + 16 * ((high >> (2 * i)) & 3);
+    const uint8_t code = b[size_t(8 + 16 * i + k % 16)];
+    EXPECT_EQ(y[size_t(v)], 0.5f * float(ls - 32) * kLevels[(code >> (4 * (k / 16))) & 15]) << v;
+  }
+}
+
 // The eight sub-blocks' 6-bit scales and mins used for Q4_K and Q5_K, and their 12 bytes packed
 // by hand: bytes 0-3 = sc[0..3] | (sc[4..7] >> 4) << 6, bytes 4-7 = m[0..3] | (m[4..7] >> 4) << 6,
 // bytes 8-11 = (sc[4..7] & 15) | (m[4..7] & 15) << 4.
@@ -196,8 +264,9 @@ TEST(GgufQuant, LengthsMustBeWholeBlocksOfTheirBytes) {
 }
 
 TEST(GgufQuant, OtherTypesAreRefusedByName) {
-  for (uint32_t t : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 12u, 13u, 14u, 30u}) EXPECT_TRUE(gguf_type_readable(t)) << t;
-  for (uint32_t t : {10u, 11u, 15u, 17u, 20u, 23u, 39u, 4u, 1000u}) EXPECT_FALSE(gguf_type_readable(t)) << t;
+  for (uint32_t t : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 10u, 11u, 12u, 13u, 14u, 20u, 23u, 30u})
+    EXPECT_TRUE(gguf_type_readable(t)) << t;
+  for (uint32_t t : {15u, 16u, 17u, 18u, 19u, 21u, 22u, 29u, 39u, 4u, 1000u}) EXPECT_FALSE(gguf_type_readable(t)) << t;
   GgufTensor t;
   t.name = "blk.3.ffn_down_exps.weight";
   t.type = uint32_t(GgmlType::IQ2_XS);
