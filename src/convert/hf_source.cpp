@@ -63,6 +63,11 @@ RepackStats repack_hub_checkpoint(HubClient& hub, const RepoListing& ls, const s
     if (opts.log) opts.log(s);
   };
   const std::string& repo = ls.repo;
+  if (auto done = finish_interrupted_build(opts)) {
+    std::error_code ec;
+    if (!keep_download) fs::remove_all(dl, ec);
+    return *done;
+  }
   fs::create_directories(dl);
   std::vector<std::string> listed;
   uint64_t small = 0;

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <future>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 namespace swiftlet {
@@ -221,17 +222,24 @@ class ContainerWriter {
 
   // Writes manifest.json last, makes everything durable, then moves the container into place.
   // `scratch`: files of a resumable build that are not part of the container.
+  // A resumable build's scratch files are removed after the manifest is written: a run killed in
+  // between leaves a complete container in OUT.partial, which the next run moves into place.
   void commit(QpackManifest manifest, const std::vector<std::string>& scratch = {}) {
     check_interrupt();
     manifest.files = sizes_;
-    std::error_code ec;
-    for (const auto& rel : scratch) fs::remove_all(tmp_ / rel, ec);
-    if (lock_fd_ >= 0) fs::remove(tmp_ / kLockFile, ec);
     fsync_dir((tmp_ / "packed_experts").string());
     const std::string text = manifest.to_json().dump(2) + "\n";
     OutFile f(path("manifest.json"));
     f.write(text.data(), text.size());
     f.close();
+    finish(scratch);
+  }
+  // OUT.partial holds a complete container (a manifest) left by a run killed while committing.
+  bool complete() const { return resumable_ && fs::exists(tmp_ / "manifest.json"); }
+  void finish(const std::vector<std::string>& scratch) {
+    std::error_code ec;
+    for (const auto& rel : scratch) fs::remove_all(tmp_ / rel, ec);
+    if (lock_fd_ >= 0) fs::remove(tmp_ / kLockFile, ec);
     fsync_dir(tmp_.string());
     move_into_place(tmp_.string(), out_.string());
     committed_ = true;
@@ -528,6 +536,19 @@ uint64_t dir_bytes(const fs::path& dir) {
 }
 
 }  // namespace
+
+std::optional<RepackStats> finish_interrupted_build(const RepackOptions& o) {
+  if (!fs::exists(fs::path(partial_dir(o.output)) / "manifest.json")) return std::nullopt;
+  ContainerWriter cw(o.output, o.force, /*resumable=*/true, o.log);
+  if (o.log)
+    o.log(fmt::format("'{}' holds a complete container (a run was stopped while moving it into place): "
+                      "moving it to '{}'", cw.tmp().string(), cw.out().string()));
+  cw.finish({BuildJournal::kFile, kShardHeadsDir});
+  RepackStats st;
+  st.output = cw.out().string();
+  st.total_bytes = dir_bytes(cw.out());
+  return st;
+}
 
 std::string partial_dir(const std::string& output) {
   fs::path out = fs::absolute(fs::path(output)).lexically_normal();

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,11 @@ inline RepackStats repack_from_dir(const std::string& dir, const RepackOptions& 
   auto src = open_checkpoint_source(dir, opts);
   return write_container(*src, opts);
 }
+
+// A shard-by-shard build whose run was stopped after its container was complete (OUT.partial has
+// its manifest) is moved into place; nullopt when there is none. The shard-by-shard converters
+// call it first: the shards such a run deleted are not needed again.
+std::optional<RepackStats> finish_interrupted_build(const RepackOptions& opts);
 
 // Where write_container builds a container fed shard by shard (OUT.partial), and the folder in
 // it where a feed may keep the shards' headers (removed with the build's other scratch files).

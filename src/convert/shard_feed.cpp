@@ -203,6 +203,7 @@ RepackStats repack_from_dir_deleting(const std::string& dir_in, const RepackOpti
   const std::string dir = fs::absolute(dir_in).lexically_normal().string();
   if (!fs::is_directory(dir)) fail("'{}' is not a directory", dir);
   if (opts.output.empty()) fail("no output given (--output OUT.qpack)");
+  if (auto done = finish_interrupted_build(opts)) return *done;
   std::vector<std::string> listed;
   for (const auto& e : fs::directory_iterator(dir)) listed.push_back(e.path().filename().string());
   const fs::path kept = fs::path(partial_dir(opts.output)) / kShardHeadsDir / "local";

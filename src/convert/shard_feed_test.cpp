@@ -161,6 +161,21 @@ TEST_F(ShardByShard, DeleteSourceFreesEachShardAndResumesAfterAnInterruption) {
   EXPECT_FALSE(fs::exists(out + ".partial"));
 }
 
+// A run killed after writing the manifest, while removing its scratch files or renaming: the
+// shards are gone, and the rerun moves the complete container into place.
+TEST_F(ShardByShard, ABuildStoppedWhileMovingIntoPlaceIsFinishedByTheRerun) {
+  const std::string out = tmp_ / "local.qpack";
+  fs::copy(tmp_ / "whole.qpack", out + ".partial", fs::copy_options::recursive);
+  for (const auto& s : shards_) fs::remove(tmp_ / ("ckpt/" + s));
+  std::vector<std::string> log;
+  RepackOptions o = opts(out, &log);
+  o.delete_source = true;
+  repack_from_dir(tmp_ / "ckpt", o);
+  EXPECT_EQ(container_bytes(out), want_);
+  EXPECT_FALSE(fs::exists(out + ".partial"));
+  EXPECT_TRUE(logged(log, "holds a complete container"));
+}
+
 TEST_F(ShardByShard, AShardDeletedBeforeItsConversionIsNamed) {
   fs::remove(tmp_ / ("ckpt/" + shards_[2]));
   RepackOptions o = opts(tmp_ / "x.qpack");
