@@ -23,16 +23,10 @@ std::vector<std::string> checkpoint_shard_names(const std::string& dir, const st
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> out;
   if (fs::exists(index)) {
-    const auto j = nlohmann::json::parse(read_text_file(index.string()), nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      fail("'{}' is not a valid safetensors index (needs a weight_map object)", index.string());
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) fail("'{}': weight_map entry for '{}' is not a file name", index.string(), name);
-      const std::string f = file.get<std::string>();
+    out = read_safetensors_index(dir).shards;
+    for (const std::string& f : out)
       if (f.find('/') != std::string::npos || f == "." || f == "..")
         fail("'{}' names shard '{}' outside the checkpoint's folder", index.string(), f);
-      if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(f);
-    }
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -44,13 +38,22 @@ std::vector<std::string> checkpoint_shard_names(const std::string& dir, const st
   return out;
 }
 
-std::map<std::string, std::string> shard_heads(const std::string& output, const std::string& version,
-                                               const std::vector<ShardInfo>& shards,
-                                               const std::function<std::string(const ShardInfo&)>& read_head) {
+namespace {
+
+// Where the headers of `version`'s shards are kept: OUT.partial/heads/VERSION ("local" for none).
+fs::path kept_heads_dir(const std::string& output, const std::string& version) {
   std::string tag = version.empty() ? "local" : version;
   for (char& ch : tag)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_') ch = '_';
-  const fs::path dir = fs::path(partial_dir(output)) / kShardHeadsDir / tag;
+  return fs::path(partial_dir(output)) / kShardHeadsDir / tag;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> shard_heads(const std::string& output, const std::string& version,
+                                               const std::vector<ShardInfo>& shards,
+                                               const std::function<std::string(const ShardInfo&)>& read_head) {
+  const fs::path dir = kept_heads_dir(output, version);
   fs::create_directories(dir);
   std::map<std::string, std::string> heads;
   for (const ShardInfo& s : shards) {
@@ -206,22 +209,22 @@ RepackStats repack_from_dir_deleting(const std::string& dir_in, const RepackOpti
   if (auto done = finish_interrupted_build(opts)) return *done;
   std::vector<std::string> listed;
   for (const auto& e : fs::directory_iterator(dir)) listed.push_back(e.path().filename().string());
-  const fs::path kept = fs::path(partial_dir(opts.output)) / kShardHeadsDir / "local";
+  // A shard an earlier run converted and deleted is sized from the header it kept.
+  const fs::path kept = kept_heads_dir(opts.output, "");
   std::vector<ShardInfo> shards;
-  std::map<std::string, std::string> heads;
   for (const std::string& name : checkpoint_shard_names(dir, listed)) {
     const fs::path p = fs::path(dir) / name;
-    std::string head;
     if (fs::exists(p)) {
-      head = read_local_head(p.string());
+      shards.push_back({name, uint64_t(fs::file_size(p))});
     } else if (fs::exists(kept / name)) {
-      head = read_text_file((kept / name).string());
+      shards.push_back({name, size_from_head(read_text_file((kept / name).string()), name)});
     } else {
       fail("shard '{}' is missing, and no earlier --delete-source run converted it", p.string());
     }
-    shards.push_back({name, fs::exists(p) ? uint64_t(fs::file_size(p)) : size_from_head(head, name)});
   }
-  heads = shard_heads(opts.output, "", shards, [&](const ShardInfo& s) { return read_local_head((fs::path(dir) / s.name).string()); });
+  const auto heads = shard_heads(opts.output, "", shards, [&](const ShardInfo& s) {
+    return read_local_head((fs::path(dir) / s.name).string());
+  });
   TensorSet tensors = reserved_checkpoint(dir, shards, heads);
   ShardFiles feed(dir, shards, tensors, [dir](const ShardInfo& s, const std::atomic<bool>&) {
     if (!fs::exists(fs::path(dir) / s.name))

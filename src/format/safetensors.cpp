@@ -153,25 +153,32 @@ TensorSet TensorSet::open_files(const std::vector<std::string>& paths, Residency
   return set;
 }
 
-TensorSet TensorSet::open_index(const std::string& dir,
-                                const std::function<std::unique_ptr<SafetensorsFile>(const std::string&)>& open_shard) {
+SafetensorsIndex read_safetensors_index(const std::string& dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   json j = json::parse(read_text_file(index.string()), nullptr, false);
   if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
     fail("'{}' is not a valid safetensors index (needs a weight_map object)", index.string());
-  std::vector<std::string> shards;
+  SafetensorsIndex out;
   for (auto& [name, file] : j["weight_map"].items()) {
     if (!file.is_string()) fail("'{}': weight_map entry for '{}' is not a file name", index.string(), name);
-    std::string f = (fs::path(dir) / file.get<std::string>()).string();
-    if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+    const std::string f = file.get<std::string>();
+    out.weight_map.emplace_back(name, f);
+    if (std::find(out.shards.begin(), out.shards.end(), f) == out.shards.end()) out.shards.push_back(f);
   }
+  return out;
+}
+
+TensorSet TensorSet::open_index(const std::string& dir,
+                                const std::function<std::unique_ptr<SafetensorsFile>(const std::string&)>& open_shard) {
+  const SafetensorsIndex idx = read_safetensors_index(dir);
   TensorSet set;
-  for (const auto& f : shards) set.add(open_shard(f));
-  for (auto& [name, file] : j["weight_map"].items()) {
+  for (const auto& f : idx.shards) set.add(open_shard((fs::path(dir) / f).string()));
+  for (const auto& [name, file] : idx.weight_map) {
     const TensorView* t = set.find(name);
-    std::string f = (fs::path(dir) / file.get<std::string>()).string();
+    const std::string f = (fs::path(dir) / file).string();
     if (!t || *t->file != f)
-      fail("'{}' says tensor '{}' is in '{}' but that file does not hold it", index.string(), name, f);
+      fail("'{}' says tensor '{}' is in '{}' but that file does not hold it",
+           (fs::path(dir) / "model.safetensors.index.json").string(), name, f);
   }
   set.source_ = dir;
   return set;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace swiftlet {
@@ -58,6 +59,14 @@ class SafetensorsFile {
   std::vector<TensorView> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// A checkpoint's model.safetensors.index.json: which shard (a file name in the checkpoint's folder)
+// holds each tensor. Throws Error naming the file when it is not a valid index.
+struct SafetensorsIndex {
+  std::vector<std::pair<std::string, std::string>> weight_map;  // tensor -> shard, as listed
+  std::vector<std::string> shards;                               // each shard once, first seen first
+};
+SafetensorsIndex read_safetensors_index(const std::string& dir);
 
 // All tensors of a checkpoint directory by name.
 class TensorSet {
