@@ -160,6 +160,12 @@ void fsync_dir(const std::string& dir) {
   ::close(fd);
 }
 
+// The container's absolute path, without a trailing slash.
+fs::path output_path(const std::string& output) {
+  fs::path out = fs::absolute(fs::path(output)).lexically_normal();
+  return out.filename().empty() ? out.parent_path() : out;
+}
+
 bool process_alive(const std::string& pid) {
   return fs::exists("/proc/" + pid);
 }
@@ -170,9 +176,8 @@ class ContainerWriter {
  public:
   ContainerWriter(const std::string& output, bool force, bool resumable,
                   const std::function<void(const std::string&)>& log)
-      : out_(fs::absolute(fs::path(output)).lexically_normal()), log_(log), resumable_(resumable) {
-    if (out_.filename().empty()) out_ = out_.parent_path();
-    tmp_ = resumable ? fs::path(partial_dir(out_.string())) : fs::path(out_.string() + fmt::format(".tmp-{}", ::getpid()));
+      : out_(output_path(output)), log_(log), resumable_(resumable) {
+    tmp_ = out_.string() + (resumable ? std::string(".partial") : fmt::format(".tmp-{}", ::getpid()));
     if (fs::exists(out_)) {
       if (!force) fail("'{}' already exists; pass --force to replace it", out_.string());
       if (!fs::is_directory(out_) || !looks_like_qpack(out_.string()))
@@ -221,9 +226,9 @@ class ContainerWriter {
   }
 
   // Writes manifest.json last, makes everything durable, then moves the container into place.
-  // `scratch`: files of a resumable build that are not part of the container.
-  // A resumable build's scratch files are removed after the manifest is written: a run killed in
-  // between leaves a complete container in OUT.partial, which the next run moves into place.
+  // `scratch`: files of a resumable build that are not part of the container, removed after the
+  // manifest is written (a run killed in between leaves a complete container in OUT.partial,
+  // which finish_interrupted_build moves into place).
   void commit(QpackManifest manifest, const std::vector<std::string>& scratch = {}) {
     check_interrupt();
     manifest.files = sizes_;
@@ -234,8 +239,6 @@ class ContainerWriter {
     f.close();
     finish(scratch);
   }
-  // OUT.partial holds a complete container (a manifest) left by a run killed while committing.
-  bool complete() const { return resumable_ && fs::exists(tmp_ / "manifest.json"); }
   void finish(const std::vector<std::string>& scratch) {
     std::error_code ec;
     for (const auto& rel : scratch) fs::remove_all(tmp_ / rel, ec);
@@ -421,8 +424,6 @@ class ResidentFile {
   int fd_ = -1;
 };
 
-// Fills and writes one layer file, overlapping the write of one chunk with the filling of the
-// next. Returns the per-expert checksums.
 // Two chunks of whole expert blobs, 4096-aligned for O_DIRECT: one is filled while the other is
 // written. The only large allocation of a repack besides one resident tensor.
 struct ChunkBuffers {
@@ -442,6 +443,8 @@ struct ChunkBuffers {
   uint8_t* buf[2] = {nullptr, nullptr};
 };
 
+// Fills and writes one layer file, overlapping the write of one chunk with the filling of the
+// next. Returns the per-expert checksums.
 std::vector<uint64_t> write_layer(RepackSource& src, const QpackLayout& layout, int layer,
                                   ContainerWriter& cw, int threads, ChunkBuffers& bufs) {
   const uint64_t stride = layout.expert_stride, payload = layout.payload();
@@ -475,7 +478,6 @@ std::vector<uint64_t> write_layer(RepackSource& src, const QpackLayout& layout, 
     throw;
   }
   f.close();
-  cw.record(rel, f.bytes(), 0);
   src.layer_done(layer);
   return sums;
 }
@@ -550,11 +552,7 @@ std::optional<RepackStats> finish_interrupted_build(const RepackOptions& o) {
   return st;
 }
 
-std::string partial_dir(const std::string& output) {
-  fs::path out = fs::absolute(fs::path(output)).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();
-  return out.string() + ".partial";
-}
+std::string partial_dir(const std::string& output) { return output_path(output).string() + ".partial"; }
 
 namespace {
 RepackStats build_container(RepackSource& src, const RepackOptions& o, ShardFeed* feed);
@@ -598,7 +596,6 @@ RepackStats build_container(RepackSource& src, const RepackOptions& o, ShardFeed
   for (const auto& [rel, path] : files) need += blocks(fs::file_size(path));
   uint64_t container_bytes = need;
 
-  const fs::path out = fs::absolute(fs::path(o.output)).lexically_normal();
   log(fmt::format("{}: {} layers x {} experts ({}), expert stride {} bytes, resident {}, experts {}",
                   src.describe(), c.num_layers, c.num_experts,
                   formats[0].describe(), layout.expert_stride, gb(plan.bytes), gb(expert_bytes)));
@@ -610,7 +607,7 @@ RepackStats build_container(RepackSource& src, const RepackOptions& o, ShardFeed
   for (int l = 0; l < c.num_layers; ++l) units.push_back({-1, l, 0});
   std::unique_ptr<BuildJournal> journal;
   if (feed) {
-    const std::string material = layout.to_json().dump() + plan.header + config_text + src.describe() + "|" +
+    const std::string material = layout_text + plan.header + config_text + src.describe() + "|" +
                                  o.source_name + fmt::format("|{}|{}", src.quant_bits(), src.quant_group_size());
     journal = std::make_unique<BuildJournal>(cw.tmp(), fmt::format("{:016x}", xxh3_64(material.data(), material.size())));
     std::error_code ec;
@@ -712,6 +709,7 @@ RepackStats build_container(RepackSource& src, const RepackOptions& o, ShardFeed
   }
   const double expert_s = since(t1);
   cw.record("model.safetensors", plan.bytes, resident.finish());
+  // Every layer file, made now or by an earlier run (their checksums are the experts', in sums).
   for (int l = 0; l < c.num_layers; ++l) cw.record(qpack_layer_file(l), layer_bytes, 0);
   log(fmt::format("model.safetensors: {} tensors, {}", plan.tensors.size(), gb(plan.bytes)));
   plan.items.clear();  // release anything the producers captured
