@@ -1,7 +1,7 @@
 // llama.cpp as the oracle of what a GGUF file means. tests/data/gguf holds llama.cpp's logits for
 // GGUF files of the synthetic presets tiny-256 (qwen3next) and tiny-256-q35 (qwen35moe), whose
 // matrices have rows of 256 values so that llama.cpp's K-quant types apply to all of them, and
-// the K-quant files llama-quantize made (tools/reference/llama_cpp_gguf.sh, README.md there).
+// the K-quant files llama-quantize made (tools/reference/llama_cpp_gguf.sh; tests/data/gguf/README.md).
 // swiftlet's conversion of each file at --bits 16 (the file's own weights, dequantised) must give
 // llama.cpp's logits up to llama.cpp's rounding of the activations: its CPU products round them to
 // bf16 or 8 bits, so the bound is a share of the logits' range, far below what a wrong tensor
@@ -54,14 +54,19 @@ double relative_diff(const std::vector<float>& got, const std::vector<float>& wa
   return d / std::max(m, 1e-30);
 }
 
-// The file converted into `container`: its logits against llama.cpp's.
-double against_llama(const std::string& gguf, const std::string& golden, const std::string& container) {
+// The GGUF file converted at `bits` into `container` (replacing it); its logits for the prompt.
+std::vector<float> converted(const std::string& gguf, int bits, const std::string& container) {
   RepackOptions o;
   o.output = container;
-  o.bits = 16;
+  o.bits = bits;
   o.force = true;
   repack_from_gguf(gguf, o);
-  return relative_diff(reference_prefill(container, prompt()), read_f32(data(golden)));
+  return reference_prefill(container, prompt());
+}
+
+// The file converted into `container` at --bits 16: its logits against llama.cpp's.
+double against_llama(const std::string& gguf, const std::string& golden, const std::string& container) {
+  return relative_diff(converted(gguf, 16, container), read_f32(data(golden)));
 }
 
 constexpr double kBound = 0.03;  // of the logits' range; llama.cpp's activation rounding
@@ -96,18 +101,11 @@ TEST(GgufOracle, LlamaQuantizedFilesGiveLlamaCppsLogits) {
     if (!name.ends_with(".gguf")) continue;
     ++files;
     const std::string stem = name.substr(0, name.size() - 5);
-    const double d = against_llama(e.path().string(), stem + ".llama.f32", tmp / "m.qpack");
+    const std::vector<float> own = converted(e.path().string(), 16, tmp / "m.qpack");
+    const double d = relative_diff(own, read_f32(data(stem + ".llama.f32")));
     // Re-quantised into the container's 8 and 4 bits: what that adds to the file's own weights.
-    const std::vector<float> own = reference_prefill(tmp / "m.qpack", prompt());
     double requant[2];
-    for (int bits : {8, 4}) {
-      RepackOptions o;
-      o.output = tmp / "r.qpack";
-      o.bits = bits;
-      o.force = true;
-      repack_from_gguf(e.path().string(), o);
-      requant[bits == 4] = relative_diff(reference_prefill(tmp / "r.qpack", prompt()), own);
-    }
+    for (int bits : {8, 4}) requant[bits == 4] = relative_diff(converted(e.path().string(), bits, tmp / "r.qpack"), own);
     std::printf("%s: largest difference from llama.cpp %.4f of the logits' range; --bits 8 adds %.4f, --bits 4 %.4f\n",
                 stem.c_str(), d, requant[0], requant[1]);
     EXPECT_LT(d, kBound) << name;
