@@ -1,6 +1,7 @@
 #include "format/qpack.h"
 
 #include "core/error.h"
+#include "format/miss_copy.h"
 #include "io/mapped_file.h"
 
 #include <fmt/ranges.h>
@@ -558,49 +559,73 @@ QpackVerifyReport verify_qpack(const QpackContainer& qc,
   }
 
   // Layer files: O_DIRECT reads (no page cache churn over tens of GB) of whole experts, the
-  // next chunk read while the current one is hashed.
-  const uint64_t stride = qc.layout.expert_stride, payload = qc.layout.payload();
-  const int per_read = int(std::max<uint64_t>(1, (16u << 20) / stride));
-  const size_t chunk_bytes = size_t(stride) * size_t(per_read);
-  struct Aligned {
-    uint8_t* p;
-    ~Aligned() { std::free(p); }
-  } bufs[2] = {{static_cast<uint8_t*>(std::aligned_alloc(4096, chunk_bytes))},
-               {static_cast<uint8_t*>(std::aligned_alloc(4096, chunk_bytes))}};
-  if (!bufs[0].p || !bufs[1].p) fail("cannot allocate {} bytes of read buffers", 2 * chunk_bytes);
-  for (int l = 0; l < qc.layout.layer_count; ++l) {
-    const std::string p = qc.layer_path(l);
-    Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT)};
-    if (f.fd < 0) f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f.fd < 0) {
-      rep.problems.push_back(fmt::format("layer {:02d}: cannot open '{}': {}", l, p, std::strerror(errno)));
-      continue;
-    }
-    auto read_chunk = [&, fd = f.fd](int e0, uint8_t* dst) {
-      const int n = std::min(per_read, qc.layout.expert_count - e0);
-      return read_at(fd, dst, size_t(stride) * size_t(n), uint64_t(e0) * stride, p);
-    };
-    std::future<size_t> next = std::async(std::launch::async, read_chunk, 0, bufs[0].p);
-    for (int e0 = 0, which = 0; e0 < qc.layout.expert_count; e0 += per_read, which ^= 1) {
-      const size_t got = next.get();
-      if (e0 + per_read < qc.layout.expert_count)
-        next = std::async(std::launch::async, read_chunk, e0 + per_read, bufs[which ^ 1].p);
-      const uint8_t* blob = bufs[which].p;
-      const int n = std::min(per_read, qc.layout.expert_count - e0);
-      for (int i = 0; i < n; ++i) {
-        const int e = e0 + i;
-        rep.experts_checked++;
-        if (got < size_t(i) * stride + payload) {
-          rep.problems.push_back(fmt::format("layer {:02d} expert {}: short read (file truncated)", l, e));
-          continue;
-        }
-        const uint64_t h = xxh3_64(blob + size_t(i) * stride, payload);
-        if (h != cs.experts[size_t(l)][size_t(e)])
-          rep.problems.push_back(fmt::format("layer {:02d} expert {}: checksum mismatch (stored {}, computed {})",
-                                             l, e, hash_hex(cs.experts[size_t(l)][size_t(e)]), hash_hex(h)));
+  // next chunk read while the current one is hashed. The low-bit copies (miss_copy.h) the same
+  // way, each hash over its payload at the end of its stride.
+  std::optional<MissCopies> copies;
+  try {
+    copies = MissCopies::open(qc);
+  } catch (const Error& e) {
+    rep.problems.push_back(e.what());
+  }
+  if (copies && !copies->sums.empty())
+    total += uint64_t(qc.layout.layer_count) * qc.layout.expert_count * copies->layout.payload();
+  else if (copies)
+    rep.problems.push_back(fmt::format("'{}' is missing: the low-bit copies cannot be checked", kMissCopyChecksums));
+  struct Blobs {
+    const char* what;  // "" or " low-bit copy"
+    uint64_t stride, offset, payload;
+    const std::vector<std::vector<uint64_t>>* sums;
+    std::string (*file)(int);
+  };
+  std::vector<Blobs> kinds = {{"", qc.layout.expert_stride, 0, qc.layout.payload(), &cs.experts, qpack_layer_file}};
+  if (copies && !copies->sums.empty())
+    kinds.push_back({" low-bit copy", copies->layout.stride, copies->layout.payload_offset, copies->layout.payload(),
+                     &copies->sums, miss_copy_layer_file});
+  for (const Blobs& k : kinds) {
+    const uint64_t stride = k.stride, payload = k.payload;
+    const int per_read = int(std::max<uint64_t>(1, (16u << 20) / stride));
+    const size_t chunk_bytes = size_t(stride) * size_t(per_read);
+    struct Aligned {
+      uint8_t* p;
+      ~Aligned() { std::free(p); }
+    } bufs[2] = {{static_cast<uint8_t*>(std::aligned_alloc(4096, chunk_bytes))},
+                 {static_cast<uint8_t*>(std::aligned_alloc(4096, chunk_bytes))}};
+    if (!bufs[0].p || !bufs[1].p) fail("cannot allocate {} bytes of read buffers", 2 * chunk_bytes);
+    for (int l = 0; l < qc.layout.layer_count; ++l) {
+      const std::string p = qc.path(k.file(l));
+      Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT)};
+      if (f.fd < 0) f.fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+      if (f.fd < 0) {
+        rep.problems.push_back(fmt::format("layer {:02d}{}: cannot open '{}': {}", l, k.what, p, std::strerror(errno)));
+        continue;
       }
-      rep.bytes_hashed += uint64_t(n) * payload;
-      if (progress) progress(rep.bytes_hashed, total);
+      auto read_chunk = [&, fd = f.fd](int e0, uint8_t* dst) {
+        const int n = std::min(per_read, qc.layout.expert_count - e0);
+        return read_at(fd, dst, size_t(stride) * size_t(n), uint64_t(e0) * stride, p);
+      };
+      std::future<size_t> next = std::async(std::launch::async, read_chunk, 0, bufs[0].p);
+      for (int e0 = 0, which = 0; e0 < qc.layout.expert_count; e0 += per_read, which ^= 1) {
+        const size_t got = next.get();
+        if (e0 + per_read < qc.layout.expert_count)
+          next = std::async(std::launch::async, read_chunk, e0 + per_read, bufs[which ^ 1].p);
+        const uint8_t* blob = bufs[which].p;
+        const int n = std::min(per_read, qc.layout.expert_count - e0);
+        for (int i = 0; i < n; ++i) {
+          const int e = e0 + i;
+          rep.experts_checked++;
+          if (got < size_t(i) * stride + k.offset + payload) {
+            rep.problems.push_back(fmt::format("layer {:02d} expert {}{}: short read (file truncated)", l, e, k.what));
+            continue;
+          }
+          const uint64_t h = xxh3_64(blob + size_t(i) * stride + k.offset, payload);
+          const uint64_t want = (*k.sums)[size_t(l)][size_t(e)];
+          if (h != want)
+            rep.problems.push_back(fmt::format("layer {:02d} expert {}{}: checksum mismatch (stored {}, computed {})",
+                                               l, e, k.what, hash_hex(want), hash_hex(h)));
+        }
+        rep.bytes_hashed += uint64_t(n) * payload;
+        if (progress) progress(rep.bytes_hashed, total);
+      }
     }
   }
   return rep;
