@@ -16,18 +16,20 @@
 #   DECODE   decoded tokens per setting (default 48); PROMPT prompt tokens (default 16)
 #   TRACE    a --trace-experts file to replay (default: OUT/decode.trace, made here: the trained
 #            model models/toy.qpack answering 20 dictionary questions with --predict-next 1)
-#   LOSSY    lossy --on-miss settings, comma-separated (default skip:0.05,skip:0.1)
+#   LOSSY    lossy --on-miss settings, comma-separated (default skip:0.05,skip:0.1,low-bit:0.2,low-bit);
+#            a low-bit setting adds low-bit copies to a container that has none
+#   MISS_COPY_BITS  their bits, 2 or 3 (default 2)
 # Cache sizes: one token's experts (layers x top-k x one expert's bytes: 0.57 GB at 35B, 0.85 GB
 # at 80B), --ram-budget 2.6G (3G at 80B, whose dense part is larger) and 8G, and the default
 # sized from this machine. Exact runs at every size with prediction off and one layer ahead; the
 # lossy settings at the one-token cache with prediction one layer ahead. Each row says `exact` or
-# `lossy (skip:W)`. Every run is disk-bound and niced; the whole table takes an hour or more on
+# `lossy (...)`. Every run is disk-bound and niced; the whole table takes an hour or more on
 # the 2-core development machine (DECODE=16 for a quick look).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dir=${1:-models/bench} out=${2:-build/ssd-figures}
-shapes=${SHAPES:-35b 80b} decode=${DECODE:-48} prompt=${PROMPT:-16} lossy=${LOSSY:-skip:0.05,skip:0.1}
+shapes=${SHAPES:-35b 80b} decode=${DECODE:-48} prompt=${PROMPT:-16} lossy=${LOSSY:-skip:0.05,skip:0.1,low-bit:0.2,low-bit} copy_bits=${MISS_COPY_BITS:-2}
 bin=build/bin
 [[ -x $bin/swiftlet && -x $bin/swiftlet-repack ]] || { echo "build first: scripts/build.sh" >&2; exit 1; }
 mkdir -p "$dir" "$out"
@@ -56,6 +58,10 @@ for shape in $shapes; do
   if [[ ! -f $container/manifest.json ]]; then
     echo "== creating $container (synthetic $preset)"
     nice "$bin/swiftlet-repack" --synthetic "$preset" --output "$container"
+  fi
+  if [[ $lossy == *low-bit* ]] && ! grep -q '"miss_copies/layout.json"' "$container/manifest.json"; then
+    echo "== adding $copy_bits-bit copies of the experts to $container"
+    nice "$bin/swiftlet-repack" --add-miss-copy "$container" --miss-copy-bits "$copy_bits" -q
   fi
   # One token's experts: layers x top-k x the stride of an expert's blob.
   token=$(python3 - "$container" <<'PY'

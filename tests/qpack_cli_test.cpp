@@ -98,8 +98,10 @@ TEST_F(QpackCli, CacheFlagsAndBench) {
   for (const Bad& b : {Bad{"--ram-budget 10M", "cannot be met"}, Bad{"--ram-budget lots", "cannot read 'lots'"},
                        Bad{"--cache-gb 1 --ram-budget 4G", "only one of"}, Bad{"--io async", "unknown --io mode"},
                        Bad{"--cache-mb 0", "cannot be empty"}, Bad{"--resident swap", "unknown residency"},
-                       Bad{"--on-miss skip:abc", "'exact' (the default) or 'skip:W'"},
-                       Bad{"--on-miss skip:1.5", "W must be a number in [0, 1)"}, Bad{"--on-miss bogus", "skip:W"}}) {
+                       Bad{"--on-miss skip:abc", "'exact' (the default), 'skip:W'"},
+                       Bad{"--on-miss skip:1.5", "W must be a number in [0, 1)"}, Bad{"--on-miss bogus", "skip:W"},
+                       Bad{"--on-miss low-bit:2", "W must be a number in [0, 1]"},
+                       Bad{"--on-miss low-bit", "has no low-bit copies; add them with swiftlet-repack --add-miss-copy"}}) {
     CmdOut e = sh("swiftlet", gen + " " + b.flags);
     EXPECT_EQ(e.status, 1) << b.flags << "\n" << e.out;
     EXPECT_NE(e.out.find(b.message), std::string::npos) << b.flags << "\n" << e.out;
@@ -189,6 +191,21 @@ TEST_F(QpackCli, RepackRefusesBadRequests) {
   r = sh("swiftlet", "info " + path("missing.qpack"));
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+  // Low-bit copies: the bits are required and only 2 or 3; a missing container or one whose
+  // experts are not quantised is refused by name.
+  r = sh("swiftlet-repack", "--add-miss-copy " + path("missing.qpack"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--add-miss-copy needs --miss-copy-bits 2 or 3"), std::string::npos) << r.out;
+  r = sh("swiftlet-repack", "--add-miss-copy " + path("missing.qpack") + " --miss-copy-bits 4");
+  EXPECT_NE(r.status, 0);
+  r = sh("swiftlet-repack", "--add-miss-copy " + path("missing.qpack") + " --miss-copy-bits 2");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+  ASSERT_EQ(sh("swiftlet-repack", "--synthetic tiny --bits 16 -q -o " + path("f16.qpack")).status, 0);
+  r = sh("swiftlet-repack", "--add-miss-copy " + path("f16.qpack") + " --miss-copy-bits 2");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("low-bit copies need quantised experts"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(path("f16.qpack/miss_copies")));
 }
 
 }  // namespace

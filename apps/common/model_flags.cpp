@@ -30,8 +30,10 @@ void ModelFlags::add(CLI::App* cmd, FlagSet set) {
                   "decode: guess the experts of the next N layers with their routers and start reading them early "
                   "(default 1; 0: off)");
   cmd->add_option("--on-miss", on_miss,
-                  "a routed expert not in memory: exact (wait for its read; default) or skip:W (lossy: leave it out "
-                  "when its router weight is below W, never a token's top-1, and renormalise the others; CPU only)");
+                  "a routed expert not in memory: exact (wait for its read; default), skip:W (lossy: leave it out "
+                  "when its router weight is below W, never a token's top-1, and renormalise the others) or "
+                  "low-bit[:W] (lossy: read its low-bit copy instead, when its router weight is below W; needs a "
+                  "container with copies, swiftlet-repack --miss-copy-bits); lossy modes run on the CPU only");
   cmd->add_flag("--gpu", gpu, "decode on an NVIDIA GPU (CUDA builds; falls back to the CPU without one)");
   cmd->add_option("--gpu-cache-gb", gpu_cache_gb,
                   "VRAM for routed experts, in GB (default: all free GPU memory less 2 GiB)");

@@ -83,9 +83,9 @@ std::string stats_text(const GenerateStats& s) {
       s.generated_tokens, s.decode_tok_s(), double(s.peak_rss) / 1e9);
   if (e.hits + e.misses > 0)
     out += fmt::format(
-        "experts, {}: {} hits, {} misses, {} skipped, {} evictions, hit rate {:.1f}% | read {:.2f} GB at {:.2f} GB/s "
+        "experts, {}: {} hits, {} misses ({} low-bit), {} skipped, {} evictions, hit rate {:.1f}% | read {:.2f} GB at {:.2f} GB/s "
         "| waited {:.2f} s | cache {:.2f} of {:.2f} MB\n",
-        s.on_miss.label(), e.hits, e.misses, e.skipped, e.evictions, 100 * e.hit_rate(), double(e.bytes_read) / 1e9,
+        s.on_miss.label(), e.hits, e.misses, e.low_bit, e.skipped, e.evictions, 100 * e.hit_rate(), double(e.bytes_read) / 1e9,
         e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0, e.wait_seconds,
         double(e.cache_bytes) / 1e6, double(e.cache_budget) / 1e6);
   if (e.predicted > 0)
@@ -115,7 +115,7 @@ nlohmann::json stats_json(const GenerateStats& s, const GenerateResult* r) {
       {"read_gb_s", e.read_seconds > 0 ? double(e.bytes_read) / 1e9 / e.read_seconds : 0.0},
       {"expert_evictions", e.evictions},        {"cache_bytes", e.cache_bytes},
       {"cache_budget_bytes", e.cache_budget},   {"predicted", e.predicted},
-      {"predicted_used", e.predicted_used},     {"experts_skipped", e.skipped},
+      {"predicted_used", e.predicted_used},     {"experts_skipped", e.skipped}, {"experts_low_bit", e.low_bit},
       {"on_miss", s.on_miss.name()},            {"lossy", s.on_miss.lossy()}};
   if (r) j["finish_reason"] = finish_reason_name(r->finish);
   return j;

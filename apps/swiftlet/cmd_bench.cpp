@@ -172,6 +172,7 @@ void run_child(const BenchOptions& o) {
             {"predicted", e.predicted},
             {"predicted_used", e.predicted_used},
             {"skipped", e.skipped},
+            {"low_bit", e.low_bit},
             {"prediction_accuracy", pred.accuracy()},
             {"cache_budget", e.cache_budget},
             {"cache_experts", plan.cache_experts},

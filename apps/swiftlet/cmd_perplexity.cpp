@@ -154,11 +154,12 @@ void run_perplexity(const PerplexityOptions& o) {
   ex.hits -= experts_before.hits;
   ex.misses -= experts_before.misses;
   ex.skipped -= experts_before.skipped;
+  ex.low_bit -= experts_before.low_bit;
   ex.bytes_read -= experts_before.bytes_read;
   const MissPolicy& on_miss = engine.on_miss();
   const std::string experts_text =
-      fmt::format("experts: {} | {} hits, {} misses, {} skipped | read {:.3f} GB\n", on_miss.label(), ex.hits,
-                  ex.misses, ex.skipped, double(ex.bytes_read) / 1e9);
+      fmt::format("experts: {} | {} hits, {} misses ({} low-bit), {} skipped | read {:.3f} GB\n", on_miss.label(),
+                  ex.hits, ex.misses, ex.low_bit, ex.skipped, double(ex.bytes_read) / 1e9);
   const double ppl = std::exp(nll.mean()), ppl_err = ppl * nll.stderr_of_mean();
   json j = {{"model", o.model.model},
             {"file", o.file},
@@ -176,7 +177,7 @@ void run_perplexity(const PerplexityOptions& o) {
             {"on_miss", on_miss.name()},
             {"lossy", on_miss.lossy()},
             {"experts",
-             {{"hits", ex.hits}, {"misses", ex.misses}, {"skipped", ex.skipped}, {"bytes_read", ex.bytes_read}}}};
+             {{"hits", ex.hits}, {"misses", ex.misses}, {"skipped", ex.skipped}, {"low_bit", ex.low_bit}, {"bytes_read", ex.bytes_read}}}};
   std::string kl_text;
   if (base) {
     const double base_ppl = std::exp(base_nll.mean());

@@ -38,8 +38,9 @@ struct EngineOptions {
   std::string cache_size;
   std::string ram_budget;
   int predict_next = 1;          // layers ahead whose guessed experts are read early (0: off)
-  // A routed expert not in memory: "exact" (wait for its read) or "skip:W" (lossy: left out when
-  // its router weight is below W, never a token's top-1; the others renormalised).
+  // A routed expert not in memory: "exact" (wait for its read), "skip:W" (lossy: left out when
+  // its router weight is below W, never a token's top-1; the others renormalised) or
+  // "low-bit" / "low-bit:W" (lossy: its low-bit copy read instead, below W; a container with copies).
   std::string on_miss = "exact";
 };
 
@@ -63,6 +64,7 @@ struct Stats {
   double ttft_seconds = 0, prefill_tok_s = 0, decode_tok_s = 0;
   uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0;
   uint64_t experts_skipped = 0;  // left out instead of read (on_miss "skip:W")
+  uint64_t experts_low_bit = 0;  // read from their low-bit copies (on_miss "low-bit[:W]")
   double expert_hit_rate = 0;
   uint64_t peak_rss_bytes = 0;
   std::string finish_reason;     // "stop", "length" or "cancelled"

@@ -169,5 +169,19 @@ void release_source_pages(const void* p, size_t n);
 // Makes write_container stop at its next check and clean up (for SIGINT / SIGTERM handlers:
 // only sets an atomic flag). false clears the request.
 void request_repack_interrupt(bool on = true);
+// Throws Error("interrupted") once request_repack_interrupt() was called.
+void check_repack_interrupt();
+
+struct AddMissCopiesOptions {
+  int bits = 2;     // 2 or 3
+  int threads = 2;  // workers fitting the copies
+  std::function<void(const std::string&)> log;
+};
+// Adds (or replaces) the low-bit copies of a complete container's experts, in place
+// (format/miss_copy.h, docs/qpack.md section 9): written into miss_copies.tmp-<pid>/, made durable,
+// moved into place, then listed in a new manifest.json (renamed over the old one). Interrupted or
+// failed, the container stays as it was: copies the manifest does not list are never read, and a
+// later run removes the leftovers. Returns the bytes written.
+uint64_t add_miss_copies(const std::string& container, const AddMissCopiesOptions& opts);
 
 }  // namespace swiftlet

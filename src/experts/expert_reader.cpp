@@ -2,6 +2,7 @@
 
 #include "core/data_error.h"
 #include "core/error.h"
+#include "format/miss_copy.h"
 #include "format/qpack.h"
 
 #include <fcntl.h>
@@ -22,9 +23,14 @@ void ExpertReader::read(int layer, int expert, void* dst, size_t bytes) {
   if (!done.front().error.empty()) fail_data("{}", done.front().error);
 }
 
-LayerFiles::LayerFiles(const QpackContainer& qc, bool direct) : stride_(qc.layout.expert_stride) {
-  for (int l = 0; l < qc.layout.layer_count; ++l) {
-    paths_.push_back(qc.layer_path(l));
+LayerFiles::LayerFiles(const QpackContainer& qc, bool direct, const MissCopyLayout* copies) {
+  const int layers = qc.layout.layer_count;
+  for (int i = 0; i < (copies ? 2 : 1) * layers; ++i) {
+    const int l = i % layers;
+    const bool copy = i >= layers;
+    paths_.push_back(qc.path(copy ? miss_copy_layer_file(l) : qpack_layer_file(l)));
+    names_.push_back(fmt::format("layer {:02d}{}", l, copy ? " low-bit copy" : ""));
+    strides_.push_back(copy ? copies->stride : qc.layout.expert_stride);
     const char* p = paths_.back().c_str();
     int fd = direct && !buffered_ ? ::open(p, O_RDONLY | O_CLOEXEC | O_DIRECT) : -1;
     if (fd < 0 && direct && !buffered_ && errno == EINVAL) {
@@ -40,7 +46,7 @@ LayerFiles::LayerFiles(const QpackContainer& qc, bool direct) : stride_(qc.layou
       const int e = errno;
       for (int f : fds_) ::close(f);
       fds_.clear();
-      fail("cannot open layer {:02d} expert file '{}': {}", l, paths_.back(), std::strerror(e));
+      fail("cannot open {} expert file '{}': {}", names_.back(), paths_.back(), std::strerror(e));
     }
     if (buffered_) ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);  // readahead would be wasted
     fds_.push_back(fd);
@@ -52,22 +58,23 @@ LayerFiles::~LayerFiles() {
 }
 
 std::string LayerFiles::read_error(int layer, int expert, size_t got, size_t want, int err) const {
-  const uint64_t off = uint64_t(expert) * stride_;
+  const uint64_t off = uint64_t(expert) * stride(layer);
   if (err != 0)
-    return fmt::format("cannot read layer {:02d} expert {} from '{}' at offset {}: {}", layer, expert,
+    return fmt::format("cannot read {} expert {} from '{}' at offset {}: {}", names_[size_t(layer)], expert,
                        paths_[size_t(layer)], off, std::strerror(err));
-  return fmt::format("corrupt container: layer {:02d} expert {}: short read of '{}' ({} of {} bytes at "
-                     "offset {}; file truncated?) — re-run swiftlet-repack", layer, expert,
+  return fmt::format("corrupt container: {} expert {}: short read of '{}' ({} of {} bytes at "
+                     "offset {}; file truncated?) — re-run swiftlet-repack", names_[size_t(layer)], expert,
                      paths_[size_t(layer)], got, want, off);
 }
 
 // ---- pread -----------------------------------------------------------------------------------
 
-PreadExpertReader::PreadExpertReader(const QpackContainer& qc, bool direct) : files_(qc, direct) {}
+PreadExpertReader::PreadExpertReader(const QpackContainer& qc, bool direct, const MissCopyLayout* copies)
+    : files_(qc, direct, copies) {}
 
 void PreadExpertReader::submit(int layer, int expert, void* dst, size_t bytes, uint64_t tag, int) {
   const int fd = files_.fd(layer);
-  const uint64_t off = uint64_t(expert) * files_.stride();
+  const uint64_t off = uint64_t(expert) * files_.stride(layer);
   size_t got = 0;
   int err = 0;
   while (got < bytes) {
@@ -89,8 +96,9 @@ void PreadExpertReader::reap(bool, std::vector<ReadDone>& done) {
 
 // ---- io_uring --------------------------------------------------------------------------------
 
-UringExpertReader::UringExpertReader(const QpackContainer& qc, int depth, int buffers, bool direct)
-    : files_(qc, direct), ring_(std::make_unique<io_uring>()), depth_(depth) {
+UringExpertReader::UringExpertReader(const QpackContainer& qc, int depth, int buffers, bool direct,
+                                     const MissCopyLayout* copies)
+    : files_(qc, direct, copies), ring_(std::make_unique<io_uring>()), depth_(depth) {
   const int r = io_uring_queue_init(unsigned(depth), ring_.get(), 0);
   if (r < 0) {
     ring_.reset();
@@ -152,7 +160,7 @@ void UringExpertReader::push_sqe(size_t index) {
   const Read& r = reads_[index];
   io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
   SWIFTLET_CHECK(sqe != nullptr, "io_uring submission queue full with {} reads active", active_);
-  const uint64_t off = uint64_t(r.expert) * files_.stride() + r.got;
+  const uint64_t off = uint64_t(r.expert) * files_.stride(r.layer) + r.got;
   if (r.buffer >= 0)
     io_uring_prep_read_fixed(sqe, files_.fd(r.layer), r.dst + r.got, unsigned(r.bytes - r.got), off, r.buffer);
   else
@@ -212,15 +220,16 @@ IoMode parse_io_mode(const std::string& s) {
        "(one synchronous read at a time)", s);
 }
 
-std::unique_ptr<ExpertReader> make_expert_reader(const QpackContainer& qc, IoMode mode, int buffers) {
+std::unique_ptr<ExpertReader> make_expert_reader(const QpackContainer& qc, IoMode mode, int buffers,
+                                                 const MissCopyLayout* copies) {
   if (mode == IoMode::Uring) {
     try {
-      return std::make_unique<UringExpertReader>(qc, 64, buffers);
+      return std::make_unique<UringExpertReader>(qc, 64, buffers, true, copies);
     } catch (const Error& e) {
       std::fprintf(stderr, "swiftlet: warning: %s; reading experts one at a time instead\n", e.what());
     }
   }
-  return std::make_unique<PreadExpertReader>(qc);
+  return std::make_unique<PreadExpertReader>(qc, true, copies);
 }
 
 }  // namespace swiftlet

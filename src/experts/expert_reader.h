@@ -23,6 +23,7 @@ struct io_uring;
 namespace swiftlet {
 
 struct QpackContainer;
+struct MissCopyLayout;
 
 struct ReadDone {
   uint64_t tag = 0;
@@ -33,7 +34,7 @@ class ExpertReader {
  public:
   virtual ~ExpertReader() = default;
   virtual const char* name() const = 0;
-  // Starts reading `bytes` bytes of blob (layer, expert) into dst (4096-aligned; bytes a
+  // Starts reading `bytes` bytes of blob (layer, expert) into dst (layer: a LayerFiles index) (4096-aligned; bytes a
   // multiple of 4096). `tag` comes back in reap(). Problems are reported through reap().
   virtual void submit(int layer, int expert, void* dst, size_t bytes, uint64_t tag, int buffer = -1) = 0;
   // Offers `bytes` at p, which lives as long as the reader, as buffer `index` for submit()'s
@@ -52,16 +53,17 @@ class ExpertReader {
 };
 
 // The packed expert files of a container, opened for reading (O_DIRECT unless refused or
-// direct == false).
+// direct == false). Index l < layers: packed_experts/layer_l.bin; with `copies`, index layers + l:
+// miss_copies/layer_l.bin (the low-bit copies, format/miss_copy.h) at their own stride.
 class LayerFiles {
  public:
-  LayerFiles(const QpackContainer& qc, bool direct);
+  LayerFiles(const QpackContainer& qc, bool direct, const MissCopyLayout* copies = nullptr);
   ~LayerFiles();
   LayerFiles(const LayerFiles&) = delete;
   LayerFiles& operator=(const LayerFiles&) = delete;
   int fd(int layer) const { return fds_[size_t(layer)]; }
   const std::string& path(int layer) const { return paths_[size_t(layer)]; }
-  uint64_t stride() const { return stride_; }
+  uint64_t stride(int layer) const { return strides_[size_t(layer)]; }
   bool buffered() const { return buffered_; }
   // The message for a failed or short read.
   std::string read_error(int layer, int expert, size_t got, size_t want, int err) const;
@@ -69,13 +71,14 @@ class LayerFiles {
  private:
   std::vector<int> fds_;
   std::vector<std::string> paths_;
-  uint64_t stride_ = 0;
+  std::vector<std::string> names_;  // "layer 07", "layer 07 low-bit copy"
+  std::vector<uint64_t> strides_;
   bool buffered_ = false;
 };
 
 class PreadExpertReader : public ExpertReader {
  public:
-  explicit PreadExpertReader(const QpackContainer& qc, bool direct = true);
+  explicit PreadExpertReader(const QpackContainer& qc, bool direct = true, const MissCopyLayout* copies = nullptr);
   const char* name() const override { return "pread"; }
   void submit(int layer, int expert, void* dst, size_t bytes, uint64_t tag, int buffer = -1) override;
   void reap(bool wait, std::vector<ReadDone>& done) override;
@@ -91,7 +94,8 @@ class UringExpertReader : public ExpertReader {
  public:
   // depth: reads in flight at most (more submissions queue up inside the reader). buffers: how
   // many registered buffers to allow (0: none).
-  explicit UringExpertReader(const QpackContainer& qc, int depth = 64, int buffers = 0, bool direct = true);
+  explicit UringExpertReader(const QpackContainer& qc, int depth = 64, int buffers = 0, bool direct = true,
+                             const MissCopyLayout* copies = nullptr);
   ~UringExpertReader() override;
   const char* name() const override { return "io_uring"; }
   void submit(int layer, int expert, void* dst, size_t bytes, uint64_t tag, int buffer = -1) override;
@@ -126,7 +130,9 @@ enum class IoMode { Uring, Serial };
 IoMode parse_io_mode(const std::string& s);
 // A reader for `mode`. Uring falls back to PreadExpertReader, with a warning on stderr, when
 // the kernel refuses io_uring.
-// buffers: how many buffers the reader may register (the cache's slots).
-std::unique_ptr<ExpertReader> make_expert_reader(const QpackContainer& qc, IoMode mode, int buffers = 0);
+// buffers: how many buffers the reader may register (the cache's slots). copies: also read the
+// low-bit copies (layer indices past the container's layers, see LayerFiles).
+std::unique_ptr<ExpertReader> make_expert_reader(const QpackContainer& qc, IoMode mode, int buffers = 0,
+                                                 const MissCopyLayout* copies = nullptr);
 
 }  // namespace swiftlet

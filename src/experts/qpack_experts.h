@@ -15,6 +15,7 @@
 
 #include "experts/expert_cache.h"
 #include "experts/expert_reader.h"
+#include "format/miss_copy.h"
 #include "format/qpack.h"
 #include "model/expert_source.h"
 
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,9 @@ struct QpackExpertsOptions {
   // (top-k x layers, allocated on demand); 0: everything allocated on demand.
   int prepared_slots = 64;
   std::unique_ptr<ExpertReader> reader;  // overrides `io` (tests inject failing readers)
+  // Read the container's low-bit copies when asked (read_low_bit, --on-miss low-bit); the
+  // container must have them (Error saying how to add them otherwise).
+  bool miss_copies = false;
 };
 
 class QpackExperts : public ExpertSource {
@@ -54,6 +59,8 @@ class QpackExperts : public ExpertSource {
   int capacity() const override { return cache_.capacity(); }
   void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) override;
   void release(int layer) override;
+  bool held(int layer, int expert) const override;
+  void read_low_bit(int layer, std::span<const int32_t> experts) override;
   void skipped(int /*layer*/, int count) override { stats_.skipped += uint64_t(count); }
   ExpertStats expert_stats() const override;
 
@@ -69,6 +76,14 @@ class QpackExperts : public ExpertSource {
   enum class Read { Speculative, Prefetch, Demand };
   // Starts reading (layer, expert) into a claimed slot; -1 when no slot can be had now.
   int start_read(int layer, int expert, Read why);
+  // read_low_bit() asked for (layer, expert)'s copy, and the cache does not hold the expert.
+  bool wants_copy(int layer, int expert) const;
+  // The copy buffer holding or reading (layer, expert), or -1.
+  int find_copy(int layer, int expert) const;
+  // Starts reading (layer, expert)'s copy into a free copy buffer: its id, or -1 when none is free.
+  int start_copy_read(int layer, int expert);
+  void finish_copy(int index, std::string error);
+  void set_views(ExpertWeights& w, const uint8_t* blob) const;
   // Collects finished reads (blocking for one when wait) and files them into the cache.
   void collect(bool wait);
   void finish(const ReadDone& d);
@@ -82,6 +97,22 @@ class QpackExperts : public ExpertSource {
   IoMode io_;
   int max_batch_ = 0;
   ExpertCache cache_;
+  std::optional<MissCopies> copies_;  // with the miss_copies option
+  // Low-bit copies are read into buffers of their own, never into the cache (which keeps whole
+  // experts): each serves the step that asked for it and is free again once released. Their ids
+  // in reads, pins and pinned_ come after the cache's slots: capacity() + index.
+  struct CopyBuffer {
+    uint8_t* data = nullptr;  // a whole expert's stride: the copy is read into its tail
+    int layer = -1, expert = -1;
+    bool loading = false;
+    int pins = 0;
+    std::string error;  // why its read failed (while pinned)
+  };
+  std::vector<CopyBuffer> copy_bufs_;
+  bool is_copy(int id) const { return id >= cache_.capacity(); }
+  CopyBuffer& copy_buf(int id) { return copy_bufs_[size_t(id - cache_.capacity())]; }
+  int low_layer_ = -1;               // the layer read_low_bit() last named
+  std::vector<uint8_t> low_wanted_;  // [expert] of low_layer_: read the copy
   std::unique_ptr<ExpertReader> reader_;
   std::vector<uint8_t> fresh_;        // [slot] read but not used yet (its first use is a miss)
   std::vector<uint8_t> speculative_;  // [slot] read for a prediction, not used yet

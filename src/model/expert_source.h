@@ -32,6 +32,7 @@ struct ExpertStats {
   uint64_t predicted = 0;       // speculative reads started for a predicted expert
   uint64_t predicted_used = 0;  // ... of which the expert was then used
   uint64_t skipped = 0;         // routed experts left out instead of read (--on-miss skip:W; lossy)
+  uint64_t low_bit = 0;         // misses read from their low-bit copies (--on-miss low-bit; lossy)
   size_t cache_bytes = 0;       // memory the cache holds now
   size_t cache_budget = 0;      // the most it may hold
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
@@ -59,6 +60,13 @@ class ExpertSource {
   // the next release(layer). Throws Error naming the layer and expert if one cannot be read.
   virtual void acquire(int layer, std::span<const int32_t> experts, std::span<ExpertWeights> out) = 0;
   virtual void release(int layer) = 0;
+  // Whether the expert is in memory or being read as a whole (what --on-miss low-bit asks).
+  virtual bool held(int layer, int expert) const { return ready(layer, expert); }
+  // --on-miss low-bit: of the experts the next prefetch() and acquire() of `layer` ask for, these
+  // are read from their low-bit copies unless held (lossy; the copy serves this step only, the
+  // cache keeps whole experts). Replaces the previous call's set. Sources without copies refuse
+  // at load (miss_copies option), so the model calls this only where they exist.
+  virtual void read_low_bit(int /*layer*/, std::span<const int32_t> /*experts*/) {}
   // The model left out `count` routed experts of `layer` that were not in memory instead of
   // reading them (--on-miss skip:W): counted in ExpertStats::skipped.
   virtual void skipped(int /*layer*/, int /*count*/) {}

@@ -61,6 +61,7 @@ Stats to_stats(const GenerateResult& r) {
   o.expert_misses = s.experts.misses;
   o.bytes_read = s.experts.bytes_read;
   o.experts_skipped = s.experts.skipped;
+  o.experts_low_bit = s.experts.low_bit;
   o.expert_hit_rate = s.experts.hit_rate();
   o.peak_rss_bytes = s.peak_rss;
   o.finish_reason = finish_reason_name(r.finish);

@@ -45,11 +45,12 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts) {
   // SWIFTLET_GPU=1 acts as --gpu: runs any command or test suite on the GPU path.
   const char* env_gpu = std::getenv("SWIFTLET_GPU");
   const bool want_gpu = opts.gpu || (env_gpu && std::string(env_gpu) == "1");
-  if (want_gpu && opts.on_miss.lossy()) fail("--on-miss skip is CPU-only for now; drop --gpu or the flag");
+  if (want_gpu && opts.on_miss.lossy()) fail("--on-miss {} is CPU-only for now; drop --gpu or the flag", opts.on_miss.name());
   const bool gpu = want_gpu && gpu_usable(&no_gpu);
   if (want_gpu && !gpu) std::fprintf(stderr, "swiftlet: --gpu: %s; falling back to the CPU\n", no_gpu.c_str());
   LoadOptions load = opts.load;
   load.gpu = load.gpu || gpu;
+  load.miss_copies = opts.on_miss.reads_low_bit();
   if (gpu && !load.cache_alloc) {
     load.cache_alloc = gpu_host_alloc;
     load.cache_free = gpu_host_free;

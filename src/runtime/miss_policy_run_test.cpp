@@ -183,7 +183,7 @@ TEST_F(OnMissScripted, AMissBelowWIsNotReadAndTheOthersAreRenormalised) {
   const float W = (w[1] + w[2]) / 2;
   src_->missing = {{kLayer, e[1]}, {kLayer, e[3]}};
   Forward f(model_, Backend::CpuF32);
-  f.set_miss_policy(MissPolicy{W});
+  f.set_miss_policy(MissPolicy::skip(W));
   const std::vector<float> got = run(f);
   EXPECT_EQ(src_->skipped_count, 1);
   EXPECT_EQ(src_->prefetched.count({kLayer, e[3]}), 0u);
@@ -198,7 +198,7 @@ TEST_F(OnMissScripted, TheTopOneIsKeptWhateverW) {
   const std::vector<float>& w = routes_.weights[kLayer];
   src_->missing = {{kLayer, e[0]}, {kLayer, e[1]}, {kLayer, e[2]}, {kLayer, e[3]}};
   Forward f(model_, Backend::CpuF32);
-  f.set_miss_policy(MissPolicy{0.999f});
+  f.set_miss_policy(MissPolicy::skip(0.999f));
   const std::vector<float> got = run(f);
   EXPECT_EQ(src_->skipped_count, 3);
   std::set<Key> at_layer;
@@ -215,7 +215,7 @@ TEST(OnMiss, TheGpuRefusesALossyPolicy) {
   eo.gpu = true;
   eo.on_miss = parse_miss_policy("skip:0.1");
   const std::string msg = testing::error_of([&] { Engine e(eo); });
-  EXPECT_NE(msg.find("--on-miss skip is CPU-only for now; drop --gpu or the flag"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--on-miss skip:0.1 is CPU-only for now; drop --gpu or the flag"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -163,6 +163,7 @@ std::unique_ptr<LoadedModel> load_qpack(const std::string& path, const LoadOptio
   eo.io = opts.io;
   eo.alloc = opts.cache_alloc;
   eo.free = opts.cache_free;
+  eo.miss_copies = opts.miss_copies;
   lm->experts = std::make_unique<QpackExperts>(qc, std::move(eo));
   lm->model.experts = lm->experts.get();
   return lm;

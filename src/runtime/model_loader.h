@@ -65,6 +65,8 @@ struct LoadOptions {
   ExpertCache::Free cache_free;
   // Where the default cache size reads the machine's memory (tests: a fake machine).
   MemoryFiles machine;
+  // .qpack: open the low-bit copies of the experts (--on-miss low-bit; an Error when there are none).
+  bool miss_copies = false;
 };
 
 // The plan for a .qpack under `opts` (throws Error when the budget cannot be met). The one rule

@@ -50,7 +50,7 @@ std::unique_ptr<ForwardPass> make_pass(const Model& model, const SessionOptions&
   if (opts.gpu) {
     if (opts.routing_observer || opts.route_override)
       fail("expert traces and routing overrides run on the CPU only: drop --gpu");
-    if (opts.on_miss.lossy()) fail("--on-miss skip is CPU-only for now; drop --gpu or the flag");
+    if (opts.on_miss.lossy()) fail("--on-miss {} is CPU-only for now; drop --gpu or the flag", opts.on_miss.name());
     std::unique_ptr<ForwardPass> pass = make_gpu_forward(opts.gpu);
     SWIFTLET_CHECK(pass != nullptr, "a GpuModel exists only in a binary built with CUDA");
     return pass;

@@ -52,6 +52,7 @@ void Metrics::on_job(FinishReason finish, const GenerateStats& s) {
   t_.expert_misses += s.experts.misses;
   t_.bytes_read += s.experts.bytes_read;
   t_.experts_skipped += s.experts.skipped;
+  t_.experts_low_bit += s.experts.low_bit;
   if (s.decode_tok_s() > 0) t_.last_decode_tok_s = s.decode_tok_s();
   if (s.prefill_tok_s() > 0) t_.last_prefill_tok_s = s.prefill_tok_s();
 }
@@ -144,6 +145,8 @@ std::string Metrics::prometheus(const LiveGauges& live) const {
          t.expert_hits + t.expert_misses ? double(t.expert_hits) / double(t.expert_hits + t.expert_misses) : 0.0);
   metric(out, "swiftlet_experts_skipped_total", "counter",
          "Routed experts left out instead of read (--on-miss skip:W, lossy).", double(t.experts_skipped));
+  metric(out, "swiftlet_experts_low_bit_total", "counter",
+         "Missed experts read from their low-bit copies (--on-miss low-bit, lossy).", double(t.experts_low_bit));
   metric(out, "swiftlet_disk_read_bytes_total", "counter", "Expert bytes read from disk.", double(t.bytes_read));
   metric(out, "swiftlet_resident_memory_bytes", "gauge", "Resident set size now.", double(current_rss_bytes()));
   metric(out, "swiftlet_peak_resident_memory_bytes", "gauge", "Peak resident set size.", double(peak_rss_bytes()));

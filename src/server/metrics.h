@@ -44,7 +44,7 @@ class Metrics {
     uint64_t jobs = 0, jobs_cancelled = 0, jobs_failed = 0, rejected_queue_full = 0;
     uint64_t prompt_tokens = 0, reused_tokens = 0, prefilled_tokens = 0, generated_tokens = 0;
     double prefill_seconds = 0, decode_seconds = 0;
-    uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0, experts_skipped = 0;
+    uint64_t expert_hits = 0, expert_misses = 0, bytes_read = 0, experts_skipped = 0, experts_low_bit = 0;
     double last_decode_tok_s = 0, last_prefill_tok_s = 0;
   };
   Totals totals() const;
