@@ -77,8 +77,13 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
   {
     std::lock_guard<std::mutex> lock(mu_);
     gen = generation_.load() + 1;
-    job_.store(&fn, std::memory_order_relaxed);
-    n_tasks_.store(n, std::memory_order_relaxed);
+    // The finished job's ticket is closed first. A worker late from it may read this job's
+    // function and count below; it must then find no index of its own job left to claim (it
+    // once took the finished job's exhausted ticket as within the new, larger count, ran a task
+    // twice and left this loop waiting for a count it had passed).
+    ticket_.store(uint64_t(gen) << 32 | 0xffffffffu, std::memory_order_relaxed);
+    job_.store(&fn, std::memory_order_release);
+    n_tasks_.store(n, std::memory_order_release);
     done_.store(0, std::memory_order_relaxed);
     ticket_.store(uint64_t(gen) << 32, std::memory_order_release);
     generation_.store(gen, std::memory_order_release);

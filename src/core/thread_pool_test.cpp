@@ -20,6 +20,22 @@ TEST(ThreadPool, RunsEveryTaskExactlyOnce) {
   }
 }
 
+// Jobs of alternating sizes, back to back, more threads than cores: a worker late from one job
+// must neither run a task of the next (it once could, when the next job had more tasks: it took
+// the finished job's exhausted ticket against the new job's count, ran a task twice and left the
+// caller spinning forever on a count past the end). Every job's tasks run exactly once, before
+// parallel_for returns.
+TEST(ThreadPool, ALateWorkerNeverRunsATaskOfTheNextJob) {
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> hits(64);
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = job % 2 ? 2 : 37;
+    for (int64_t i = 0; i < n; ++i) hits[size_t(i)].store(0, std::memory_order_relaxed);
+    pool.parallel_for(n, [&](int64_t i) { hits[size_t(i)].fetch_add(1, std::memory_order_relaxed); });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "job " << job << " task " << i;
+  }
+}
+
 TEST(ThreadPool, ResultsVisibleAfterReturn) {
   ThreadPool pool(3);
   std::vector<int64_t> out(10000);
