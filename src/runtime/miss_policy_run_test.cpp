@@ -1,11 +1,14 @@
 // --on-miss on the tiny model: exact and skip:0 give the bits of a run without the option through
 // a small streamed cache; skip:W leaves a missed low-weight expert unread and renormalises the
 // others, which the layer's output shows against outputs made with experts zeroed; a hit below W
-// and a token's top-1 are kept; the engine refuses a lossy policy on the GPU.
+// and a token's top-1 are kept; a session counts the low-bit copies it read; the engine refuses a
+// lossy policy on the GPU.
 #include "runtime/engine.h"
 #include "runtime/model_loader.h"
 #include "runtime/session.h"
 
+#include "convert/repack.h"
+#include "convert/synthetic.h"
 #include "format/qpack.h"
 #include "support/greedy_decode.h"
 #include "support/test_util.h"
@@ -207,6 +210,31 @@ TEST_F(OnMissScripted, TheTopOneIsKeptWhateverW) {
   EXPECT_EQ(at_layer, (std::set<Key>{{kLayer, e[0]}}));
   const double s = (double(w[0]) + w[1] + w[2] + w[3]) / double(w[0]);
   expect_scaled(got, exact_with_zeroed({e[0], e[1], e[2], e[3]}), exact_with_zeroed({e[1], e[2], e[3]}), s);
+}
+
+// Through an engine session (what generate, chat, the server and the library report): the copies
+// read are counted in the request's stats.
+TEST(OnMiss, ASessionCountsTheLowBitCopiesItRead) {
+  testing::ScratchDir dir;
+  RepackOptions ro;
+  ro.output = dir / "tiny.qpack";
+  repack_synthetic("tiny-256", ro);
+  const std::string path = ro.output;
+  add_miss_copies(path, {2, 2, {}});
+  EngineOptions eo;
+  eo.model = path;
+  eo.load.cache_bytes = 2 * QpackContainer::open(path).layout.expert_stride;
+  eo.on_miss = parse_miss_policy("low-bit");
+  eo.threads = 1;
+  Engine engine(eo);
+  GenerateRequest r;
+  r.prompt = {1, 2, 3, 4, 5};
+  r.sampling.greedy = true;
+  r.max_new_tokens = 4;
+  const GenerateResult got = engine.new_session()->generate(r);
+  EXPECT_GT(got.stats.experts.low_bit, 0u);
+  EXPECT_LE(got.stats.experts.low_bit, got.stats.experts.misses);
+  EXPECT_EQ(got.stats.on_miss.name(), "low-bit");
 }
 
 TEST(OnMiss, TheGpuRefusesALossyPolicy) {

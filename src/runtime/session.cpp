@@ -26,6 +26,7 @@ ExpertStats minus(const ExpertStats& a, const ExpertStats& b) {
   d.predicted = a.predicted - b.predicted;
   d.predicted_used = a.predicted_used - b.predicted_used;
   d.skipped = a.skipped - b.skipped;
+  d.low_bit = a.low_bit - b.low_bit;
   d.cache_bytes = a.cache_bytes;  // levels, not counters
   d.cache_budget = a.cache_budget;
   return d;
