@@ -19,7 +19,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 namespace swiftlet {
 namespace {
@@ -51,9 +50,7 @@ TinyRun run(const std::string& path, const char* on_miss) {
   Forward fwd(lm->model, Backend::CpuF32);
   fwd.set_miss_policy(policy);
   SessionState st = SessionState::create(lm->model.config);
-  std::vector<int32_t> prompt;
-  std::mt19937 rng(3);
-  for (int i = 0; i < 17; ++i) prompt.push_back(int32_t(rng() % uint32_t(lm->model.config.vocab_size)));
+  const std::vector<int32_t> prompt = testing::random_tokens(17, lm->model.config.vocab_size, 3);
   TinyRun r;
   r.logits = testing::greedy_logits(fwd, st, prompt, 6);
   r.stats = lm->experts->expert_stats();

@@ -31,9 +31,7 @@ ModelRun run_model(const std::string& path, LoadOptions opts, bool predict) {
   Forward fwd(lm->model, Backend::CpuF32);
   fwd.set_predict_next(predict);
   SessionState st = SessionState::create(lm->model.config);
-  std::vector<int32_t> prompt;
-  std::mt19937 rng(11);
-  for (int i = 0; i < 23; ++i) prompt.push_back(int32_t(rng() % 1000));
+  const std::vector<int32_t> prompt = testing::random_tokens(23, 1000, 11);
   ModelRun r;
   r.logits = testing::greedy_logits(fwd, st, prompt, 6);
   r.stats = lm->experts->expert_stats();

@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <set>
 #include <utility>
 
@@ -39,9 +38,7 @@ TinyRun run_tiny(uint64_t slots, const MissPolicy* policy) {
   Forward fwd(lm->model, Backend::CpuF32);
   if (policy) fwd.set_miss_policy(*policy);
   SessionState st = SessionState::create(lm->model.config);
-  std::vector<int32_t> prompt;
-  std::mt19937 rng(3);
-  for (int i = 0; i < 17; ++i) prompt.push_back(int32_t(rng() % 1000));
+  const std::vector<int32_t> prompt = testing::random_tokens(17, 1000, 3);
   TinyRun r;
   r.logits = testing::greedy_logits(fwd, st, prompt, 6);
   r.stats = lm->experts->expert_stats();

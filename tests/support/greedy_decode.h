@@ -7,10 +7,19 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <span>
 #include <vector>
 
 namespace swiftlet::testing {
+
+// n token ids below `vocab`, drawn from mt19937(seed): a prompt for tests that only need one.
+inline std::vector<int32_t> random_tokens(int n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(int32_t(rng() % uint32_t(vocab)));
+  return out;
+}
 
 // Runs `prompt` (last logits row only), then `steps` times: picks the argmax of the row and runs
 // it as the next token. `after_run(row)` sees the prompt's row and each step's, right after the
