@@ -2,7 +2,6 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "io/mapped_file.h"
 #include "format/quantize.h"
 
 #include <nlohmann/json.hpp>
@@ -11,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 
 namespace swiftlet {
 
@@ -20,13 +18,6 @@ using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
 namespace {
-
-uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-// rows x cols of projection p (gate and up: [I, H]; down: [H, I]).
-std::pair<int64_t, int64_t> projection_shape(int p, const ModelConfig& c) {
-  return p == 2 ? std::pair{c.hidden_size, c.moe_intermediate_size} : std::pair{c.moe_intermediate_size, c.hidden_size};
-}
 
 const QpackSection& section(const std::vector<QpackSection>& secs, const std::string& name) {
   for (const auto& s : secs)
@@ -112,18 +103,6 @@ void fit_group(const float* x, int n, int m, float* scale, float* bias) {
 
 std::string miss_copy_layer_file(int layer) { return fmt::format("{}/layer_{:02d}.bin", kMissCopyDir, layer); }
 
-bool MissCopyLayout::operator==(const MissCopyLayout& o) const {
-  if (bits != o.bits || stride != o.stride || payload_offset != o.payload_offset ||
-      sections.size() != o.sections.size())
-    return false;
-  for (size_t i = 0; i < sections.size(); ++i) {
-    const QpackSection &a = sections[i], &b = o.sections[i];
-    if (a.name != b.name || a.dtype != b.dtype || a.shape != b.shape || a.offset != b.offset || a.size != b.size)
-      return false;
-  }
-  return true;
-}
-
 MissCopyLayout MissCopyLayout::plan(const QpackLayout& full, const ModelConfig& c, int bits) {
   if (bits != 2 && bits != 3) fail("low-bit copies are 2 or 3 bits, not {}", bits);
   MissCopyLayout l;
@@ -135,7 +114,7 @@ MissCopyLayout MissCopyLayout::plan(const QpackLayout& full, const ModelConfig& 
   }
   uint64_t off = 0;
   for (int p = 0; p < 3; ++p) {
-    const auto [rows, cols] = projection_shape(p, c);
+    const auto [rows, cols] = expert_projection_shape(p, c);
     const ProjectionFormat f = full.projection_format(p, c);
     const std::string proj = kExpertProjections[p];
     if (!f.affine())
@@ -157,7 +136,7 @@ MissCopyLayout MissCopyLayout::plan(const QpackLayout& full, const ModelConfig& 
       l.sections.push_back(std::move(s));
     }
   }
-  l.stride = round_up(off, kQpackStrideAlign);
+  l.stride = qpack_stride(off);
   l.payload_offset = l.stride - off;
   for (auto& s : l.sections) s.offset += l.payload_offset;
   return l;
@@ -201,10 +180,8 @@ std::optional<MissCopies> MissCopies::open(const QpackContainer& qc) {
   if (!qc.manifest.files.contains(kMissCopyLayoutFile)) return std::nullopt;
   const std::string redo = "add them again with swiftlet-repack --add-miss-copy CONTAINER --miss-copy-bits B";
   const std::string lp = qc.path(kMissCopyLayoutFile);
-  json j = json::parse(read_text_file(lp), nullptr, false);
-  if (j.is_discarded()) fail("'{}' is not valid JSON (corrupt or truncated?) — {}", lp, redo);
   MissCopies mc;
-  mc.layout = MissCopyLayout::parse(j, lp);
+  mc.layout = MissCopyLayout::parse(read_json_file(lp), lp);
   const MissCopyLayout want = MissCopyLayout::plan(qc.layout, qc.config, mc.layout.bits);
   if (!(mc.layout == want))
     fail("{}: the copies' layout does not follow the container's experts (written for another container?) — {}", lp,
@@ -220,14 +197,8 @@ std::optional<MissCopies> MissCopies::open(const QpackContainer& qc) {
   }
   const std::string sp = qc.path(kMissCopyChecksums);
   if (fs::exists(sp)) {
-    json sj = json::parse(read_text_file(sp), nullptr, false);
-    if (sj.is_discarded()) fail("'{}' is not valid JSON (corrupt or truncated?) — {}", sp, redo);
-    QpackChecksums cs = QpackChecksums::parse(sj, sp);
-    bool fits = int(cs.experts.size()) == qc.layout.layer_count;
-    for (const auto& row : cs.experts) fits = fits && int(row.size()) == qc.layout.expert_count;
-    if (!fits)
-      fail("{}: its checksums are not {} layers x {} experts — {}", sp, qc.layout.layer_count, qc.layout.expert_count,
-           redo);
+    QpackChecksums cs = QpackChecksums::parse(read_json_file(sp), sp);
+    cs.require_experts(qc.layout.layer_count, qc.layout.expert_count, sp, redo);
     mc.sums = std::move(cs.experts);
   }
   return mc;
@@ -239,7 +210,7 @@ void make_miss_copy(const QpackLayout& full, const MissCopyLayout& copy, const M
   const int m = (1 << copy.bits) - 1;
   std::vector<float> row;
   for (int p = 0; p < 3; ++p) {
-    const auto [rows, cols] = projection_shape(p, c);
+    const auto [rows, cols] = expert_projection_shape(p, c);
     const ProjectionFormat f = full.projection_format(p, c);
     const std::string proj = kExpertProjections[p];
     const QpackLayout::ProjectionView v = full.projection_view(p, c);
@@ -292,7 +263,7 @@ void expand_miss_copy(const QpackLayout& full, const MissCopyLayout& copy, const
   // payload ends where the full stride does, and no section shrinks), so writing a row never
   // reaches input not yet read.
   for (int p = 0; p < 3; ++p) {
-    const auto [rows, cols] = projection_shape(p, c);
+    const auto [rows, cols] = expert_projection_shape(p, c);
     const std::string proj = kExpertProjections[p];
     const int to = full.projection_format(p, c).bits;
     for (const char* part : {".weight", ".scales", ".biases"}) {

@@ -37,7 +37,7 @@ struct MissCopyLayout {
   std::vector<QpackSection> sections;  // in the full layout's order, offsets inside the blob
 
   uint64_t payload() const { return stride - payload_offset; }
-  bool operator==(const MissCopyLayout& o) const;
+  bool operator==(const MissCopyLayout&) const = default;
 
   // The copy of `full` at `bits`; throws Error when the full experts cannot have one (a float
   // projection, a width whose codes do not fill 32-bit words, bits not below the full bits).

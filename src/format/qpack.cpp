@@ -40,6 +40,17 @@ uint64_t xxh3_64(const void* data, size_t n) {
 
 std::string hash_hex(uint64_t h) { return fmt::format("{:016x}", h); }
 
+json read_json_file(const std::string& path) {
+  json j = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail("'{}' is not valid JSON (corrupt or truncated?)", path);
+  return j;
+}
+
+std::pair<int64_t, int64_t> expert_projection_shape(int p, const ModelConfig& c) {
+  return p == 2 ? std::pair{c.hidden_size, c.moe_intermediate_size}
+                : std::pair{c.moe_intermediate_size, c.hidden_size};
+}
+
 std::string ProjectionFormat::describe() const {
   if (!affine()) return std::string(dtype_name(dtype));
   return fmt::format("{}-bit g{} ({} scales)", bits, group_size, dtype_name(dtype));
@@ -49,19 +60,11 @@ std::string qpack_layer_file(int layer) { return fmt::format("packed_experts/lay
 
 namespace {
 
-// rows x cols of projection p (gate and up: [I, H]; down: [H, I]).
-std::pair<int64_t, int64_t> projection_shape(int p, const ModelConfig& c) {
-  return p == 2 ? std::pair{c.hidden_size, c.moe_intermediate_size}
-                : std::pair{c.moe_intermediate_size, c.hidden_size};
-}
-
 uint64_t numel(const std::vector<int64_t>& s) {
   uint64_t n = 1;
   for (int64_t d : s) n *= uint64_t(d);
   return n;
 }
-
-uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
@@ -96,11 +99,6 @@ uint64_t parse_hash(const json& v, const std::string& source, const std::string&
   return h;
 }
 
-json read_json_file(const std::string& path) {
-  json j = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail("'{}' is not valid JSON (corrupt or truncated?)", path);
-  return j;
-}
 
 uint64_t file_size_or_fail(const std::string& path, const std::string& what) {
   std::error_code ec;
@@ -125,7 +123,7 @@ QpackLayout QpackLayout::plan(const ModelConfig& c, const ProjectionFormat forma
     off += size;
   };
   for (int p = 0; p < 3; ++p) {
-    const auto [rows, cols] = projection_shape(p, c);
+    const auto [rows, cols] = expert_projection_shape(p, c);
     const ProjectionFormat& f = formats[p];
     const std::string proj = kExpertProjections[p];
     if (!f.affine()) {
@@ -137,7 +135,7 @@ QpackLayout QpackLayout::plan(const ModelConfig& c, const ProjectionFormat forma
     add(proj + ".scales", f.dtype, {rows, cols / f.group_size});
     add(proj + ".biases", f.dtype, {rows, cols / f.group_size});
   }
-  l.expert_stride = round_up(off, kQpackStrideAlign);
+  l.expert_stride = qpack_stride(off);
   return l;
 }
 
@@ -154,7 +152,7 @@ const QpackSection* QpackLayout::find(std::string_view name) const {
 }
 
 ProjectionFormat QpackLayout::projection_format(int p, const ModelConfig& c) const {
-  const auto [rows, cols] = projection_shape(p, c);
+  const auto [rows, cols] = expert_projection_shape(p, c);
   const std::string proj = kExpertProjections[p];
   const QpackSection* w = find(proj + ".weight");
   SWIFTLET_CHECK(w != nullptr, "layout not validated");
@@ -173,7 +171,7 @@ ProjectionFormat QpackLayout::projection_format(int p, const ModelConfig& c) con
 }
 
 QpackLayout::ProjectionView QpackLayout::projection_view(int p, const ModelConfig& c) const {
-  const auto [rows, cols] = projection_shape(p, c);
+  const auto [rows, cols] = expert_projection_shape(p, c);
   const ProjectionFormat f = projection_format(p, c);
   const std::string proj = kExpertProjections[p];
   ProjectionView v;
@@ -275,7 +273,7 @@ void QpackLayout::validate(const ModelConfig& c, const std::string& source) cons
   // Expected section sequence, derived from each projection's weight section.
   std::vector<std::string> want;
   for (int p = 0; p < 3; ++p) {
-    const auto [rows, cols] = projection_shape(p, c);
+    const auto [rows, cols] = expert_projection_shape(p, c);
     const std::string proj = kExpertProjections[p];
     const QpackSection* w = find(proj + ".weight");
     if (!w) fail("{}: no section '{}.weight'", source, proj);
@@ -415,6 +413,15 @@ QpackChecksums QpackChecksums::parse(const json& j, const std::string& source) {
   return c;
 }
 
+void QpackChecksums::require_experts(int layers, int count, const std::string& source,
+                                     const std::string& redo) const {
+  if (int(experts.size()) != layers)
+    fail("{}: {} layers of expert checksums for {} layers — {}", source, experts.size(), layers, redo);
+  for (size_t l = 0; l < experts.size(); ++l)
+    if (int(experts[l].size()) != count)
+      fail("{}: layer {} has {} expert checksums for {} experts — {}", source, l, experts[l].size(), count, redo);
+}
+
 // -------------------------------------------------------------------------------- container
 
 bool looks_like_qpack(const std::string& path) {
@@ -473,13 +480,7 @@ QpackContainer QpackContainer::open(const std::string& path) {
   const std::string sums_path = qc.path(kQpackChecksumsFile);
   if (fs::exists(sums_path)) {
     QpackChecksums cs = QpackChecksums::parse(read_json_file(sums_path), sums_path);
-    if (int(cs.experts.size()) != qc.layout.layer_count)
-      fail("{}: {} layers of expert checksums for {} layers — {}", sums_path, cs.experts.size(),
-           qc.layout.layer_count, redo);
-    for (size_t l = 0; l < cs.experts.size(); ++l)
-      if (int(cs.experts[l].size()) != qc.layout.expert_count)
-        fail("{}: layer {} has {} expert checksums for {} experts — {}", sums_path, l,
-             cs.experts[l].size(), qc.layout.expert_count, redo);
+    cs.require_experts(qc.layout.layer_count, qc.layout.expert_count, sums_path, redo);
     qc.checksums = std::move(cs);
   }
   return qc;

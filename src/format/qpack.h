@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace swiftlet {
@@ -31,6 +32,11 @@ inline constexpr const char* kQpackChecksumsFile = "checksums.json";
 uint64_t xxh3_64(const void* data, size_t n);
 std::string hash_hex(uint64_t h);  // 16 lowercase hex digits
 
+// A JSON file of a container; throws Error naming it when it is not valid JSON.
+nlohmann::json read_json_file(const std::string& path);
+// Bytes of an expert blob of `payload` bytes: rounded up to kQpackStrideAlign.
+inline uint64_t qpack_stride(uint64_t payload) { return (payload + kQpackStrideAlign - 1) / kQpackStrideAlign * kQpackStrideAlign; }
+
 // One tensor of an expert blob: `name` like "gate_proj.weight" / "down_proj.scales"; `shape` is
 // the per-expert shape as stored; offset and size are bytes inside the blob.
 struct QpackSection {
@@ -39,6 +45,7 @@ struct QpackSection {
   std::vector<int64_t> shape;
   uint64_t offset = 0;
   uint64_t size = 0;
+  bool operator==(const QpackSection&) const = default;
 };
 
 // How one projection of a routed expert is stored: float (bits 16) or MLX affine.
@@ -53,6 +60,8 @@ struct ProjectionFormat {
 
 // The three projections of an expert, in blob order.
 inline constexpr const char* kExpertProjections[3] = {"gate_proj", "up_proj", "down_proj"};
+// rows x cols of projection p (gate and up: [moe_intermediate, hidden]; down: the reverse).
+std::pair<int64_t, int64_t> expert_projection_shape(int p, const ModelConfig& c);
 
 struct QpackLayout {
   int expert_count = 0;
@@ -110,6 +119,8 @@ struct QpackChecksums {
 
   nlohmann::ordered_json to_json() const;
   static QpackChecksums parse(const nlohmann::json& j, const std::string& source);
+  // Throws Error (naming `source`, ending with `redo`) unless `experts` is layers x count.
+  void require_experts(int layers, int count, const std::string& source, const std::string& redo) const;
 };
 
 std::string qpack_layer_file(int layer);  // "packed_experts/layer_07.bin"
