@@ -1,5 +1,6 @@
 // add_miss_copies (repack.h): the low-bit copies of a container's experts (format/miss_copy.h).
 #include "convert/out_file.h"
+#include "convert/parallel_for.h"
 #include "convert/repack.h"
 #include "format/miss_copy.h"
 
@@ -12,10 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
 #include <filesystem>
 #include <memory>
-#include <thread>
 
 namespace swiftlet {
 
@@ -91,7 +90,6 @@ uint64_t add_miss_copies(const std::string& container, const AddMissCopiesOption
   const int per_chunk = int(std::max<uint64_t>(1, (32u << 20) / copy.stride));
   Aligned in(size_t(qc.layout.expert_stride) * size_t(per_chunk)), out(size_t(copy.stride) * size_t(per_chunk));
   QpackChecksums sums;
-  const int threads = std::max(1, opts.threads);
   for (int l = 0; l < L; ++l) {
     check_repack_interrupt();
     const std::string src_path = qc.layer_path(l);
@@ -113,23 +111,11 @@ uint64_t add_miss_copies(const std::string& container, const AddMissCopiesOption
         if (r <= 0) fail("cannot read '{}': {}", src_path, r < 0 ? std::strerror(errno) : "file truncated");
         got += size_t(r);
       }
-      std::vector<std::thread> pool;
-      std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
-      for (int t = 0; t < threads; ++t)
-        pool.emplace_back([&, t] {
-          try {
-            for (int i = t; i < n; i += threads) {
-              uint8_t* c = out.p + size_t(i) * copy.stride;
-              make_miss_copy(qc.layout, copy, qc.config, in.p + size_t(i) * qc.layout.expert_stride, c);
-              row[size_t(e0 + i)] = xxh3_64(c + copy.payload_offset, size_t(copy.payload()));
-            }
-          } catch (...) {
-            errors[size_t(t)] = std::current_exception();
-          }
-        });
-      for (auto& th : pool) th.join();
-      for (const auto& e : errors)
-        if (e) std::rethrow_exception(e);
+      parallel_for(n, opts.threads, [&](int i) {
+        uint8_t* c = out.p + size_t(i) * copy.stride;
+        make_miss_copy(qc.layout, copy, qc.config, in.p + size_t(i) * qc.layout.expert_stride, c);
+        row[size_t(e0 + i)] = xxh3_64(c + copy.payload_offset, size_t(copy.payload()));
+      });
       f.write(out.p, size_t(copy.stride) * size_t(n), false);
     }
     f.close();

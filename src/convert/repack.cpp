@@ -1,6 +1,7 @@
 #include "convert/repack.h"
 
 #include "convert/out_file.h"
+#include "convert/parallel_for.h"
 #include "convert/shard_feed.h"
 
 #include "core/error.h"
@@ -165,35 +166,6 @@ class ContainerWriter {
 void check_free_space(const fs::path& out, uint64_t need, bool replacing) {
   require_free_space(out.parent_path().string(), need, "the container",
                      replacing ? "the container being replaced is deleted only after the new one is complete" : "");
-}
-
-// Runs f(i) for i in [0, n) on up to `threads` threads.
-template <typename F>
-void parallel_for(int n, int threads, F&& f) {
-  threads = std::max(1, std::min(threads, n));
-  if (threads == 1) {
-    for (int i = 0; i < n; ++i) f(i);
-    return;
-  }
-  std::vector<std::future<void>> futs;
-  for (int t = 1; t < threads; ++t)
-    futs.push_back(std::async(std::launch::async, [&, t] {
-      for (int i = t; i < n; i += threads) f(i);
-    }));
-  std::exception_ptr err;
-  try {
-    for (int i = 0; i < n; i += threads) f(i);
-  } catch (...) {
-    err = std::current_exception();
-  }
-  for (auto& fu : futs) {
-    try {
-      fu.get();
-    } catch (...) {
-      if (!err) err = std::current_exception();
-    }
-  }
-  if (err) std::rethrow_exception(err);
 }
 
 // ------------------------------------------------------------------------------- the writer
