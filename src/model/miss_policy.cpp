@@ -32,18 +32,18 @@ MissPolicy parse_miss_policy(std::string_view text) {
   char* end = nullptr;
   errno = 0;
   const double v = w.empty() ? NAN : std::strtod(w.c_str(), &end);
-  const double top = skip ? 1 : 1.0 + 1e-12;  // skip: [0, 1); low-bit: [0, 1]
-  if (w.empty() || end != w.c_str() + w.size() || errno != 0 || !std::isfinite(v) || v < 0 || v >= top)
+  const bool in_range = v >= 0 && (skip ? v < 1 : v <= 1);  // skip: [0, 1); low-bit: [0, 1]
+  if (w.empty() || end != w.c_str() + w.size() || errno != 0 || !std::isfinite(v) || !in_range)
     fail("--on-miss '{}': W must be a number in [0, {}; give {}", text, skip ? "1)" : "1]", kForms);
   return skip ? MissPolicy::skip(float(v)) : MissPolicy::low_bit(float(v));
 }
 
 namespace {
 
-enum : uint8_t { kUnseen, kMissedLow, kKept };
+enum : uint8_t { kUnseen, kUnkeptMiss, kKept };
 
 // Per expert of one call: kUnseen (not chosen), kKept (in memory, or some token keeps it: a weight
-// >= W, or its top-1 when top1_keeps) or kMissedLow.
+// >= W, or its top-1 when top1_keeps) or kUnkeptMiss (missing, and no token keeps it).
 std::vector<uint8_t> classify(float below, bool top1_keeps, int num_experts, int top_k, bool normalised,
                               std::span<const int32_t> experts, std::span<const float> weights,
                               const std::function<bool(int32_t)>& in_memory) {
@@ -60,7 +60,7 @@ std::vector<uint8_t> classify(float below, bool top1_keeps, int num_experts, int
       const size_t j = t * size_t(top_k) + size_t(i);
       const int32_t e = experts[j];
       SWIFTLET_CHECK(e >= 0 && e < num_experts, "miss policy: expert {} of {}", e, num_experts);
-      if (state[size_t(e)] == kUnseen) state[size_t(e)] = in_memory(e) ? kKept : kMissedLow;
+      if (state[size_t(e)] == kUnseen) state[size_t(e)] = in_memory(e) ? kKept : kUnkeptMiss;
       const double w = normalised ? double(weights[j]) : (sum > 0 ? weights[j] / sum : 1.0);
       if ((top1_keeps && i == 0) || w >= double(below)) state[size_t(e)] = kKept;
     }
@@ -78,7 +78,7 @@ std::vector<int32_t> low_bit_experts(const MissPolicy& policy, int num_experts, 
   const std::vector<uint8_t> state =
       classify(policy.below, false, num_experts, top_k, normalised, experts, weights, held);
   for (int e = 0; e < num_experts; ++e)
-    if (state[size_t(e)] == kMissedLow) low.push_back(e);
+    if (state[size_t(e)] == kUnkeptMiss) low.push_back(e);
   return low;
 }
 
@@ -88,9 +88,8 @@ int skip_missed_experts(const MissPolicy& policy, int num_experts, int top_k, bo
   if (!policy.skips() || top_k < 2) return 0;
   const size_t T = experts.size() / size_t(top_k);
   std::vector<uint8_t> state = classify(policy.below, true, num_experts, top_k, normalised, experts, weights, in_memory);
-  constexpr uint8_t kDroppable = kMissedLow;
   int skipped = 0;
-  for (uint8_t s : state) skipped += s == kDroppable ? 1 : 0;
+  for (uint8_t s : state) skipped += s == kUnkeptMiss ? 1 : 0;
   if (skipped == 0) return 0;
   for (size_t t = 0; t < T; ++t) {
     const std::span<int32_t> te = experts.subspan(t * size_t(top_k), size_t(top_k));
@@ -99,7 +98,7 @@ int skip_missed_experts(const MissPolicy& policy, int num_experts, int top_k, bo
     bool lost = false;
     for (int i = 0; i < top_k; ++i) {
       before += tw[size_t(i)];
-      if (state[size_t(te[size_t(i)])] == kDroppable)
+      if (state[size_t(te[size_t(i)])] == kUnkeptMiss)
         lost = true;
       else
         kept += tw[size_t(i)];
@@ -107,7 +106,7 @@ int skip_missed_experts(const MissPolicy& policy, int num_experts, int top_k, bo
     if (!lost) continue;
     const double scale = kept > 0 ? before / kept : 1.0;  // kept > 0 unless the top-1's weight is 0
     for (int i = 0; i < top_k; ++i) {
-      if (state[size_t(te[size_t(i)])] == kDroppable) {
+      if (state[size_t(te[size_t(i)])] == kUnkeptMiss) {
         te[size_t(i)] = -1;
         tw[size_t(i)] = 0;
       } else {
