@@ -335,6 +335,11 @@ auto guarded(F&& f, decltype(f()) on_error) -> decltype(f()) {
     return on_error;
   }
 }
+
+swiftlet::api::TextCallback c_callback(swiftlet_text_fn fn, void* user) {
+  if (!fn) return {};
+  return [fn, user](std::string_view p) { return fn(p.data(), int(p.size()), user) != 0; };
+}
 }  // namespace
 
 extern "C" {
@@ -393,13 +398,6 @@ int swiftlet_chat_load(swiftlet_chat* chat, const char* path) {
     return 0;
   }, -1);
 }
-
-namespace {
-swiftlet::api::TextCallback c_callback(swiftlet_text_fn fn, void* user) {
-  if (!fn) return {};
-  return [fn, user](std::string_view p) { return fn(p.data(), int(p.size()), user) != 0; };
-}
-}  // namespace
 
 swiftlet_batch* swiftlet_batch_new(swiftlet_engine* engine, int max_sequences) {
   return guarded([&] {
