@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <climits>
+#include <cmath>
 
 namespace swiftlet::server {
 
@@ -46,11 +47,13 @@ std::optional<double> get_number(const json& obj, const char* key) {
 }
 
 namespace {
-bool is_integral(const json& v) {
+// JSON does not tell 3 from 3.0, so a float with no fractional part is a whole number too; the
+// parser keeps an integer literal past 64 bits as a float.
+bool is_whole(const json& v) {
   if (v.is_number_integer()) return true;
   if (!v.is_number_float()) return false;
   const double d = v.get<double>();
-  return d == double(int64_t(d)) && d >= -9e18 && d <= 9e18;
+  return std::isfinite(d) && std::trunc(d) == d;
 }
 
 }  // namespace
@@ -58,9 +61,17 @@ bool is_integral(const json& v) {
 std::optional<int64_t> get_integer(const json& obj, const char* key) {
   const json* v = field(obj, key);
   if (!v) return std::nullopt;
-  if (!is_integral(*v)) wrong_type(key, "an integer", *v);
-  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) bad_value(key, "too large");
-  return v->is_number_float() ? int64_t(v->get<double>()) : v->get<int64_t>();
+  if (!is_whole(*v)) wrong_type(key, "an integer", *v);
+  constexpr const char* kRange = "outside the 64-bit integer range";
+  if (v->is_number_unsigned()) {
+    if (v->get<uint64_t>() > uint64_t(INT64_MAX)) bad_value(key, kRange);
+    return v->get<int64_t>();
+  }
+  if (v->is_number_integer()) return v->get<int64_t>();
+  // Compared before the cast: a double outside int64's range has no defined conversion.
+  const double d = v->get<double>();
+  if (!(d >= -0x1p63 && d < 0x1p63)) bad_value(key, kRange);
+  return int64_t(d);
 }
 
 std::optional<bool> get_bool(const json& obj, const char* key) {

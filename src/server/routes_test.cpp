@@ -76,6 +76,11 @@ TEST(Routes, WrongTypesAndValuesAre400NamingTheField) {
       {{{"stop", {"ok", 5}}}, "stop[1]"},
       {{{"top_p", 0}}, "top_p"},
       {{{"seed", "x"}}, "seed"},
+      {{{"seed", 1e30}}, "seed"},
+      {{{"seed", -1e30}}, "seed"},
+      {{{"seed", 9223372036854775808.0}}, "seed"},
+      {{{"seed", uint64_t(1) << 63}}, "seed"},
+      {{{"max_tokens", 1e300}}, "max_tokens"},
       {{{"n", 2}}, "n"},
       {{{"user", 1}}, "user"},
       {{{"stream_options", true}}, "stream_options"},
@@ -126,6 +131,18 @@ TEST(Routes, MalformedJsonIs400) {
   EXPECT_EQ(api_error([] { parse_json_body("{\"messages\": ["); }).first, 400);
   EXPECT_EQ(api_error([] { parse_json_body("[1, 2]"); }).first, 400);
   EXPECT_EQ(api_error([] { parse_json_body(""); }).first, 400);
+}
+
+// Integers arrive as JSON numbers of any size: a whole float is an integer, one past 64 bits is a
+// 400 naming the field, never a conversion the language leaves undefined.
+TEST(Routes, IntegersAtAndPastTheirRange) {
+  EXPECT_EQ(*parse_chat_request(chat({{"seed", 3.0}})).seed, 3u);
+  EXPECT_EQ(*parse_chat_request(chat({{"seed", -0x1p63}})).seed, uint64_t(1) << 63);
+  EXPECT_EQ(*parse_chat_request(chat({{"seed", INT64_MAX}})).seed, uint64_t(INT64_MAX));
+  const std::string digits(100, '5');
+  const std::string body = R"({"prompt": [[12, 2, 3]], "seed": )" + digits + "}";
+  EXPECT_EQ(api_error([&] { parse_completion_request(parse_json_body(body)); }), std::make_pair(400, std::string("seed")));
+  EXPECT_EQ(api_error([] { parse_chat_request(chat({{"max_tokens", 1e19}})); }).first, 400);
 }
 
 TEST(Routes, CompletionPromptForms) {

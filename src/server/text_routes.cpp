@@ -50,10 +50,10 @@ Reply Routes::detokenize(std::string_view body) const {
     const json& v = (*t)[i];
     const std::string p = fmt::format("tokens[{}]", i);
     if (!v.is_number_integer()) wrong_type(p, "an integer token id", v);
-    const int64_t id = v.get<int64_t>();
-    if (id < 0 || id >= engine.config().vocab_size)
-      bad_value(p, fmt::format("token id {} is outside the vocabulary of {} tokens", id, engine.config().vocab_size));
-    ids.push_back(int32_t(id));
+    const uint64_t vocab = uint64_t(engine.config().vocab_size);
+    if (v.is_number_unsigned() ? v.get<uint64_t>() >= vocab : v.get<int64_t>() < 0 || uint64_t(v.get<int64_t>()) >= vocab)
+      bad_value(p, fmt::format("token id {} is outside the vocabulary of {} tokens", v.dump(), vocab));
+    ids.push_back(v.get<int32_t>());
   }
   Reply r;
   r.body = json{{"content", engine.require_tokenizer().decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace);
