@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 namespace swiftlet {
 
@@ -68,8 +69,24 @@ unsigned declared_types(const ojson& s) {
 }  // namespace schema_parts
 
 namespace {
+
+// The least common multiple of two whole multipleOf values, or nothing where either is not a
+// positive int64 or the multiple passes int64.
+std::optional<int64_t> common_multiple(const ojson& a, const ojson& b) {
+  const auto whole = [](const ojson& v) -> int64_t {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))) return 0;
+    return v.get<int64_t>();
+  };
+  const int64_t x = whole(a), y = whole(b);
+  if (x <= 0 || y <= 0) return std::nullopt;
+  const int64_t step = x / std::gcd(x, y);
+  if (step > INT64_MAX / y) return std::nullopt;
+  return step * y;
+}
+
 constexpr int kMaxMergeDepth = 16;       // allOf / $ref inlined into one schema, levels deep
 constexpr size_t kMaxCrossProduct = 64;  // anyOf x anyOf in an allOf, alternatives
+
 }  // namespace
 
 using schema_parts::declared_types;
@@ -171,8 +188,8 @@ void JsonSchemaCompiler::merge_into(ojson& into, const ojson& part_in, const std
       for (const auto& a : cur)
         for (const auto& b : v) pairs.push_back(ojson{{"allOf", {a, b}}});
       cur = pairs;
-    } else if (k == "multipleOf" && cur.is_number_integer() && v.is_number_integer()) {
-      cur = std::lcm(cur.get<int64_t>(), v.get<int64_t>());
+    } else if (auto m = k == "multipleOf" ? common_multiple(cur, v) : std::nullopt) {
+      cur = *m;
     } else {
       report(k, path);  // two values of a keyword that do not combine: the first one is kept
     }

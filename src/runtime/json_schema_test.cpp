@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "support/test_paths.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -124,6 +125,14 @@ TEST(JsonSchemaNumbers, MultipleOfIntegers) {
   EXPECT_EQ(Doc(ojson::parse(R"({"type":"number","multipleOf":0.01})")).unenforced(), std::vector<std::string>{"multipleOf@#"});
   EXPECT_EQ(Doc(ojson::parse(R"({"type":"integer","minimum":0,"multipleOf":5})")).unenforced(),
             std::vector<std::string>{"multipleOf@#"});
+  // allOf's multiples meet at their least common multiple; one past int64 keeps the first and says so.
+  Doc both(ojson::parse(R"({"allOf":[{"type":"integer","minimum":0,"maximum":60,"multipleOf":4},{"multipleOf":6}]})"));
+  for (int v = 0; v <= 60; ++v) ASSERT_EQ(both.matches(std::to_string(v)), v % 12 == 0) << v;
+  EXPECT_TRUE(both.unenforced().empty());
+  for (const char* huge : {"4611686018427387904", "18446744073709551615"}) {
+    const ojson s = ojson::parse(fmt::format(R"({{"allOf":[{{"type":"integer","multipleOf":3}},{{"multipleOf":{}}}]}})", huge));
+    EXPECT_EQ(Doc(s).unenforced(), std::vector<std::string>{"multipleOf@#/allOf/1"}) << huge;
+  }
 }
 
 TEST(JsonSchemaText, PatternsMatchStdRegex) {
