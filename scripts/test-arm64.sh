@@ -17,17 +17,27 @@ cd "$(dirname "$0")/.."
 scripts/build-arm64.sh "$@"
 qemu=$(command -v qemu-aarch64 || command -v qemu-aarch64-static)
 bin=build-arm64/bin/swiftlet_tests
-for cpu in cortex-a53 cortex-a76 max; do
-  filter='Kernels.*:-Kernels.Int8ActivationsWithinRoundingBound'
-  [ "$cpu" = max ] && filter='*'
-  echo "== qemu-aarch64 -cpu $cpu: $filter"
-  "$qemu" -cpu "$cpu" "$bin" --gtest_brief=1 --gtest_filter="$filter"
+run_model() {  # run_model CPU: the kernel tests and the operation table on one CPU model
+  local cpu=$1 filter='Kernels.*:-Kernels.Int8ActivationsWithinRoundingBound' ops=(--op matmul)
   # The operation table: the products' forms on every model, the mixers' one NEON form on max.
-  ops=(--op matmul)
-  [ "$cpu" = max ] && ops=()
+  [ "$cpu" = max ] && filter='*' && ops=()
+  echo "== qemu-aarch64 -cpu $cpu: $filter"
+  "$qemu" -cpu "$cpu" "$bin" --gtest_brief=1 --gtest_filter="$filter" || return 1
   echo "== qemu-aarch64 -cpu $cpu: swiftlet_ops_test ${ops[*]}"
   "$qemu" -cpu "$cpu" build-arm64/bin/swiftlet_ops_test "${ops[@]}" | grep -E "FAIL|cases within"
+}
+# The three models at once (qemu-user runs these tests on one thread each), printed in order.
+logs=$(mktemp -d)
+pids=()
+for cpu in cortex-a53 cortex-a76 max; do
+  run_model "$cpu" >"$logs/$cpu" 2>&1 &
+  pids+=($!)
 done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+cat "$logs/cortex-a53" "$logs/cortex-a76" "$logs/max"
+rm -rf "$logs"
+((failed == 0)) || { echo "test-arm64.sh: a kernel test failed under qemu (above)"; exit 1; }
 
 # With the CLI built (scripts/test-arm64.sh --cli): models/toy.qpack's greedy continuations of
 # the trained model's reference prompts, on each form: cpu-f32 must give transformers' ids
