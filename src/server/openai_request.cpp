@@ -302,9 +302,8 @@ CompletionRequest parse_completion_request(const json& j) {
     std::vector<int32_t> ids;
     for (size_t i = 0; i < arr.size(); ++i) {
       if (!arr[i].is_number_integer()) wrong_type(fmt::format("{}[{}]", where, i), "an integer token id", arr[i]);
-      // Read as unsigned first: an id past INT64_MAX would wrap to a negative one.
-      const bool past = arr[i].is_number_unsigned() ? arr[i].get<uint64_t>() > uint64_t(INT32_MAX) : arr[i].get<int64_t>() < 0 || arr[i].get<int64_t>() > INT32_MAX;
-      if (past) bad_value(fmt::format("{}[{}]", where, i), fmt::format("{} is not a token id", arr[i].dump()));
+      if (!integer_within(arr[i], 0, INT32_MAX))
+        bad_value(fmt::format("{}[{}]", where, i), fmt::format("{} is not a token id", arr[i].dump()));
       ids.push_back(arr[i].get<int32_t>());
     }
     return ids;

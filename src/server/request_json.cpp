@@ -58,16 +58,21 @@ bool is_whole(const json& v) {
 
 }  // namespace
 
+bool integer_within(const json& v, int64_t lo, int64_t hi) {
+  if (!v.is_number_unsigned()) return v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  const uint64_t u = v.get<uint64_t>();
+  return hi >= 0 && u <= uint64_t(hi) && (lo <= 0 || u >= uint64_t(lo));
+}
+
 std::optional<int64_t> get_integer(const json& obj, const char* key) {
   const json* v = field(obj, key);
   if (!v) return std::nullopt;
   if (!is_whole(*v)) wrong_type(key, "an integer", *v);
   constexpr const char* kRange = "outside the 64-bit integer range";
-  if (v->is_number_unsigned()) {
-    if (v->get<uint64_t>() > uint64_t(INT64_MAX)) bad_value(key, kRange);
+  if (v->is_number_integer()) {
+    if (!integer_within(*v, INT64_MIN, INT64_MAX)) bad_value(key, kRange);
     return v->get<int64_t>();
   }
-  if (v->is_number_integer()) return v->get<int64_t>();
   // Compared before the cast: a double outside int64's range has no defined conversion.
   const double d = v->get<double>();
   if (!(d >= -0x1p63 && d < 0x1p63)) bad_value(key, kRange);

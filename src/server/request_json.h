@@ -23,6 +23,9 @@ const char* type_name(const json& v);
 const json* field(const json& obj, const char* key);
 std::optional<double> get_number(const json& obj, const char* key);
 std::optional<int64_t> get_integer(const json& obj, const char* key);
+// Whether an integer value (is_number_integer) lies in [lo, hi]; one past INT64_MAX, which the
+// parser keeps unsigned, is compared as the number it is rather than wrapped to a negative one.
+bool integer_within(const json& v, int64_t lo, int64_t hi);
 std::optional<bool> get_bool(const json& obj, const char* key);
 std::optional<std::string> get_string(const json& obj, const char* key);
 std::optional<float> get_in_range(const json& obj, const char* key, double lo, double hi, bool lo_open = false);

@@ -4,6 +4,7 @@
 #include "server/metrics.h"
 #include "support/tiny_model.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -141,8 +142,20 @@ TEST(Routes, IntegersAtAndPastTheirRange) {
   EXPECT_EQ(*parse_chat_request(chat({{"seed", INT64_MAX}})).seed, uint64_t(INT64_MAX));
   const std::string digits(100, '5');
   const std::string body = R"({"prompt": [[12, 2, 3]], "seed": )" + digits + "}";
-  EXPECT_EQ(api_error([&] { parse_completion_request(parse_json_body(body)); }), std::make_pair(400, std::string("seed")));
+  EXPECT_EQ(api_error([&] { parse_completion_request(parse_json_body(body)); }),
+            std::make_pair(400, std::string("seed")));
   EXPECT_EQ(api_error([] { parse_chat_request(chat({{"max_tokens", 1e19}})); }).first, 400);
+  // Token ids: [0, INT32_MAX], one past INT64_MAX named as written rather than as a negative id.
+  EXPECT_EQ(parse_completion_request({{"prompt", {0, INT32_MAX}}}).prompt_ids, (std::vector<int32_t>{0, INT32_MAX}));
+  for (const char* id : {"-1", "2147483648", "18446744073709551615"}) {
+    try {
+      parse_completion_request(parse_json_body(fmt::format(R"({{"prompt": [1, {}]}})", id)));
+      ADD_FAILURE() << id << ": nothing thrown";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), "prompt[1]") << id;
+      EXPECT_EQ(std::string(e.what()), fmt::format("Invalid value for 'prompt[1]': {} is not a token id", id));
+    }
+  }
 }
 
 TEST(Routes, CompletionPromptForms) {

@@ -50,8 +50,8 @@ Reply Routes::detokenize(std::string_view body) const {
     const json& v = (*t)[i];
     const std::string p = fmt::format("tokens[{}]", i);
     if (!v.is_number_integer()) wrong_type(p, "an integer token id", v);
-    const uint64_t vocab = uint64_t(engine.config().vocab_size);
-    if (v.is_number_unsigned() ? v.get<uint64_t>() >= vocab : v.get<int64_t>() < 0 || uint64_t(v.get<int64_t>()) >= vocab)
+    const int64_t vocab = engine.config().vocab_size;
+    if (!integer_within(v, 0, vocab - 1))
       bad_value(p, fmt::format("token id {} is outside the vocabulary of {} tokens", v.dump(), vocab));
     ids.push_back(v.get<int32_t>());
   }
