@@ -130,7 +130,8 @@ TEST(JsonSchemaNumbers, MultipleOfIntegers) {
   for (int v = 0; v <= 60; ++v) ASSERT_EQ(both.matches(std::to_string(v)), v % 12 == 0) << v;
   EXPECT_TRUE(both.unenforced().empty());
   for (const char* huge : {"4611686018427387904", "18446744073709551615"}) {
-    const ojson s = ojson::parse(fmt::format(R"({{"allOf":[{{"type":"integer","multipleOf":3}},{{"multipleOf":{}}}]}})", huge));
+    const ojson s =
+        ojson::parse(fmt::format(R"({{"allOf":[{{"type":"integer","multipleOf":3}},{{"multipleOf":{}}}]}})", huge));
     EXPECT_EQ(Doc(s).unenforced(), std::vector<std::string>{"multipleOf@#/allOf/1"}) << huge;
   }
 }
