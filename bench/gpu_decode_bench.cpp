@@ -107,7 +107,7 @@ void op_breakdown(const ModelConfig& c, double ms_per_token) {
       {"add_rms_norm", L, [&] { cu::add_rms_norm(a, b, w, H, 1e-6f, st); }},
       {"router_topk", L, [&] { cu::router_topk(a, 1, c.num_experts, k, true, ids, b); }},
       {"silu_mul (shared+experts)", 2 * L, [&] { cu::silu_mul(a, b, k * I, a); }},
-      {"moe_finish", L, [&] { cu::moe_finish(a, b, w, st, w, k, H); }},
+      {"moe_finish_rows", L, [&] { cu::moe_finish_rows(a, b, w, st, w, 1, k, H); }},
       {"attn_prep", La,
        [&] { cu::attn_prep(a, b, b, w, w, nh, nkv, hd, true, c.rotary_dim(), 0, pos, 1e7f, 1e-6f, st, st, a, b); }},
       {"attention_decode n=100", La, [&] { cu::attention_decode_at(a, b, b, 0, pos, nh, nkv, hd, 0.06f, w, st); }},

@@ -1,11 +1,15 @@
-// One token through the model on the GPU (GpuForward's decode): the embedding, each layer's token
-// mixer and sparse MoE, the final norm and lm_head, in forward order as qwen3_hybrid.cpp. Which
-// kernel runs an operation is the CUDA layer's choice (kernels/cuda/dispatch.cpp).
+// A decode step on the GPU: one token (GpuForward's run, a CUDA graph when every expert is resident)
+// or one token for each of several sessions (decode_batch's rows), through one layer body in
+// forward order as qwen3_hybrid.cpp: the embedding, each layer's token mixer and sparse MoE; the
+// final norm and lm_head. A step's n rows go through the one-token kernels' rows forms (a grid row
+// a token), so one token is the body at n = 1. Which kernel runs an operation is the CUDA layer's
+// choice (kernels/cuda/dispatch.cpp).
 #include "model/gpu_forward_pass.h"
 
 #if SWIFTLET_HAVE_CUDA
 
-#include <cmath>
+#include "core/error.h"
+
 #include <cstring>
 
 namespace swiftlet {
@@ -40,13 +44,13 @@ void GpuForward::step(int32_t token, int64_t pos) {
   prof_.begin(s_);
   cu::set_step(d_tok_, token, d_pos_, pos, s_);
   if (!g_->all_resident() || prof_.on()) {
-    layers();
+    decode_layers(one_);
     return;
   }
   if (!graph_ || graph_kv_cap_ != kv_cap_) {
     cu::graph_destroy(graph_);
     cu::graph_capture_begin(s_);
-    layers();
+    decode_layers(one_);
     graph_ = cu::graph_capture_end(s_);
     graph_kv_cap_ = kv_cap_;
   }
@@ -54,76 +58,94 @@ void GpuForward::step(int32_t token, int64_t pos) {
   g_->count_resident_hits(c_.num_layers * c_.num_experts_per_tok);
 }
 
-// Each block reads the residual stream h_ (its first product RMSNorms it on the fly) and adds its
-// output back into h_ (the last product of the block accumulates into it).
-void GpuForward::layers() {
-  cu::dequant_row_at(g_->embed, d_tok_, h_, s_);
+// Each block reads the residual stream r.h (its first product RMSNorms it on the fly) and adds its
+// output back into r.h (the last product of the block accumulates into it).
+void GpuForward::decode_layers(const DecodeRows& r) {
+  cu::dequant_rows(g_->embed, r.tok, r.step.n, r.h, s_);
   mark("embedding");
   for (int l = 0; l < c_.num_layers; ++l) {
     if (g_->layers[size_t(l)].linear)
-      gated_delta_net(l);
+      gated_delta_net(l, r);
     else
-      gated_attention(l);
-    sparse_moe(l);
+      gated_attention(l, r);
+    sparse_moe(l, r);
   }
 }
 
-void GpuForward::gated_attention(int l) {
+void GpuForward::gated_attention(int l, const DecodeRows& r) {
   const GpuModel::Attn& w = g_->layers[size_t(l)].attn;
-  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
-  LayerDev& d = dev_[size_t(l)];
-  project({{w.q, p1_}, {w.k, p2_}, {w.v, p3_}}, h_, g_->layers[size_t(l)].in_norm);
+  project(r, {{w.q, r.p1, false, w.q.rows}, {w.k, r.p2, false, w.k.rows}, {w.v, r.p3, false, w.v.rows}}, r.h,
+          c_.hidden_size, g_->layers[size_t(l)].in_norm);
   mark("attn: norm + q, k, v");
-  // q/k norms, RoPE, the cache write at *d_pos_ and attention over the cache, one launch.
-  cu::attention_step(p1_, p2_, p3_, w.q_norm, w.k_norm, nh, nkv, hd, c_.attn_output_gate, c_.rotary_dim(), 0, d_pos_,
-                     c_.rope_theta, c_.rms_norm_eps, 1.0f / std::sqrt(float(hd)), d.k, d.v, core_, s_);
-  mark("attn: q/k norm, rope, kv write, attention");
-  project({{w.o, h_, true}}, core_, nullptr);  // h += o_proj(attention)
+  attention_mixer(l, r);
+  project(r, {{w.o, r.h, true, c_.hidden_size}}, r.core, c_.attn_out_dim(), nullptr);  // h += o_proj(attention)
   mark("attn: h += o_proj");
 }
 
-void GpuForward::gated_delta_net(int l) {
+// q/k norms, RoPE, the cache write at each row's position and attention over its cache, one launch.
+void GpuForward::attention_mixer(int l, const DecodeRows& r) {
+  const GpuModel::Attn& w = g_->layers[size_t(l)].attn;
+  cu::attention_step_rows(w.mixer, {r.p1, w.q.rows, r.p2, w.k.rows, r.p3, w.v.rows}, r.layer(l), r.core,
+                          c_.attn_out_dim(), s_);
+  mark("attn: q/k norm, rope, kv write, attention");
+}
+
+void GpuForward::gated_delta_net(int l, const DecodeRows& r) {
   const GpuModel::Gdn& w = g_->layers[size_t(l)].gdn;
-  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
-  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
-  LayerDev& d = dev_[size_t(l)];
-  float* b = ba_;
-  float* a = ba_ + hv;
-  const float* in_norm = g_->layers[size_t(l)].in_norm;
-  project({{w.qkv, mixed_}, {w.z, z_}, {w.b, b}, {w.a, a}}, h_, in_norm);
+  const int64_t hv = w.mixer.hv, vd = w.mixer.value_dim();
+  project(r,
+          {{w.qkv, r.mixed, false, w.mixer.conv_dim()},
+           {w.z, r.z, false, vd},
+           {w.b, r.b, false, hv},
+           {w.a, r.a, false, hv}},
+          r.h, c_.hidden_size, g_->layers[size_t(l)].in_norm);
   mark("gdn: norm + projections");
-  // The conv, the q/k L2 norms, the delta rule and the gated norm.
-  const cu::DeltaNetIn in{mixed_, z_, b, a};
-  cu::deltanet_decode(in, w.conv, d.conv, w.A_log, w.dt_bias, d.ssm, w.norm, 1e-6f, 1.0f / std::sqrt(float(dk)),
-                      c_.rms_norm_eps, hk, hv, dk, dv, c_.linear_conv_kernel_dim, {u_}, core_, s_,
-                      /*state_early=*/true);  // the predecessor: the projections above
-  mark("gdn: conv, l2, delta rule + gated norm");
-  project({{w.out, h_, true}}, core_, nullptr);  // h += out_proj(core)
+  delta_net_mixer(l, r);
+  project(r, {{w.out, r.h, true, c_.hidden_size}}, r.core, vd, nullptr);  // h += out_proj(core)
   mark("gdn: h += out_proj");
+}
+
+// The conv, the q/k L2 norms, the delta rule and the gated norm of each row on its own states.
+void GpuForward::delta_net_mixer(int l, const DecodeRows& r) {
+  const GpuModel::Gdn& w = g_->layers[size_t(l)].gdn;
+  cu::deltanet_decode(w.mixer, {r.mixed, r.z, r.b, r.a}, r.layer(l), {r.u}, r.core, s_);
+  mark("gdn: conv, l2, delta rule + gated norm");
 }
 
 // x = norm(h); the router's softmax, top-k and renormalisation (3.10); the routed experts and the
 // shared expert with its sigmoid gate added into h.
-void GpuForward::sparse_moe(int l) {
+void GpuForward::sparse_moe(int l, const DecodeRows& r) {
   const GpuModel::Layer& w = g_->layers[size_t(l)];
-  project({{w.router, router_}, {w.sh_expert_gate, sg_}}, h_, w.post_norm);
+  const int E = c_.num_experts, k = c_.num_experts_per_tok;
+  project(r, {{w.router, r.router, false, E}, {w.sh_expert_gate, r.sg, false, 1}}, r.h, c_.hidden_size, w.post_norm);
   mark("moe: norm + router, shared gate");
+  // One token alone from here where the experts are streamed or the shared expert runs apart
+  // (decode_batch takes rows only with every expert resident and the shared expert fused).
   if (!g_->all_resident()) {
+    SWIFTLET_CHECK(r.step.n == 1, "streamed experts take one token a step");
     streamed_experts(l);
     return;
   }
   // Everything on the device: hits are counted per step (this may be a graph capture).
-  const int E = c_.num_experts, k = c_.num_experts_per_tok;
-  const cu::SharedExpert* sh = shared_fused_ ? &shared_[size_t(l)] : nullptr;
-  if (!sh) shared_expert(l);
-  cu::route_experts_act(g_->layout(), g_->table(l), router_, E, k, c_.norm_topk_prob, sh, x_, ids_, w_,
-                        experts_scratch(), s_);
+  cu::SharedExpert sh;
+  if (shared_fused_) {
+    sh = shared_[size_t(l)];
+    sh.d_gate_logit = r.sg;
+  } else {
+    SWIFTLET_CHECK(r.step.n == 1, "the shared expert apart takes one token a step");
+    shared_expert(l);
+  }
+  const cu::RoutedExperts ex{g_->layout(), g_->table(l), E, k, c_.norm_topk_prob};
+  const cu::SharedExpert* fused = shared_fused_ ? &sh : nullptr;
+  const cu::ExpertScratch scratch{r.act, r.eu, r.ey};
+  const int n = int(r.step.n);
+  cu::route_experts_act(ex, r.router, fused, r.x, n, r.ids, r.w, scratch, s_);
   mark("moe: top-k + experts gate, up, SiLU");
-  cu::routed_experts_down_add(g_->layout(), g_->table(l), E, k, ids_, w_, sh, experts_scratch(), h_, s_);
+  cu::routed_experts_down_add(ex, r.ids, r.w, fused, scratch, n, r.h, s_);
   mark("moe: h += experts down");
 }
 
-// h += sigmoid(g x) * down(SiLU(gate x) * up x).
+// h += sigmoid(g x) * down(SiLU(gate x) * up x), one token.
 void GpuForward::shared_expert(int l) {
   const GpuModel::Layer& w = g_->layers[size_t(l)];
   project({{w.sh_gate, sh_}, {w.sh_up, su_}}, x_, nullptr);
@@ -132,9 +154,9 @@ void GpuForward::shared_expert(int l) {
   cu::add_sigmoid_scaled(h_, sy_, sg_, c_.hidden_size, s_);
 }
 
-// The routed experts when the VRAM cache does not hold them all: the top-k ids go to the host,
-// the shared expert runs while they travel, then the chosen experts in groups of what the cache
-// holds at once, each group's misses uploaded before it runs.
+// The routed experts of one token when the VRAM cache does not hold them all: the top-k ids go to
+// the host, the shared expert runs while they travel, then the chosen experts in groups of what
+// the cache holds at once, each group's misses uploaded before it runs.
 void GpuForward::streamed_experts(int l) {
   const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size;
   const int E = c_.num_experts, k = c_.num_experts_per_tok;

@@ -71,7 +71,40 @@ GpuForward::GpuForward(std::shared_ptr<GpuModel> g, bool profile) : g_(std::move
     cu::gpu_memset(dev_[size_t(l)].conv, 0, conv * 4, s_);
     cu::gpu_memset(dev_[size_t(l)].ssm, 0, ssm * 4, s_);
   }
+  d_own_states_ = static_cast<float**>(cu::gpu_alloc(size_t(2 * c.num_layers) * sizeof(float*)));
+  h_own_states_.assign(size_t(2 * c.num_layers), nullptr);
+  publish_states();
+  one_.step = {1, d_pos_, d_own_states_, h_own_states_.data()};
+  one_.states_stride = 2;
+  one_.tok = d_tok_;
+  one_.h = h_;
+  one_.x = x_;
+  one_.p1 = p1_;
+  one_.p2 = p2_;
+  one_.p3 = p3_;
+  one_.mixed = mixed_;
+  one_.u = u_;
+  one_.z = z_;
+  one_.b = ba_;
+  one_.a = ba_ + hv;
+  one_.core = core_;
+  one_.router = router_;
+  one_.sg = sg_;
+  one_.w = w_;
+  one_.act = act_;
+  one_.eu = eu_;
+  one_.ey = ey_;
+  one_.ids = ids_;
   cu::gpu_sync(s_);
+}
+
+void GpuForward::publish_states() {
+  for (int l = 0; l < c_.num_layers; ++l) {
+    const LayerDev& d = dev_[size_t(l)];
+    h_own_states_[size_t(2 * l)] = d.conv ? d.conv : d.k;
+    h_own_states_[size_t(2 * l + 1)] = d.conv ? d.ssm : d.v;
+  }
+  cu::gpu_upload(d_own_states_, h_own_states_.data(), h_own_states_.size() * sizeof(float*), s_);
 }
 
 GpuForward::~GpuForward() {
@@ -79,6 +112,7 @@ GpuForward::~GpuForward() {
   free_batch();
   cu::graph_destroy(graph_);
   free_rows();
+  cu::gpu_free(d_own_states_);
   for (void* p : bufs_) cu::gpu_free(p);
   for (auto& d : dev_) {
     cu::gpu_free(d.k);
@@ -107,6 +141,7 @@ void GpuForward::reserve_kv(int64_t positions) {
     }
   }
   kv_cap_ = cap;
+  publish_states();
 }
 
 void GpuForward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,

@@ -1,8 +1,9 @@
 // One session's CUDA forward pass (make_gpu_forward): its device state and activations over a
-// shared GpuModel. Its rooms: gpu_forward.cpp (state, run, snapshots), gpu_decode.cpp (one token:
-// embed, per layer gated_attention / gated_delta_net and sparse_moe, the logits; a CUDA graph when
-// every expert is resident), gpu_prefill.cpp (a prompt batched layer by layer over chunks of its
-// tokens), gpu_decode_batch.cpp (several sessions' tokens together), gpu_profile.h (timing).
+// shared GpuModel. Its rooms: gpu_forward.cpp (state, run, snapshots), gpu_decode.cpp (the layer
+// body of a decode step, one token or one each for several sessions: embed, per layer
+// gated_attention / gated_delta_net and sparse_moe; the logits; a CUDA graph when every expert is
+// resident), gpu_prefill.cpp (a prompt batched layer by layer over chunks of its tokens),
+// gpu_decode_batch.cpp (which form a step of several sessions takes), gpu_profile.h (timing).
 // Internal to model/ (CUDA builds only).
 #pragma once
 
@@ -52,6 +53,24 @@ class GpuForward final : public ForwardPass {
   }
 
  private:
+  // A decode step's rows (decode_layers): n tokens, each a row of these buffers at its natural
+  // width (one token: the one-token buffers, one_; a batch: the batch's), row i at position
+  // step.d_pos[i] with its token mixers' states in the tables of `step` (layer l's at l *
+  // states_stride pointers from their starts).
+  struct DecodeRows {
+    cu::StepRows step;
+    int64_t states_stride = 0;
+    const int32_t* tok = nullptr;
+    float *h, *x, *p1, *p2, *p3, *mixed, *u, *z, *b, *a, *core, *router, *sg, *w, *act, *eu, *ey;
+    int32_t* ids;
+    cu::StepRows layer(int l) const {
+      cu::StepRows r = step;
+      r.d_states += int64_t(l) * states_stride;
+      r.h_states += int64_t(l) * states_stride;
+      return r;
+    }
+  };
+
   // Decode (gpu_decode.cpp).
   void step(int32_t token, int64_t pos);
   // A decode batch with every expert resident where the rows forms do not apply (one member, or
@@ -59,11 +78,19 @@ class GpuForward final : public ForwardPass {
   // its own stream, the members' streams running together; then each waited for.
   void enqueue_step(int32_t token);
   void finish_step(SessionState& st, int32_t token, float* logits_row);
-  void layers();  // one token through every layer: reads d_tok_ and d_pos_ (graph-capturable)
-  void gated_attention(int l);
-  void gated_delta_net(int l);
-  void sparse_moe(int l);
-  void shared_expert(int l);  // h += the gated shared expert, where it does not ride in the experts' kernels
+  // The rows through every layer (graph-capturable where every expert is resident: the tokens,
+  // positions and states are read on the device). One token: decode_layers(one_).
+  void decode_layers(const DecodeRows& r);
+  void gated_attention(int l, const DecodeRows& r);
+  void gated_delta_net(int l, const DecodeRows& r);
+  // The token mixers after their projections, each row on its own states (a decode batch's
+  // layer-by-layer form uses them too).
+  void attention_mixer(int l, const DecodeRows& r);
+  void delta_net_mixer(int l, const DecodeRows& r);
+  void sparse_moe(int l, const DecodeRows& r);
+  // One token: h += the gated shared expert, where it does not ride in the experts' kernels; the
+  // routed experts when the VRAM cache does not hold them all.
+  void shared_expert(int l);
   void streamed_experts(int l);
   void logits_to(float* host_row);
   void logits_of(const float* d_h_row, float* host_row);
@@ -80,19 +107,26 @@ class GpuForward final : public ForwardPass {
   // layer's experts.
   bool prefill(std::span<const int32_t> tokens, LogitsMode mode, int64_t from, std::vector<float>& logits);
   void prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0);
-  // A layer's parts over T rows. With seqs (a decode batch), row i is one token of seqs[i]: the
-  // token mixers run on that pass's states, at its position d_seq_pos_[i].
-  void prefill_delta_net(int l, int64_t T, std::span<GpuForward* const> seqs = {});
-  void prefill_attention(int l, int64_t T, int64_t pos0, std::span<GpuForward* const> seqs = {});
+  // A layer's parts over T rows. With `step` (a decode batch over the batch's buffers), row i is one
+  // token of its own session: the token mixers run as a decode step's (attention_mixer,
+  // delta_net_mixer).
+  void prefill_delta_net(int l, int64_t T, const DecodeRows* step = nullptr);
+  void prefill_attention(int l, int64_t T, int64_t pos0, const DecodeRows* step = nullptr);
   void prefill_moe(int l, int64_t T);
+  // The chunk's x = RMSNorm(h) with norm_w (in batch_.x), as the products take it.
+  cu::RowsIn norm_rows(const float* norm_w, int64_t T);
+  // y = W x over the T rows for each product.
+  struct Product {
+    const cu::GpuMatrix& w;
+    float* y;
+  };
+  void products(const cu::RowsIn& x, int64_t T, std::initializer_list<Product> ps);
 
-  // A decode batch layer by layer (gpu_decode_batch.cpp): the layers over one row per pass, on the
-  // prompt's products (batch_layers) or, with every expert resident, on the one-token kernels' rows
-  // forms (rows_layers); the token mixers of both on each row's own states.
-  void batch_layers(std::span<GpuForward* const> seqs);
-  void rows_layers(std::span<GpuForward* const> seqs);
-  void batch_delta_net_mixer(int l, int64_t T, std::span<GpuForward* const> seqs);
-  void batch_attention_mixer(int l, int64_t T);
+  // A decode batch layer by layer (gpu_decode_batch.cpp): the layers over one row per session, on
+  // the one-token kernels' rows forms (decode_layers over batch_rows) or on the prompt's products
+  // (batch_layers); the token mixers of both on each row's own states.
+  void batch_layers(const DecodeRows& r);
+  DecodeRows batch_rows(int64_t n) const;
   bool grow_rows(int64_t n);
   void free_rows();
   // The rows x[T][cols] as products over tokens take them (quantised into q where they can).
@@ -110,10 +144,18 @@ class GpuForward final : public ForwardPass {
   void free_batch();
 
   void reserve_kv(int64_t positions);
+  // The one-token rows' state tables (one_) from dev_, after its buffers move.
+  void publish_states();
   // y_i (+)= W_i x for the segments in one launch; with norm_w, x is RMSNorm'd first and the normed
   // x is left in x_.
   void project(std::initializer_list<cu::MatvecSegment> segs, const float* x, const float* norm_w) {
     cu::fused_matvec(segs.begin(), int(segs.size()), x, norm_w, c_.rms_norm_eps, x_, s_);
+  }
+  // The same for each of r's rows: row t's x at x + t x_stride, its y_i at the segment's d_y + t
+  // y_stride, its normed x in r.x.
+  void project(const DecodeRows& r, std::initializer_list<cu::MatvecSegment> segs, const float* x, int64_t x_stride,
+               const float* norm_w) {
+    cu::fused_matvec_rows(segs.begin(), int(segs.size()), int(r.step.n), x, x_stride, norm_w, c_.rms_norm_eps, r.x, s_);
   }
   float* buf(size_t n) {
     auto* p = static_cast<float*>(cu::gpu_alloc(std::max<size_t>(n, 1) * 4));
@@ -135,6 +177,9 @@ class GpuForward final : public ForwardPass {
   };
   std::vector<LayerDev> dev_;
   int64_t kv_cap_ = 0;
+  // dev_ as a decode step's state tables, [layer][2] (on the device and the host).
+  float** d_own_states_ = nullptr;
+  std::vector<float*> h_own_states_;
 
   // Activations (device), one token. Shapes in comments.
   std::vector<void*> bufs_;
@@ -159,9 +204,10 @@ class GpuForward final : public ForwardPass {
   // shared expert (shared_[l]) rides along as one more expert.
   bool experts_fused_ = false, shared_fused_ = false;
   std::vector<cu::SharedExpert> shared_;
-  float* logits_;                // [vocab]
-  int32_t* h_ids_ = nullptr;     // pinned [k]
-  float* h_logits_ = nullptr;    // pinned [vocab]: the logits' download (pageable copies are slower)
+  DecodeRows one_;             // the buffers above as the one row of a step
+  float* logits_;              // [vocab]
+  int32_t* h_ids_ = nullptr;   // pinned [k]
+  float* h_logits_ = nullptr;  // pinned [vocab]: the logits' download (pageable copies are slower)
   HostTiming host_;
   // prefill's activations for up to `cap` tokens, rows per token (shapes as the one-token buffers
   // above); the experts' rows are per (token, choice) pair. Host side (pinned): the chosen ids, the

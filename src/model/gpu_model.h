@@ -41,11 +41,11 @@ class GpuModel {
 
   struct Attn {
     cu::GpuMatrix q, k, v, o;
-    float *q_norm = nullptr, *k_norm = nullptr;
+    cu::AttentionSpec mixer;  // the q/k norms and the shapes
   };
   struct Gdn {
     cu::GpuMatrix qkv, z, b, a, out;
-    float *conv = nullptr, *A_log = nullptr, *dt_bias = nullptr, *norm = nullptr;
+    cu::DeltaNetSpec mixer;  // the conv, decay and norm weights and the shapes
   };
   struct Layer {
     bool linear = false;

@@ -7,7 +7,6 @@
 #if SWIFTLET_HAVE_CUDA
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 namespace swiftlet {
@@ -118,60 +117,51 @@ void GpuForward::prefill_chunk(const int32_t* d_tokens, int64_t T, int64_t pos0)
   }
 }
 
-void GpuForward::prefill_delta_net(int l, int64_t T, std::span<GpuForward* const> seqs) {
+cu::RowsIn GpuForward::norm_rows(const float* norm_w, int64_t T) {
+  cu::rms_norm(batch_.h, norm_w, T, c_.hidden_size, c_.rms_norm_eps, batch_.x, s_);
+  return rows_in(batch_.x, T, c_.hidden_size, batch_.qx);
+}
+
+void GpuForward::products(const cu::RowsIn& x, int64_t T, std::initializer_list<Product> ps) {
+  for (const Product& p : ps) cu::matmul_rows(p.w, x, T, p.y, false, s_);
+}
+
+void GpuForward::prefill_delta_net(int l, int64_t T, const DecodeRows* step) {
   const GpuModel::Layer& lw = g_->layers[size_t(l)];
   const GpuModel::Gdn& w = lw.gdn;
-  const int hk = c_.linear_num_key_heads, hv = c_.linear_num_value_heads;
-  const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim, K = c_.linear_conv_kernel_dim;
-  const int64_t H = c_.hidden_size, C = c_.conv_dim(), kd = c_.linear_key_dim();
+  const cu::DeltaNetSpec& m = w.mixer;
+  const int64_t C = m.conv_dim();
   LayerDev& d = dev_[size_t(l)];
-  const float q_scale = 1.0f / std::sqrt(float(dk));
   Batch& B = batch_;
-  cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
-  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
-  cu::matmul_rows(w.qkv, x, T, B.mixed, false, s_);
-  cu::matmul_rows(w.z, x, T, B.z, false, s_);
-  cu::matmul_rows(w.b, x, T, B.b, false, s_);
-  cu::matmul_rows(w.a, x, T, B.a, false, s_);
+  products(norm_rows(lw.in_norm, T), T, {{w.qkv, B.mixed}, {w.z, B.z}, {w.b, B.b}, {w.a, B.a}});
   mark("prompt gdn: norm + qkv, z, b, a");
-  if (seqs.empty()) {
-    cu::conv1d_silu_scan(B.mixed, C, w.conv, d.conv, C, K, T, B.u, C, s_);
-    cu::l2_norm_qk_rows(B.u, T, C, hk, dk, 1e-6f, q_scale, s_);  // q then k: the front of each row
+  if (!step) {
+    cu::conv1d_silu_scan(B.mixed, C, m.d_conv_w, d.conv, C, m.K, T, B.u, C, s_);
+    cu::l2_norm_qk_rows(B.u, T, C, m.hk, m.dk, m.l2_eps, m.q_scale, s_);  // q then k: the front of each row
     mark("prompt gdn: conv, l2");
     // The delta rule (in chunks of 64 where the shapes allow, else scanned in order); the gated norm.
-    cu::delta_rule_norm_scan(B.u, B.u + kd, B.u + 2 * kd, C, B.b, B.a, hv, w.A_log, w.dt_bias, d.ssm, B.z, w.norm,
-                             c_.rms_norm_eps, hk, hv, dk, dv, T, B.core, B.delta_work, s_);
+    cu::delta_rule_norm_scan(m, B.u, C, B.b, B.a, m.hv, d.ssm, B.z, T, B.core, B.delta_work, s_);
     mark("prompt gdn: delta rule scan + norm");
   } else {
-    batch_delta_net_mixer(l, T, seqs);
+    delta_net_mixer(l, *step);
   }
   cu::matmul_rows(w.out, rows_in(B.core, T, w.out.cols, B.qa), T, B.h, true, s_);  // h += out_proj(core)
   mark("prompt gdn: h += out_proj");
 }
 
-void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0, std::span<GpuForward* const> seqs) {
+void GpuForward::prefill_attention(int l, int64_t T, int64_t pos0, const DecodeRows* step) {
   const GpuModel::Layer& lw = g_->layers[size_t(l)];
   const GpuModel::Attn& w = lw.attn;
-  const int nh = c_.num_heads, nkv = c_.num_kv_heads, hd = c_.head_dim;
-  const int64_t H = c_.hidden_size;
   LayerDev& d = dev_[size_t(l)];
   Batch& B = batch_;
-  cu::rms_norm(B.h, lw.in_norm, T, H, c_.rms_norm_eps, B.x, s_);
-  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
-  cu::matmul_rows(w.q, x, T, B.p1, false, s_);
-  cu::matmul_rows(w.k, x, T, B.p2, false, s_);
-  cu::matmul_rows(w.v, x, T, B.p3, false, s_);
+  products(norm_rows(lw.in_norm, T), T, {{w.q, B.p1}, {w.k, B.p2}, {w.v, B.p3}});
   mark("prompt attn: norm + q, k, v");
-  const float scale = 1.0f / std::sqrt(float(hd));
-  if (seqs.empty()) {
-    cu::attn_prep_rows(B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows, w.q_norm, w.k_norm, nh, nkv, hd,
-                       c_.attn_output_gate, c_.rotary_dim(), pos0, T, c_.rope_theta, c_.rms_norm_eps, B.q, B.gate,
-                       d.k, d.v, s_);
-    cu::attention_prefill(B.q, d.k, d.v, pos0, T, nh, nkv, hd, scale, c_.attn_output_gate ? B.gate : nullptr, B.core,
-                          s_);
+  if (!step) {
+    cu::attn_prep_rows(w.mixer, {B.p1, w.q.rows, B.p2, w.k.rows, B.p3, w.v.rows}, pos0, T, B.q, B.gate, d.k, d.v, s_);
+    cu::attention_prefill(w.mixer, B.q, B.gate, d.k, d.v, pos0, T, B.core, s_);
     mark("prompt attn: prep + causal attention");
   } else {
-    batch_attention_mixer(l, T);
+    attention_mixer(l, *step);
   }
   cu::matmul_rows(w.o, rows_in(B.core, T, w.o.cols, B.qa), T, B.h, true, s_);  // h += o_proj(attention)
   mark("prompt attn: h += o_proj");
@@ -182,17 +172,14 @@ void GpuForward::prefill_moe(int l, int64_t T) {
   const int64_t H = c_.hidden_size, I = c_.moe_intermediate_size, SI = c_.shared_expert_intermediate_size;
   const int E = c_.num_experts, k = c_.num_experts_per_tok;
   Batch& B = batch_;
-  cu::rms_norm(B.h, lw.post_norm, T, H, c_.rms_norm_eps, B.x, s_);
-  const cu::RowsIn x = rows_in(B.x, T, H, B.qx);
-  cu::matmul_rows(lw.router, x, T, B.router, false, s_);
-  cu::matmul_rows(lw.sh_expert_gate, x, T, B.sg, false, s_);
+  const cu::RowsIn x = norm_rows(lw.post_norm, T);
+  products(x, T, {{lw.router, B.router}, {lw.sh_expert_gate, B.sg}});
   cu::router_topk(B.router, T, E, k, c_.norm_topk_prob, B.ids, B.w, s_);
   mark("prompt moe: norm + router, gate, top-k");
   cu::gpu_download_async(B.h_ids, B.ids, size_t(T * k) * sizeof(int32_t), s_);
   cu::event_record(ids_ready_, s_);
   // The shared expert while the ids travel.
-  cu::matmul_rows(lw.sh_gate, x, T, B.shg, false, s_);
-  cu::matmul_rows(lw.sh_up, x, T, B.shu, false, s_);
+  products(x, T, {{lw.sh_gate, B.shg}, {lw.sh_up, B.shu}});
   cu::silu_mul(B.shg, B.shu, T * SI, B.shg, s_);
   cu::matmul_rows(lw.sh_down, rows_in(B.shg, T, SI, B.qa), T, B.shy, false, s_);
   mark("prompt moe: shared expert");

@@ -5,6 +5,7 @@
 #if SWIFTLET_HAVE_CUDA
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 
 namespace swiftlet {
@@ -41,11 +42,25 @@ GpuModel::GpuModel(const Model& model, const GpuOptions& o) : m(model), c(model.
     l.post_norm = up(lw.post_attention_layernorm);
     if (lw.linear) {
       const DeltaNetWeights& g = lw.gdn;
-      l.gdn = {up(g.in_proj_qkv), up(g.in_proj_z),  up(g.in_proj_b), up(g.in_proj_a), up(g.out_proj),
-               up(g.conv1d),      up(g.A_log),      up(g.dt_bias),  up(g.norm)};
+      cu::DeltaNetSpec mixer{up(g.conv1d),
+                             up(g.A_log),
+                             up(g.dt_bias),
+                             up(g.norm),
+                             c.linear_num_key_heads,
+                             c.linear_num_value_heads,
+                             c.linear_key_head_dim,
+                             c.linear_value_head_dim,
+                             c.linear_conv_kernel_dim,
+                             1e-6f,  // the q/k L2 norms' epsilon (model-math.md 5.3)
+                             1.0f / std::sqrt(float(c.linear_key_head_dim)),
+                             c.rms_norm_eps};
+      l.gdn = {up(g.in_proj_qkv), up(g.in_proj_z), up(g.in_proj_b), up(g.in_proj_a), up(g.out_proj), mixer};
     } else {
       const AttentionWeights& a = lw.attn;
-      l.attn = {up(a.q_proj), up(a.k_proj), up(a.v_proj), up(a.o_proj), up(a.q_norm), up(a.k_norm)};
+      const cu::AttentionSpec mixer{
+          up(a.q_norm),   up(a.k_norm),       c.num_heads,  c.num_kv_heads, c.head_dim,
+          c.rotary_dim(), c.attn_output_gate, c.rope_theta, c.rms_norm_eps, 1.0f / std::sqrt(float(c.head_dim))};
+      l.attn = {up(a.q_proj), up(a.k_proj), up(a.v_proj), up(a.o_proj), mixer};
     }
     l.router = up(lw.moe.router);
     l.sh_gate = up(lw.moe.shared_gate_proj);

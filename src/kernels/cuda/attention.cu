@@ -434,54 +434,52 @@ void attn_prep(const float* d_P, const float* d_Kp, const float* d_Vp, const flo
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm,
-                    const float* d_k_norm, int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos,
-                    const int64_t* d_pos, float theta, float eps, float scale, float* d_k_cache, float* d_v_cache,
-                    float* d_out, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= 256 && rot_dim % 2 == 0 && rot_dim <= hd);
-  SWIFTLET_CUDA_REQUIRE(nkv >= 1 && nh % nkv == 0 && (d_pos || pos >= 0));
-  detail::with_dims_per_lane(hd, [&](auto dpl) {
-    detail::launch(attention_step_kernel<decltype(dpl)::value>, unsigned(nh), detail::kAttnWarps * 32, 0, s, d_P,
-                   d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim, pos, d_pos, theta, eps, scale,
-                   d_k_cache, d_v_cache, d_out, AttnRows{});
+void attention_step(const AttentionSpec& a, const QkvRows& in, int64_t pos, const int64_t* d_pos, float* d_k_cache,
+                    float* d_v_cache, float* d_out, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(a.hd > 0 && a.hd <= 256 && a.rot_dim % 2 == 0 && a.rot_dim <= a.hd);
+  SWIFTLET_CUDA_REQUIRE(a.nkv >= 1 && a.nh % a.nkv == 0 && (d_pos || pos >= 0));
+  detail::with_dims_per_lane(a.hd, [&](auto dpl) {
+    detail::launch(attention_step_kernel<decltype(dpl)::value>, unsigned(a.nh), detail::kAttnWarps * 32, 0, s, in.P,
+                   in.Kp, in.Vp, a.d_q_norm, a.d_k_norm, a.nh, a.nkv, a.hd, a.gated, a.rot_dim, pos, d_pos, a.theta,
+                   a.eps, a.scale, d_k_cache, d_v_cache, d_out, AttnRows{});
   });
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void attention_step_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
-                         int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
-                         bool gated, int rot_dim, const int64_t* d_pos, float theta, float eps, float scale,
-                         float* const* d_caches, float* d_out, int64_t out_stride, int64_t n, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= 256 && rot_dim % 2 == 0 && rot_dim <= hd);
-  SWIFTLET_CUDA_REQUIRE(nkv >= 1 && nh % nkv == 0 && d_pos && d_caches && n >= 1 && n <= 65535);
-  const AttnRows rows{p_stride, k_stride, v_stride, out_stride, d_caches};
-  detail::with_dims_per_lane(hd, [&](auto dpl) {
-    detail::launch(attention_step_kernel<decltype(dpl)::value>, dim3(unsigned(nh), unsigned(n)),
-                   detail::kAttnWarps * 32, 0, s, d_P, d_Kp, d_Vp, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim,
-                   int64_t(0), d_pos, theta, eps, scale, nullptr, nullptr, d_out, rows);
+void attention_step_rows(const AttentionSpec& a, const QkvRows& in, const StepRows& rows, float* d_out,
+                         int64_t out_stride, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(a.hd > 0 && a.hd <= 256 && a.rot_dim % 2 == 0 && a.rot_dim <= a.hd);
+  SWIFTLET_CUDA_REQUIRE(a.nkv >= 1 && a.nh % a.nkv == 0 && rows.d_pos && rows.d_states && rows.n >= 1 &&
+                        rows.n <= 65535);
+  const AttnRows r{in.p_stride, in.k_stride, in.v_stride, out_stride, rows.d_states};
+  detail::with_dims_per_lane(a.hd, [&](auto dpl) {
+    detail::launch(attention_step_kernel<decltype(dpl)::value>, dim3(unsigned(a.nh), unsigned(rows.n)),
+                   detail::kAttnWarps * 32, 0, s, in.P, in.Kp, in.Vp, a.d_q_norm, a.d_k_norm, a.nh, a.nkv, a.hd,
+                   a.gated, a.rot_dim, int64_t(0), rows.d_pos, a.theta, a.eps, a.scale, nullptr, nullptr, d_out, r);
   });
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void attn_prep_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
-                    int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
-                    bool gated, int rot_dim, int64_t pos0, int64_t T, float theta, float eps, float* d_q,
-                    float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= detail::kPrepMaxHeadDim && rot_dim % 2 == 0 && rot_dim <= hd);
+void attn_prep_rows(const AttentionSpec& a, const QkvRows& in, int64_t pos0, int64_t T, float* d_q, float* d_gate,
+                    float* d_k_cache, float* d_v_cache, GpuStream s) {
+  const int nh = a.nh, nkv = a.nkv, hd = a.hd;
+  SWIFTLET_CUDA_REQUIRE(hd > 0 && hd <= detail::kPrepMaxHeadDim && a.rot_dim % 2 == 0 && a.rot_dim <= hd);
   SWIFTLET_CUDA_REQUIRE(pos0 >= 0 && T >= 0 && T <= kMaxGridY);
-  SWIFTLET_CUDA_REQUIRE(p_stride >= int64_t(nh) * hd * (gated ? 2 : 1) && k_stride >= int64_t(nkv) * hd &&
-                        v_stride >= int64_t(nkv) * hd);
-  SWIFTLET_CUDA_REQUIRE(!gated || d_gate);
+  SWIFTLET_CUDA_REQUIRE(in.p_stride >= int64_t(nh) * hd * (a.gated ? 2 : 1) && in.k_stride >= int64_t(nkv) * hd &&
+                        in.v_stride >= int64_t(nkv) * hd);
+  SWIFTLET_CUDA_REQUIRE(!a.gated || d_gate);
   if (T == 0 || nh + nkv == 0) return;
   attn_prep_rows_kernel<<<dim3(unsigned(nh + nkv), unsigned(T)), 256, 0, s>>>(
-      d_P, p_stride, d_Kp, k_stride, d_Vp, v_stride, d_q_norm, d_k_norm, nh, nkv, hd, gated, rot_dim, pos0, theta, eps,
-      d_q, d_gate, d_k_cache, d_v_cache);
+      in.P, in.p_stride, in.Kp, in.k_stride, in.Vp, in.v_stride, a.d_q_norm, a.d_k_norm, nh, nkv, hd, a.gated,
+      a.rot_dim, pos0, a.theta, a.eps, d_q, d_gate, d_k_cache, d_v_cache);
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void attention_prefill(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t pos0, int64_t T,
-                       int n_heads, int n_kv_heads, int head_dim, float scale, const float* d_gate, float* d_out,
-                       GpuStream s) {
+void attention_prefill(const AttentionSpec& a, const float* d_q, const float* d_gate, const float* d_k_cache,
+                       const float* d_v_cache, int64_t pos0, int64_t T, float* d_out, GpuStream s) {
+  const int n_heads = a.nh, n_kv_heads = a.nkv, head_dim = a.hd;
+  const float scale = a.scale;
+  if (!a.gated) d_gate = nullptr;
   SWIFTLET_CUDA_REQUIRE(pos0 >= 0 && T >= 0 && T <= kMaxGridY);
   SWIFTLET_CUDA_REQUIRE(n_kv_heads >= 1 && n_heads % n_kv_heads == 0);
   SWIFTLET_CUDA_REQUIRE(head_dim >= 1 && head_dim <= 256);

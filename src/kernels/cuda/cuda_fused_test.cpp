@@ -329,10 +329,11 @@ TEST(CudaKernels, ExpertRowsEqualOneTokenCalls) {
         DevBuf<float> a_rows(act), a_one(act), w_rows(size_t(T * k)), w_one(size_t(T * k));
         DevBuf<int32_t> i_rows(size_t(T * k)), i_one(size_t(T * k));
         const cuda::SharedExpert sh{sg, su, sd, dgl.p};
-        ASSERT_TRUE(cuda::routes_in_act(lay, E, k, &sh));
+        const cuda::RoutedExperts ex{lay, d_table, E, k, true};
+        ASSERT_TRUE(cuda::routes_in_act(ex, &sh));
         const cuda::ExpertScratch scratch{a_rows.p, nullptr, nullptr};
-        cuda::route_experts_act_rows(lay, d_table, dl.p, E, k, true, &sh, dx.p, T, i_rows.p, w_rows.p, scratch);
-        cuda::routed_experts_down_add_rows(lay, d_table, E, k, i_rows.p, w_rows.p, &sh, scratch, T, h_rows.p);
+        cuda::route_experts_act(ex, dl.p, &sh, dx.p, T, i_rows.p, w_rows.p, scratch);
+        cuda::routed_experts_down_add(ex, i_rows.p, w_rows.p, &sh, scratch, T, h_rows.p);
         for (int t = 0; t < T; ++t) {
           const cuda::SharedExpert st{sg, su, sd, dgl.p + t};
           float* at = a_one.p + size_t(t) * size_t(k + 1) * size_t(I);

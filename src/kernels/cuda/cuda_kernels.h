@@ -94,8 +94,6 @@ GpuMatrix matrix_layout(const QMatrix& w, const void* d_base);
 
 // out[c] = W[row][c] as fp32 (the embedding lookup; affine: scale * q + bias).
 void dequant_row(const GpuMatrix& w, int64_t row, float* d_out, GpuStream s = nullptr);
-// The same with the row read on the device (*d_row).
-void dequant_row_at(const GpuMatrix& w, const int32_t* d_row, float* d_out, GpuStream s = nullptr);
 // *d_i32 = a; *d_i64 = b, in stream order (a decode step's token and position, for graph replay).
 void set_step(int32_t* d_i32, int32_t a, int64_t* d_i64, int64_t b, GpuStream s = nullptr);
 
@@ -296,10 +294,6 @@ void expert_act_routed_rows(const ExpertLayout& l, const void* const* d_table, c
 void expert_down_add_rows(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
                           int n, const SharedExpert* sh, const float* d_act, int tokens, float* d_h,
                           GpuStream s = nullptr, bool ids_early = true);
-// h[d] += sigmoid(*gate) shared[d] + sum_i w[i] y[i][d]: the shared expert (gated) and the
-// routed experts' weighted sum added to the residual stream in one launch (3.10 steps 4-6).
-void moe_finish(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w, int n,
-                int64_t H, GpuStream s = nullptr);
 // h += add; y = rmsnorm(h) * w, one row of n (the residual add fused into the next block's norm).
 void add_rms_norm(float* d_h, const float* d_add, const float* d_w, int64_t n, float eps, float* d_y,
                   GpuStream s = nullptr);
@@ -330,6 +324,52 @@ void add_sigmoid_scaled(float* d_y, const float* d_x, const float* d_gate, int64
 void router_topk(const float* d_logits, int64_t n_tok, int E, int k, bool renormalise, int32_t* d_ids,
                  float* d_weights, GpuStream s = nullptr);
 
+// --- a token mixer's layer as the kernels take it ---------------------------------------------
+// A gated-attention layer (model-math.md 3.2): the q/k RMSNorm weights [hd] on the device, nh query
+// heads and nkv KV heads of hd, RoPE on the first rot_dim dims with base theta, the norms' eps and
+// the scores' scale; gated: each head's rows of q_proj are [query | gate].
+struct AttentionSpec {
+  const float* d_q_norm = nullptr;
+  const float* d_k_norm = nullptr;
+  int nh = 0, nkv = 0, hd = 0, rot_dim = 0;
+  bool gated = false;
+  float theta = 0, eps = 0, scale = 0;
+};
+// A Gated DeltaNet layer (model-math.md 5): the conv's weights [conv_dim][K], A_log and dt_bias
+// [hv] and the gated norm's weight [dv] on the device; hk key heads of dk, hv value heads of dv, K
+// conv taps; the q/k L2 norms' l2_eps and q's scale, the gated RMSNorm's eps.
+struct DeltaNetSpec {
+  const float* d_conv_w = nullptr;
+  const float* d_A_log = nullptr;
+  const float* d_dt_bias = nullptr;
+  const float* d_norm_w = nullptr;
+  int hk = 0, hv = 0, dk = 0, dv = 0, K = 0;
+  float l2_eps = 0, q_scale = 0, eps = 0;
+  int64_t key_dim() const { return int64_t(hk) * dk; }
+  int64_t value_dim() const { return int64_t(hv) * dv; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+// Rows of an attention layer's projections: row t of q_proj's output P, of k_proj's Kp and of
+// v_proj's Vp at t times each stride (floats; one row: the strides are not read).
+struct QkvRows {
+  const float* P = nullptr;
+  int64_t p_stride = 0;
+  const float* Kp = nullptr;
+  int64_t k_stride = 0;
+  const float* Vp = nullptr;
+  int64_t v_stride = 0;
+};
+// A decode step of n rows, each one token of its own sequence: row i at position d_pos[i], its
+// mixer's states at d_states[2 i] and d_states[2 i + 1] (the K and V caches, or the DeltaNet's conv
+// state and S), device arrays read on the device; h_states: the same table on the host, for the
+// forms that go row by row.
+struct StepRows {
+  int64_t n = 1;
+  const int64_t* d_pos = nullptr;
+  float* const* d_states = nullptr;
+  float* const* h_states = nullptr;
+};
+
 // --- attention (attention.cu) ----------------------------------------------------------------
 // NeoX rotate-half RoPE on dims [0, rot_dim) of n_heads heads (head i at x + i * head_stride),
 // position pos, frequencies theta^(-2i/rot_dim) computed as the CPU does (model-math.md 4).
@@ -347,17 +387,12 @@ void attn_prep(const float* d_P, const float* d_Kp, const float* d_Vp, const flo
 // attn_prep then attention_decode_at (n_pos = pos + 1, gate from P where gated) in one launch, a
 // block per query head: out [nh * hd]; writes the caches' row pos as attn_prep. hd <= 256. *d_pos
 // is read before the PDL wait: the previous launch on s must not write it.
-void attention_step(const float* d_P, const float* d_Kp, const float* d_Vp, const float* d_q_norm,
-                    const float* d_k_norm, int nh, int nkv, int hd, bool gated, int rot_dim, int64_t pos,
-                    const int64_t* d_pos, float theta, float eps, float scale, float* d_k_cache, float* d_v_cache,
-                    float* d_out, GpuStream s = nullptr);
-// attention_step for a decode batch of n sequences in one launch: sequence i's P, Kp, Vp and out
-// rows at i times their strides, its position d_pos[i] and its K and V caches at d_caches[2 i],
-// d_caches[2 i + 1] (device arrays, read on the device).
-void attention_step_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
-                         int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
-                         bool gated, int rot_dim, const int64_t* d_pos, float theta, float eps, float scale,
-                         float* const* d_caches, float* d_out, int64_t out_stride, int64_t n, GpuStream s = nullptr);
+void attention_step(const AttentionSpec& a, const QkvRows& in, int64_t pos, const int64_t* d_pos, float* d_k_cache,
+                    float* d_v_cache, float* d_out, GpuStream s = nullptr);
+// attention_step for the rows of a decode step in one launch: row i's inputs at i times in's
+// strides, its output at d_out + i out_stride, its position and caches from `rows`.
+void attention_step_rows(const AttentionSpec& a, const QkvRows& in, const StepRows& rows, float* d_out,
+                         int64_t out_stride, GpuStream s = nullptr);
 // One query token against a KV cache of n_pos positions (rows of n_kv_heads * head_dim, as
 // LayerState::k/v). q: [n_heads][head_dim]; query head j reads kv head j / (n_heads / n_kv_heads);
 // softmax(q.k * scale) v; with d_gate non-null out *= sigmoid(gate) (gated attention, 3.2 step 6).
@@ -388,8 +423,9 @@ void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, 
                           const float* d_A_log, const float* d_dt_bias, float* d_S, const float* d_z,
                           const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, float* d_o,
                           GpuStream s = nullptr);
-// One token's DeltaNet inputs for deltanet_step, its projections in the split layout (both
-// families: model-math.md 5.1): x = [q | k | v] (conv_dim), z [value_dim], b and a [hv].
+// A token's DeltaNet inputs for deltanet_step, its projections in the split layout (both
+// families: model-math.md 5.1): x = [q | k | v] (conv_dim), z [value_dim], b and a [hv]; rows of
+// them for deltanet_step_rows.
 struct DeltaNetIn {
   const float* x;
   const float* z;
@@ -403,35 +439,29 @@ struct DeltaNetIn {
 // otherwise. state_early: the previous launch on s does not write d_S and waits for its own
 // predecessor (a decode layer's projection qualifies; another step on the same state does not), so
 // the state loads may start while it finishes.
-bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
-                   const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
-                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s = nullptr,
-                   bool state_early = false);
-// deltanet_step for a decode batch of n sequences in one launch: sequence i's inputs at i times the
-// strides (in.x rows of x_stride, in.z of z_stride, in.b and in.a of ba_stride), its output row at
-// d_o + i o_stride, its conv state and S at d_states[2 i], d_states[2 i + 1] (a device table). The
-// previous launch must not write the states (they are loaded before its end, as state_early).
-// False (nothing launched) where deltanet_step does not apply.
-bool deltanet_step_rows(const DeltaNetIn& in, int64_t n, int64_t x_stride, int64_t z_stride, int64_t ba_stride,
-                        const float* d_conv_w, float* const* d_states, const float* d_A_log, const float* d_dt_bias,
-                        const float* d_norm_w, float l2_eps, float q_scale, float eps, int hk, int hv, int dk, int dv,
-                        int K, float* d_o, int64_t o_stride, GpuStream s = nullptr);
+bool deltanet_step(const DeltaNetSpec& d, const DeltaNetIn& in, float* d_conv_state, float* d_S, float* d_o,
+                   GpuStream s = nullptr, bool state_early = false);
+// deltanet_step for the rows of a decode step in one launch: row i's inputs at in.x + i conv_dim,
+// in.z + i value_dim, in.b and in.a + i hv, its output at d_o + i value_dim, its conv state and S
+// from rows.d_states (rows.d_pos is not read). The previous launch must not write the states (they
+// are loaded before its end, as state_early). False (nothing launched) where deltanet_step does not
+// apply.
+bool deltanet_step_rows(const DeltaNetSpec& d, const DeltaNetIn& in, const StepRows& rows, float* d_o,
+                        GpuStream s = nullptr);
 // o[h] <- w * rmsnorm(o[h]) * SiLU(z[h]) per head of dv (3.9; plain weight w [dv]).
 void gated_rms_norm(float* d_o, const float* d_z, const float* d_w, int64_t heads, int64_t dv, float eps,
                     GpuStream s = nullptr);
 
-
-// --- one decode token, the kernels chosen by device and shape (dispatch.cpp) --------------------
+// --- a decode step, the kernels chosen by device and shape (dispatch.cpp) ----------------------
 // What the DeltaNet decode needs where deltanet_step does not apply: u [conv_dim].
 struct DeltaNetScratch {
   float* u = nullptr;
 };
-// One token's DeltaNet after its projections, arguments as deltanet_step: that one launch where it
-// applies, else conv1d_silu_step + l2_norm_qk and delta_rule_norm_step through the scratch.
-void deltanet_decode(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
-                     const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
-                     int hk, int hv, int dk, int dv, int K, const DeltaNetScratch& scratch, float* d_o,
-                     GpuStream s = nullptr, bool state_early = false);
+// A decode step's DeltaNet after its projections, arguments as deltanet_step_rows: that one launch
+// where it applies, else row by row conv1d_silu_step + l2_norm_qk and delta_rule_norm_step through
+// the scratch, on the states rows.h_states names.
+void deltanet_decode(const DeltaNetSpec& d, const DeltaNetIn& in, const StepRows& rows, const DeltaNetScratch& scratch,
+                     float* d_o, GpuStream s = nullptr);
 // The routed experts' buffers: act [n + 1][I] (the activations, the shared expert's last), and
 // where the fused kernels do not apply, up [n][I] and y [n][H].
 struct ExpertScratch {
@@ -446,26 +476,27 @@ void experts_act(const ExpertLayout& l, const void* const* d_table, const int32_
 void experts_down_add(const ExpertLayout& l, const void* const* d_table, const int32_t* d_ids, const float* d_w,
                       int n, const SharedExpert* sh, const ExpertScratch& scratch, float* d_h, GpuStream s = nullptr,
                       bool ids_early = true);
-// Decode with every expert resident: the top k of the router's E logits into d_ids / d_w, then
-// experts_act. The top-k runs inside the act kernel where it can (routes_in_act: the shared expert
-// fused, expert_act_routes), else as router_topk first.
-bool routes_in_act(const ExpertLayout& l, int E, int k, const SharedExpert* sh);
-void route_experts_act(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
-                       bool renormalise, const SharedExpert* sh, const float* d_x, int32_t* d_ids, float* d_w,
-                       const ExpertScratch& scratch, GpuStream s = nullptr);
-// The down half after route_experts_act (the same l, E, k, sh).
-void routed_experts_down_add(const ExpertLayout& l, const void* const* d_table, int E, int k, const int32_t* d_ids,
-                             const float* d_w, const SharedExpert* sh, const ExpertScratch& scratch, float* d_h,
-                             GpuStream s = nullptr);
-// The two above for `tokens` tokens, in the layouts of expert_act_routed_rows (scratch.act: [t][k +
-// 1][I] with sh, else [t][k][I]): one launch each where the top-k runs in the act, else token by
-// token.
-void route_experts_act_rows(const ExpertLayout& l, const void* const* d_table, const float* d_logits, int E, int k,
-                            bool renormalise, const SharedExpert* sh, const float* d_x, int tokens, int32_t* d_ids,
-                            float* d_w, const ExpertScratch& scratch, GpuStream s = nullptr);
-void routed_experts_down_add_rows(const ExpertLayout& l, const void* const* d_table, int E, int k, const int32_t* d_ids,
-                                  const float* d_w, const SharedExpert* sh, const ExpertScratch& scratch, int tokens,
-                                  float* d_h, GpuStream s = nullptr);
+// A layer's routed experts as a decode step takes them: the slots' layout, the layer's row of the
+// expert table (device), E experts of which the router picks k, the weights renormalised over the
+// k or not.
+struct RoutedExperts {
+  ExpertLayout layout;
+  const void* const* d_table = nullptr;
+  int E = 0, k = 0;
+  bool renormalise = false;
+};
+// Decode with every expert resident, for each of `tokens` tokens: the top k of its E router logits
+// (d_logits [t][E]) into d_ids / d_w [t][k] (router_topk), then experts_act on its x [t][H], act
+// [t][k + 1][I] with sh (its gate logit sh->d_gate_logit[t]), else [t][k][I]. One launch where the
+// top-k runs inside the act kernel (routes_in_act: the shared expert fused, expert_act_routes),
+// else token by token with router_topk first.
+bool routes_in_act(const RoutedExperts& ex, const SharedExpert* sh);
+void route_experts_act(const RoutedExperts& ex, const float* d_logits, const SharedExpert* sh, const float* d_x,
+                       int tokens, int32_t* d_ids, float* d_w, const ExpertScratch& scratch, GpuStream s = nullptr);
+// The down half after route_experts_act (the same experts, sh and tokens): h [t][H] += the experts'
+// weighted sum (and the gated shared expert).
+void routed_experts_down_add(const RoutedExperts& ex, const int32_t* d_ids, const float* d_w, const SharedExpert* sh,
+                             const ExpertScratch& scratch, int tokens, float* d_h, GpuStream s = nullptr);
 
 
 // --- prompts: T tokens per launch (attention.cu, deltanet.cu, norms.cu) ------------------------
@@ -499,27 +530,24 @@ int64_t delta_rule_chunked_work_floats(int64_t T, int hv, int dk, int dv);
 void delta_rule_chunked(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
                         const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
                         int hk, int hv, int dk, int dv, int64_t T, float* d_work, float* d_o, GpuStream s = nullptr);
-// delta_rule_scan (or, from 16 tokens where it applies and d_work holds
-// delta_rule_chunked_work_floats(T, ...) floats, delta_rule_chunked) then gated_rms_norm over the
-// T hv heads (z: [T][hv * dv], norm weight w [dv]).
-void delta_rule_norm_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
-                          const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
-                          const float* d_z, const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, int64_t T,
-                          float* d_o, float* d_work = nullptr, GpuStream s = nullptr);
+// The layer d's delta rule over T tokens: delta_rule_scan (or, from 16 tokens where it applies and
+// d_work holds delta_rule_chunked_work_floats(T, ...) floats, delta_rule_chunked) then
+// gated_rms_norm over the T hv heads. Row t of u is [q | k | v] (the conv's output, q and k
+// L2-normed) at t u_stride, b and a at t ba_stride; z: [T][value_dim]; o: [T][value_dim].
+void delta_rule_norm_scan(const DeltaNetSpec& d, const float* d_u, int64_t u_stride, const float* d_b, const float* d_a,
+                          int64_t ba_stride, float* d_S, const float* d_z, int64_t T, float* d_o,
+                          float* d_work = nullptr, GpuStream s = nullptr);
 // attn_prep for T tokens at positions pos0 .. pos0 + T - 1, one launch (blocks: heads x tokens):
-// P, Kp, Vp rows at their strides; q and gate (gated: required) [T][nh * hd]; writes KV cache rows
+// in's rows at their strides; q and gate (gated: required) [T][nh * hd]; writes KV cache rows
 // pos0 + t.
-void attn_prep_rows(const float* d_P, int64_t p_stride, const float* d_Kp, int64_t k_stride, const float* d_Vp,
-                    int64_t v_stride, const float* d_q_norm, const float* d_k_norm, int nh, int nkv, int hd,
-                    bool gated, int rot_dim, int64_t pos0, int64_t T, float theta, float eps, float* d_q,
-                    float* d_gate, float* d_k_cache, float* d_v_cache, GpuStream s = nullptr);
-// Causal attention for T query tokens at positions pos0 + t (q, gate or null, out: [T][n_heads *
-// head_dim]): query t as attention_decode against cache positions 0 .. pos0 + t, so the caches must
-// hold those rows (attn_prep_rows first). One launch; from 16 tokens a block takes 64 queries of a
-// head and streams the cache through shared memory in tiles (flash-attention style), below that a
-// block per (head, token). head_dim <= 256.
-void attention_prefill(const float* d_q, const float* d_k_cache, const float* d_v_cache, int64_t pos0, int64_t T,
-                       int n_heads, int n_kv_heads, int head_dim, float scale, const float* d_gate, float* d_out,
-                       GpuStream s = nullptr);
+void attn_prep_rows(const AttentionSpec& a, const QkvRows& in, int64_t pos0, int64_t T, float* d_q, float* d_gate,
+                    float* d_k_cache, float* d_v_cache, GpuStream s = nullptr);
+// Causal attention for T query tokens at positions pos0 + t (q, gate (read where a.gated), out:
+// [T][nh * hd]): query t as attention_decode against cache positions 0 .. pos0 + t, so the caches
+// must hold those rows (attn_prep_rows first). One launch; from 16 tokens a block takes 64 queries
+// of a head and streams the cache through shared memory in tiles (flash-attention style), below
+// that a block per (head, token). hd <= 256.
+void attention_prefill(const AttentionSpec& a, const float* d_q, const float* d_gate, const float* d_k_cache,
+                       const float* d_v_cache, int64_t pos0, int64_t T, float* d_out, GpuStream s = nullptr);
 
 }  // namespace swiftlet::cuda

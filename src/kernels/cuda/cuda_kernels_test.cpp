@@ -303,9 +303,9 @@ TEST(CudaKernels, DeltaNetDecodeMatchesReference) {
       // With its state loaded before the PDL wait: its predecessor (delta_rule_norm_step above)
       // writes other buffers, as a decode layer's projection does.
       const cuda::DeltaNetIn in{dx.p, dz.p, db.p, da.p};
-      const bool stepped = cuda::deltanet_step(in, d_conv_w.p, s_conv.p, d_A.p, d_dt.p, s_S.p, d_norm_w.p, eps, q_scale,
-                                               eps, sh.hk, sh.hv, sh.dk, sh.dv, K, s_o.p, nullptr,
-                                               /*state_early=*/true);
+      const cuda::DeltaNetSpec spec{d_conv_w.p, d_A.p, d_dt.p, d_norm_w.p, sh.hk,   sh.hv,
+                                    sh.dk,      sh.dv, K,      eps,        q_scale, eps};
+      const bool stepped = cuda::deltanet_step(spec, in, s_conv.p, s_S.p, s_o.p, nullptr, /*state_early=*/true);
       if (!stepped) continue;  // not sm_90: the two kernels above run instead
       expect_close(s_conv.get(), conv, 0.0f, 0.0f, what + " step conv state");
       expect_close(s_S.get(), S, 1e-4f, 1e-5f, what + " step state");
@@ -330,6 +330,8 @@ TEST(CudaKernels, DeltaNetStepRowsEqualOneSequenceSteps) {
       const std::vector<float> conv_w = randn(rng, size_t(C * K), 0.5f), norm_w = randn(rng, size_t(sh.dv), 0.3f),
                                A_log = randn(rng, size_t(sh.hv), 0.5f), dt_bias = randn(rng, size_t(sh.hv), 0.5f);
       DevBuf<float> d_conv_w(conv_w), d_norm_w(norm_w), d_A(A_log), d_dt(dt_bias);
+      const cuda::DeltaNetSpec spec{d_conv_w.p, d_A.p, d_dt.p, d_norm_w.p, sh.hk,   sh.hv,
+                                    sh.dk,      sh.dv, K,      eps,        q_scale, eps};
       // Each sequence's states twice: the batch's and its own.
       std::vector<std::unique_ptr<DevBuf<float>>> batch_st, own_st;
       std::vector<float*> table;
@@ -349,15 +351,15 @@ TEST(CudaKernels, DeltaNetStepRowsEqualOneSequenceSteps) {
                                  b = randn(rng, size_t(n * sh.hv)), a = randn(rng, size_t(n * sh.hv));
         DevBuf<float> dx(x), dz(z), db(b), da(a);
         const cuda::DeltaNetIn rows_in{dx.p, dz.p, db.p, da.p};
-        if (!cuda::deltanet_step_rows(rows_in, n, C, vd, sh.hv, d_conv_w.p, d_table.p, d_A.p, d_dt.p, d_norm_w.p, eps,
-                                      q_scale, eps, sh.hk, sh.hv, sh.dk, sh.dv, K, d_o.p, vd))
-          GTEST_SKIP() << "deltanet_step_rows needs sm_90";
+        cuda::StepRows rows;
+        rows.n = n;
+        rows.d_states = d_table.p;
+        if (!cuda::deltanet_step_rows(spec, rows_in, rows, d_o.p)) GTEST_SKIP() << "deltanet_step_rows needs sm_90";
         const std::vector<float> o = d_o.get();
         for (int i = 0; i < n; ++i) {
           const cuda::DeltaNetIn in{dx.p + i * C, dz.p + i * vd, db.p + i * sh.hv, da.p + i * sh.hv};
-          ASSERT_TRUE(cuda::deltanet_step(in, d_conv_w.p, own_st[size_t(2 * i)]->p, d_A.p, d_dt.p,
-                                          own_st[size_t(2 * i + 1)]->p, d_norm_w.p, eps, q_scale, eps, sh.hk, sh.hv,
-                                          sh.dk, sh.dv, K, own_o.p, nullptr, /*state_early=*/false));
+          ASSERT_TRUE(cuda::deltanet_step(spec, in, own_st[size_t(2 * i)]->p, own_st[size_t(2 * i + 1)]->p, own_o.p,
+                                          nullptr, /*state_early=*/false));
           const std::string who = what + " sequence " + std::to_string(i) + " step " + std::to_string(step);
           const std::vector<float> want_o = own_o.get();
           expect_close(std::vector<float>(o.begin() + i * vd, o.begin() + (i + 1) * vd), want_o, 0.0f, 0.0f,
@@ -492,9 +494,9 @@ TEST(CudaKernels, DequantRowMatchesReference) {
       DevBuf<float> a(size_t(320)), b(size_t(320));
       DevBuf<int32_t> d_row(std::vector<int32_t>{row});
       cuda::dequant_row(g, row, a.p);
-      cuda::dequant_row_at(g, d_row.p, b.p);
+      cuda::dequant_rows(g, d_row.p, 1, b.p);
       expect_close(a.get(), want, 1e-6f, 1e-6f, "dequant_row format " + std::to_string(int(f)));
-      expect_close(b.get(), want, 1e-6f, 1e-6f, "dequant_row_at format " + std::to_string(int(f)));
+      expect_close(b.get(), want, 1e-6f, 1e-6f, "dequant_rows (one) format " + std::to_string(int(f)));
     }
     // A prompt's lookup: rows by a device list, repeats included.
     const std::vector<int32_t> rows = {36, 0, 17, 0};
@@ -557,16 +559,28 @@ TEST(CudaKernels, AttnPrepMatchesReference) {
       std::copy(wk.begin() + pos * kvd, wk.end(), kc.begin() + pos * kvd);
       std::copy(wv.begin() + pos * kvd, wv.end(), vc.begin() + pos * kvd);
       const std::vector<float> want = attention_ref(wq, kc, vc, pos + 1, nh, nkv, hd, gated ? &wg : nullptr);
-      for (bool on_device : {false, true}) {
+      // The step's three forms: the position on the host, on the device, and as the one row of a
+      // decode step (position and caches through the step's tables).
+      for (int form = 0; form < 3; ++form) {
+        const bool on_device = form > 0;
         std::vector<float> stale_k = kc, stale_v = vc;  // row pos must be overwritten
         std::fill(stale_k.begin() + pos * kvd, stale_k.end(), 7.0f);
         std::fill(stale_v.begin() + pos * kvd, stale_v.end(), 7.0f);
         DevBuf<float> dP(P), dK(K), dV(V), dqn(qn), dkn(kn), dkc(stale_k), dvc(stale_v), dout(size_t(nh * hd));
         DevBuf<int64_t> dpos(std::vector<int64_t>{pos});
-        cuda::attention_step(dP.p, dK.p, dV.p, dqn.p, dkn.p, nh, nkv, hd, gated, rot, on_device ? 0 : pos,
-                             on_device ? dpos.p : nullptr, theta, eps, 1.0f / std::sqrt(float(hd)), dkc.p, dvc.p,
-                             dout.p);
-        const std::string what = "attention_step hd=" + std::to_string(hd) + (gated ? " gated" : "") +
+        DevBuf<float*> dcaches(std::vector<float*>{dkc.p, dvc.p});
+        const cuda::AttentionSpec spec{dqn.p, dkn.p, nh, nkv, hd, rot, gated, theta, eps, 1.0f / std::sqrt(float(hd))};
+        const cuda::QkvRows in{dP.p, 0, dK.p, 0, dV.p, 0};
+        if (form < 2) {
+          cuda::attention_step(spec, in, on_device ? 0 : pos, on_device ? dpos.p : nullptr, dkc.p, dvc.p, dout.p);
+        } else {
+          cuda::StepRows rows;
+          rows.d_pos = dpos.p;
+          rows.d_states = dcaches.p;
+          cuda::attention_step_rows(spec, in, rows, dout.p, nh * hd);
+        }
+        const std::string what = std::string(form == 2 ? "attention_step_rows" : "attention_step") +
+                                 " hd=" + std::to_string(hd) + (gated ? " gated" : "") +
                                  (on_device ? " device pos" : "");
         expect_close(dout.get(), want, 1e-4f, 1e-5f, what + " out");
         expect_close(dkc.get(), kc, 1e-5f, 1e-5f, what + " k cache");

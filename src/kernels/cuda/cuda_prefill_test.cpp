@@ -106,24 +106,45 @@ struct DeltaInputs {
   }
 };
 
+// DeltaInputs on the device, and the views the kernels take: q, k and v columns of u, b and a of
+// ba, the layer's spec (the norm's eps; no conv).
+struct DeltaOnDevice {
+  Dev u, ba, z, A_log, dt_bias, norm_w;
+  const float *q, *k, *v, *b, *a;
+  cuda::DeltaNetSpec spec;
+  DeltaOnDevice(const DeltaInputs& in, const Delta& d)
+      : u(in.u),
+        ba(in.ba),
+        z(in.z),
+        A_log(in.A_log),
+        dt_bias(in.dt_bias),
+        norm_w(in.norm_w),
+        q(u.p),
+        k(u.p + in.kd),
+        v(u.p + 2 * in.kd),
+        b(ba.p),
+        a(ba.p + d.hv),
+        spec{nullptr, A_log.p, dt_bias.p, norm_w.p, d.hk, d.hv, d.dk, d.dv, 0, 0.0f, 0.0f, DeltaInputs::kEps} {}
+};
+
 TEST(CudaPrefill, DeltaRuleScanMatchesSteps) {
   REQUIRE_GPU();
   std::mt19937 rng(104);
   for (const Delta& d : {Delta{2, 4, 128, 128}, Delta{1, 2, 64, 80}, Delta{3, 6, 64, 40}, Delta{2, 4, 256, 24}}) {
     for (int64_t T : kTs) {
       const DeltaInputs in(rng, d, T);
-      const int64_t kd = in.kd, vd = in.vd, qs = in.qs, bs = in.bs;
+      const int64_t vd = in.vd, qs = in.qs, bs = in.bs;
       const float eps = DeltaInputs::kEps;
       const std::vector<float>& S0 = in.S0;
-      Dev du(in.u), dba(in.ba), dz(in.z), dA(in.A_log), ddt(in.dt_bias), dnw(in.norm_w);
-      const float *q = du.p, *k = du.p + kd, *v = du.p + 2 * kd, *b = dba.p, *a = dba.p + d.hv;
+      const DeltaOnDevice g(in, d);
       const std::string what = tag("delta rule hk hv dk dv T", {d.hk, d.hv, d.dk, d.dv, T});
       {
         Dev S_b(S0), S_s(S0), o_b(size_t(T * vd)), o_s(size_t(T * vd));
-        cuda::delta_rule_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_b.p, d.hk, d.hv, d.dk, d.dv, T, o_b.p);
+        cuda::delta_rule_scan(g.q, g.k, g.v, qs, g.b, g.a, bs, g.A_log.p, g.dt_bias.p, S_b.p, d.hk, d.hv, d.dk, d.dv, T,
+                              o_b.p);
         for (int64_t t = 0; t < T; ++t)
-          cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
-                                d.hv, d.dk, d.dv, o_s.p + t * vd);
+          cuda::delta_rule_step(g.q + t * qs, g.k + t * qs, g.v + t * qs, g.b + t * bs, g.a + t * bs, g.A_log.p,
+                                g.dt_bias.p, S_s.p, d.hk, d.hv, d.dk, d.dv, o_s.p + t * vd);
         expect_match(o_b, o_s, what + " o");
         expect_match(S_b, S_s, what + " state");
       }
@@ -131,11 +152,11 @@ TEST(CudaPrefill, DeltaRuleScanMatchesSteps) {
         // with the gated RMSNorm, against the fused one-token step; without a work buffer
         // delta_rule_norm_scan scans (the chunked form: DeltaRuleChunkedMatchesSteps)
         Dev S_b(S0), S_s(S0), o_b(size_t(T * vd)), o_s(size_t(T * vd));
-        cuda::delta_rule_norm_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_b.p, dz.p, dnw.p, eps, d.hk, d.hv, d.dk, d.dv,
-                                   T, o_b.p);
+        cuda::delta_rule_norm_scan(g.spec, g.u.p, qs, g.b, g.a, bs, S_b.p, g.z.p, T, o_b.p);
         for (int64_t t = 0; t < T; ++t)
-          cuda::delta_rule_norm_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p,
-                                     dz.p + t * vd, dnw.p, eps, d.hk, d.hv, d.dk, d.dv, o_s.p + t * vd);
+          cuda::delta_rule_norm_step(g.q + t * qs, g.k + t * qs, g.v + t * qs, g.b + t * bs, g.a + t * bs, g.A_log.p,
+                                     g.dt_bias.p, S_s.p, g.z.p + t * vd, g.norm_w.p, eps, d.hk, d.hv, d.dk, d.dv,
+                                     o_s.p + t * vd);
         expect_match(o_b, o_s, what + " normed o");
         expect_match(S_b, S_s, what + " normed state");
       }
@@ -167,34 +188,35 @@ TEST(CudaPrefill, DeltaRuleChunkedMatchesSteps) {
     }
     for (int64_t T : {1, 16, 64, 65, 150}) {
       const DeltaInputs in(rng, d, T);
-      const int64_t kd = in.kd, vd = in.vd, qs = in.qs, bs = in.bs;
+      const int64_t vd = in.vd, qs = in.qs, bs = in.bs;
       const float eps = DeltaInputs::kEps;
       const std::vector<float>& S0 = in.S0;
-      Dev du(in.u), dba(in.ba), dz(in.z), dA(in.A_log), ddt(in.dt_bias), dnw(in.norm_w);
-      const float *q = du.p, *k = du.p + kd, *v = du.p + 2 * kd, *b = dba.p, *a = dba.p + d.hv;
+      const DeltaOnDevice g(in, d);
       const std::string what = tag("chunked delta rule hk hv dk dv T", {d.hk, d.hv, d.dk, d.dv, T});
       Dev S_c(S0), S_s(S0), o_c(size_t(T * vd)), o_s(size_t(T * vd));
       Dev work(size_t(cuda::delta_rule_chunked_work_floats(T, d.hv, d.dk, d.dv)));
-      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, work.p, o_c.p);
+      cuda::delta_rule_chunked(g.q, g.k, g.v, qs, g.b, g.a, bs, g.A_log.p, g.dt_bias.p, S_c.p, d.hk, d.hv, d.dk, d.dv,
+                               T, work.p, o_c.p);
       for (int64_t t = 0; t < T; ++t)
-        cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
-                              d.hv, d.dk, d.dv, o_s.p + t * vd);
+        cuda::delta_rule_step(g.q + t * qs, g.k + t * qs, g.v + t * qs, g.b + t * bs, g.a + t * bs, g.A_log.p,
+                              g.dt_bias.p, S_s.p, d.hk, d.hv, d.dk, d.dv, o_s.p + t * vd);
       EXPECT_LT(rel_err(o_c, o_s), 1e-4) << what << " o";
       EXPECT_LT(rel_err(S_c, S_s), 1e-4) << what << " state";
       // A second call continues from the state the first left.
       Dev o_c2(size_t(T * vd)), o_s2(size_t(T * vd));
-      cuda::delta_rule_chunked(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_c.p, d.hk, d.hv, d.dk, d.dv, T, work.p, o_c2.p);
+      cuda::delta_rule_chunked(g.q, g.k, g.v, qs, g.b, g.a, bs, g.A_log.p, g.dt_bias.p, S_c.p, d.hk, d.hv, d.dk, d.dv,
+                               T, work.p, o_c2.p);
       for (int64_t t = 0; t < T; ++t)
-        cuda::delta_rule_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_s.p, d.hk,
-                              d.hv, d.dk, d.dv, o_s2.p + t * vd);
+        cuda::delta_rule_step(g.q + t * qs, g.k + t * qs, g.v + t * qs, g.b + t * bs, g.a + t * bs, g.A_log.p,
+                              g.dt_bias.p, S_s.p, d.hk, d.hv, d.dk, d.dv, o_s2.p + t * vd);
       EXPECT_LT(rel_err(o_c2, o_s2), 1e-4) << what << " o, second call";
       // The normed form picks the chunks from 16 tokens on.
       Dev S_n(S0), S_m(S0), o_n(size_t(T * vd)), o_m(size_t(T * vd));
-      cuda::delta_rule_norm_scan(q, k, v, qs, b, a, bs, dA.p, ddt.p, S_n.p, dz.p, dnw.p, eps, d.hk, d.hv, d.dk, d.dv,
-                                 T, o_n.p, work.p);
+      cuda::delta_rule_norm_scan(g.spec, g.u.p, qs, g.b, g.a, bs, S_n.p, g.z.p, T, o_n.p, work.p);
       for (int64_t t = 0; t < T; ++t)
-        cuda::delta_rule_norm_step(q + t * qs, k + t * qs, v + t * qs, b + t * bs, a + t * bs, dA.p, ddt.p, S_m.p,
-                                   dz.p + t * vd, dnw.p, eps, d.hk, d.hv, d.dk, d.dv, o_m.p + t * vd);
+        cuda::delta_rule_norm_step(g.q + t * qs, g.k + t * qs, g.v + t * qs, g.b + t * bs, g.a + t * bs, g.A_log.p,
+                                   g.dt_bias.p, S_m.p, g.z.p + t * vd, g.norm_w.p, eps, d.hk, d.hv, d.dk, d.dv,
+                                   o_m.p + t * vd);
       EXPECT_LT(rel_err(o_n, o_m), 1e-4) << what << " normed o";
       EXPECT_LT(rel_err(S_n, S_m), 1e-4) << what << " normed state";
     }
@@ -227,9 +249,9 @@ TEST(CudaPrefill, AttnPrepRowsAndAttentionPrefillMatchDecode) {
           Dev kc_b(kc0), vc_b(vc0), q_b(size_t(T * qd)), g_b(size_t(T * qd)), o_b(size_t(T * qd));
           Dev kc_s(kc0), vc_s(vc0), q_s(size_t(T * qd)), g_s(size_t(T * qd)), o_s(size_t(T * qd));
           const float *P = dX.p, *Kp = dX.p + pw, *Vp = dX.p + pw + kvd;
-          cuda::attn_prep_rows(P, rs, Kp, rs, Vp, rs, dqn.p, dkn.p, nh, nkv, hd, gated, rot, pos0, T, theta, eps, q_b.p,
-                               g_b.p, kc_b.p, vc_b.p);
-          cuda::attention_prefill(q_b.p, kc_b.p, vc_b.p, pos0, T, nh, nkv, hd, scale, gated ? g_b.p : nullptr, o_b.p);
+          const cuda::AttentionSpec spec{dqn.p, dkn.p, nh, nkv, hd, rot, gated, theta, eps, scale};
+          cuda::attn_prep_rows(spec, {P, rs, Kp, rs, Vp, rs}, pos0, T, q_b.p, g_b.p, kc_b.p, vc_b.p);
+          cuda::attention_prefill(spec, q_b.p, g_b.p, kc_b.p, vc_b.p, pos0, T, o_b.p);
           for (int64_t t = 0; t < T; ++t) {
             cuda::attn_prep(P + t * rs, Kp + t * rs, Vp + t * rs, dqn.p, dkn.p, nh, nkv, hd, gated, rot, pos0 + t,
                             nullptr, theta, eps, q_s.p + t * qd, g_s.p + t * qd, kc_s.p, vc_s.p);

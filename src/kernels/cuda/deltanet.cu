@@ -249,34 +249,32 @@ void delta_rule_norm_step(const float* d_q, const float* d_k, const float* d_v, 
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-bool deltanet_step(const DeltaNetIn& in, const float* d_conv_w, float* d_conv_state, const float* d_A_log,
-                   const float* d_dt_bias, float* d_S, const float* d_norm_w, float l2_eps, float q_scale, float eps,
-                   int hk, int hv, int dk, int dv, int K, float* d_o, GpuStream s, bool state_early) {
-  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && hv % hk == 0);
-  const int r = hv / hk;
-  if (!tuning().capable || r > int(kMaxCluster) || dk > kDnMaxDk || dv > kDnMaxDv) return false;
-  const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
-  launch_cluster(delta_rows(dk) == 16 ? deltanet_step_kernel<16> : deltanet_step_kernel<32>, unsigned(hv), block, 0, s, false, unsigned(r), in, d_conv_w, d_conv_state,
-                 d_A_log, d_dt_bias, d_S, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, state_early, d_o,
-                 DeltaNetRows{});
+namespace {
+// deltanet_step's kernel over n rows (DeltaNetRows{} and the states given: one token's).
+bool launch_deltanet_step(const DeltaNetSpec& d, const DeltaNetIn& in, int64_t n, float* d_conv_state, float* d_S,
+                          bool state_early, float* d_o, const DeltaNetRows& rows, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(d.K >= 1 && d.hk >= 1 && d.hv % d.hk == 0 && n >= 1 && n <= 65535);
+  const int r = d.hv / d.hk;
+  if (!tuning().capable || r > int(kMaxCluster) || d.dk > kDnMaxDk || d.dv > kDnMaxDv) return false;
+  const dim3 block(unsigned((d.dv + 31) / 32 * 32), kDnSlices);
+  launch_cluster(delta_rows(d.dk) == 16 ? deltanet_step_kernel<16> : deltanet_step_kernel<32>,
+                 dim3(unsigned(d.hv), unsigned(n)), block, 0, s, false, unsigned(r), in, d.d_conv_w, d_conv_state,
+                 d.d_A_log, d.d_dt_bias, d_S, d.d_norm_w, d.l2_eps, d.q_scale, d.eps, d.hk, r, d.dk, d.dv, d.K,
+                 state_early, d_o, rows);
   SWIFTLET_CUDA_LAUNCHED();
   return true;
 }
+}  // namespace
 
-bool deltanet_step_rows(const DeltaNetIn& in, int64_t n, int64_t x_stride, int64_t z_stride, int64_t ba_stride,
-                        const float* d_conv_w, float* const* d_states, const float* d_A_log, const float* d_dt_bias,
-                        const float* d_norm_w, float l2_eps, float q_scale, float eps, int hk, int hv, int dk, int dv,
-                        int K, float* d_o, int64_t o_stride, GpuStream s) {
-  SWIFTLET_CUDA_REQUIRE(K >= 1 && hk >= 1 && hv % hk == 0 && n >= 1 && n <= 65535);
-  const int r = hv / hk;
-  if (!tuning().capable || r > int(kMaxCluster) || dk > kDnMaxDk || dv > kDnMaxDv) return false;
-  const dim3 block(unsigned((dv + 31) / 32 * 32), kDnSlices);
-  const DeltaNetRows rows{x_stride, z_stride, ba_stride, o_stride, d_states};
-  launch_cluster(delta_rows(dk) == 16 ? deltanet_step_kernel<16> : deltanet_step_kernel<32>,
-                 dim3(unsigned(hv), unsigned(n)), block, 0, s, false, unsigned(r), in, d_conv_w, nullptr, d_A_log,
-                 d_dt_bias, nullptr, d_norm_w, l2_eps, q_scale, eps, hk, r, dk, dv, K, /*state_early=*/true, d_o, rows);
-  SWIFTLET_CUDA_LAUNCHED();
-  return true;
+bool deltanet_step(const DeltaNetSpec& d, const DeltaNetIn& in, float* d_conv_state, float* d_S, float* d_o,
+                   GpuStream s, bool state_early) {
+  return launch_deltanet_step(d, in, 1, d_conv_state, d_S, state_early, d_o, DeltaNetRows{}, s);
+}
+
+bool deltanet_step_rows(const DeltaNetSpec& d, const DeltaNetIn& in, const StepRows& rows, float* d_o, GpuStream s) {
+  SWIFTLET_CUDA_REQUIRE(rows.d_states);
+  const DeltaNetRows r{d.conv_dim(), d.value_dim(), d.hv, d.value_dim(), rows.d_states};
+  return launch_deltanet_step(d, in, rows.n, nullptr, nullptr, /*state_early=*/true, d_o, r, s);
 }
 
 #ifdef SWIFTLET_GPU_PROBE
@@ -770,18 +768,19 @@ void delta_rule_chunked(const float* d_q, const float* d_k, const float* d_v, in
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void delta_rule_norm_scan(const float* d_q, const float* d_k, const float* d_v, int64_t qkv_stride, const float* d_b,
-                          const float* d_a, int64_t ba_stride, const float* d_A_log, const float* d_dt_bias, float* d_S,
-                          const float* d_z, const float* d_norm_w, float eps, int hk, int hv, int dk, int dv, int64_t T,
-                          float* d_o, float* d_work, GpuStream s) {
+void delta_rule_norm_scan(const DeltaNetSpec& d, const float* d_u, int64_t u_stride, const float* d_b, const float* d_a,
+                          int64_t ba_stride, float* d_S, const float* d_z, int64_t T, float* d_o, float* d_work,
+                          GpuStream s) {
+  const float *q = d_u, *k = d_u + d.key_dim(), *v = d_u + 2 * d.key_dim();
   // A prompt's chunks in the WY form where the shapes fit and a work buffer is given; short runs
   // and other shapes as the scan.
-  if (d_work && T >= kChunkMinTokens && delta_rule_chunked_takes(dk, dv))
-    delta_rule_chunked(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T,
+  if (d_work && T >= kChunkMinTokens && delta_rule_chunked_takes(d.dk, d.dv))
+    delta_rule_chunked(q, k, v, u_stride, d_b, d_a, ba_stride, d.d_A_log, d.d_dt_bias, d_S, d.hk, d.hv, d.dk, d.dv, T,
                        d_work, d_o, s);
   else
-    delta_rule_scan(d_q, d_k, d_v, qkv_stride, d_b, d_a, ba_stride, d_A_log, d_dt_bias, d_S, hk, hv, dk, dv, T, d_o, s);
-  gated_rms_norm(d_o, d_z, d_norm_w, T * hv, dv, eps, s);
+    delta_rule_scan(q, k, v, u_stride, d_b, d_a, ba_stride, d.d_A_log, d.d_dt_bias, d_S, d.hk, d.hv, d.dk, d.dv, T, d_o,
+                    s);
+  gated_rms_norm(d_o, d_z, d.d_norm_w, T * d.hv, d.dv, d.eps, s);
 }
 
 }  // namespace swiftlet::cuda

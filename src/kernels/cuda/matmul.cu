@@ -499,11 +499,6 @@ void dequant_row(const GpuMatrix& w, int64_t row, float* d_out, GpuStream s) {
   SWIFTLET_CUDA_LAUNCHED();
 }
 
-void dequant_row_at(const GpuMatrix& w, const int32_t* d_row, float* d_out, GpuStream s) {
-  dequant_row_kernel<<<blocks_for(w.cols, 256), 256, 0, s>>>(w, 0, d_row, d_out);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
 void dequant_rows(const GpuMatrix& w, const int32_t* d_rows, int64_t n, float* d_out, GpuStream s) {
   SWIFTLET_CUDA_REQUIRE(n <= 65535);
   if (n == 0) return;

@@ -112,18 +112,8 @@ __global__ void moe_combine_kernel(float* __restrict__ out, const float* __restr
   out[d] += acc;
 }
 
-// h[d] += sigmoid(g) shared[d] + sum_i w[i] y[i][d]   (the whole MoE output, 3.10)
-__global__ void moe_finish_kernel(float* __restrict__ h, const float* __restrict__ shared,
-                                  const float* __restrict__ gate, const float* __restrict__ y,
-                                  const float* __restrict__ w, int n, int64_t H) {
-  const int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (d >= H) return;
-  float acc = detail::sigmoidf_(*gate) * shared[d];
-  for (int i = 0; i < n; ++i) acc = fmaf(w[i], y[int64_t(i) * H + d], acc);
-  h[d] += acc;
-}
-
-// moe_finish_kernel for token blockIdx.y of a prompt.
+// h[t][d] += sigmoid(g[t]) shared[t][d] + sum_j w[t][j] y[t k + j][d] for token t = blockIdx.y (the
+// whole MoE output, 3.10).
 __global__ void moe_finish_rows_kernel(float* __restrict__ h, const float* __restrict__ shared,
                                        const float* __restrict__ gate, const float* __restrict__ y,
                                        const float* __restrict__ w, int k, int64_t H) {
@@ -195,12 +185,6 @@ void l2_norm_qk_rows(float* d_x, int64_t T, int64_t row_stride, int hk, int64_t 
 void moe_combine(float* d_out, const float* d_y, const float* d_w, int n, int64_t H, GpuStream s) {
   if (n == 0 || H == 0) return;
   moe_combine_kernel<<<blocks_for(H, 256), 256, 0, s>>>(d_out, d_y, d_w, n, H);
-  SWIFTLET_CUDA_LAUNCHED();
-}
-
-void moe_finish(float* d_h, const float* d_shared, const float* d_gate, const float* d_y, const float* d_w, int n,
-                int64_t H, GpuStream s) {
-  moe_finish_kernel<<<blocks_for(H, 256), 256, 0, s>>>(d_h, d_shared, d_gate, d_y, d_w, n, H);
   SWIFTLET_CUDA_LAUNCHED();
 }
 
