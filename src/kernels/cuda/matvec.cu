@@ -124,30 +124,14 @@ __global__ void __launch_bounds__(kThreads) multi_matvec_kernel(const __grid_con
     while (si + 1 < a.n_seg && rg >= a.seg[si + 1].rg0) ++si;
     const Segment& sg = a.seg[si];
     const int r0 = (rg - sg.rg0) * R;
-    const uint4* data[R];
-    const void* scales[R];
-    const void* biases[R];
-    int64_t g0[R];
-    bool valid[R];
-    float acc[R];
+    WarpRows<R> w;
+#pragma unroll
+    for (int i = 0; i < R; ++i) w.set(i, r0 + i, sg.rows, sg.data, sg.scales, sg.biases, n_chunks, groups);
+    w.template dot<BITS, J>(gc, n_chunks, a.gs, a.st, xs, sums);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      const int64_t r = r0 + i;
-      valid[i] = r < sg.rows;
-      data[i] = sg.data + r * n_chunks;
-      scales[i] = sg.scales;
-      biases[i] = sg.biases;
-      g0[i] = r * groups;
-      acc[i] = 0.0f;
-    }
-    if constexpr (J > 0)
-      rows_dot_fixed<BITS, R, J>(data, scales, biases, g0, valid, gc, a.st, xs, sums, acc);
-    else
-      rows_dot<BITS, R>(data, scales, biases, g0, valid, n_chunks, a.gs, a.st, xs, sums, acc);
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float v = warp_sum(acc[i]);
-      if (lane == 0 && valid[i]) {
+      const float v = warp_sum(w.acc[i]);
+      if (lane == 0 && w.valid[i]) {
         float* y = segment_y(sg) + r0 + i;
         *y = sg.add ? *y + v : v;
       }

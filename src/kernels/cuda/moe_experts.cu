@@ -54,32 +54,19 @@ __global__ void __launch_bounds__(kThreads) expert_act_kernel(const __grid_const
     const size_t base = bases[p];
     const Part& gm = p < a.n ? a.gate : a.sh_gate;
     const Part& um = p < a.n ? a.up : a.sh_up;
-    const uint4* data[R];
-    const void* scales[R];
-    const void* biases[R];
-    int64_t g0[R];
-    bool valid[R];
-    float acc[R];
+    WarpRows<R> w;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const Part& m = i < RP ? gm : um;
-      const int64_t r = r0 + (i % RP);
-      valid[i] = r < a.I;
-      data[i] = at<uint4>(base, m.data) + r * n_chunks;
-      scales[i] = at<void>(base, m.scales);
-      biases[i] = at<void>(base, m.biases);
-      g0[i] = r * groups;
-      acc[i] = 0.0f;
+      w.set(i, r0 + (i % RP), a.I, at<uint4>(base, m.data), at<void>(base, m.scales), at<void>(base, m.biases), n_chunks,
+            groups);
     }
-    if constexpr (J > 0)
-      rows_dot_fixed<BITS, R, J>(data, scales, biases, g0, valid, gc, a.st_in, xs, sums, acc);
-    else
-      rows_dot<BITS, R>(data, scales, biases, g0, valid, n_chunks, a.gs_in, a.st_in, xs, sums, acc);
+    w.template dot<BITS, J>(gc, n_chunks, a.gs_in, a.st_in, xs, sums);
 #pragma unroll
     for (int i = 0; i < RP; ++i) {
-      const float gv = warp_sum(acc[i]);
-      const float uv = warp_sum(acc[RP + i]);
-      if (lane == 0 && valid[i]) tok_y(a)[int64_t(p) * a.I + r0 + i] = siluf_(gv) * uv;
+      const float gv = warp_sum(w.acc[i]);
+      const float uv = warp_sum(w.acc[RP + i]);
+      if (lane == 0 && w.valid[i]) tok_y(a)[int64_t(p) * a.I + r0 + i] = siluf_(gv) * uv;
     }
   }
 }

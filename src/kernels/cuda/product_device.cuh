@@ -210,6 +210,39 @@ __device__ __forceinline__ void rows_dot_fixed(const uint4* const (&data)[R], co
   }
 }
 
+// R weight rows of one warp for rows_dot / rows_dot_fixed: each row's codes, scales, biases and
+// first group, whether it exists, and its sum.
+template <int R>
+struct WarpRows {
+  const uint4* data[R];
+  const void* scales[R];
+  const void* biases[R];
+  int64_t g0[R];
+  bool valid[R];
+  float acc[R];
+
+  // Row i of the warp is row r of a matrix of `rows` rows starting at codes row0.
+  __device__ __forceinline__ void set(int i, int64_t r, int64_t rows, const uint4* row0, const void* s, const void* b,
+                                      int n_chunks, int groups) {
+    valid[i] = r < rows;
+    data[i] = row0 + r * n_chunks;
+    scales[i] = s;
+    biases[i] = b;
+    g0[i] = r * groups;
+    acc[i] = 0.0f;
+  }
+
+  // acc = W x over the rows: J chunks a lane (gc: their groups), or the general loop for J = 0.
+  template <int BITS, int J>
+  __device__ __forceinline__ void dot(const int (&gc)[J > 0 ? J : 1], int n_chunks, int gs, int st, const float* xs,
+                                      const float* sums) {
+    if constexpr (J > 0)
+      rows_dot_fixed<BITS, R, J>(data, scales, biases, g0, valid, gc, st, xs, sums, acc);
+    else
+      rows_dot<BITS, R>(data, scales, biases, g0, valid, n_chunks, gs, st, xs, sums, acc);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The ring of shared-memory stages the streamed products fill by bulk copies (sm_90).
 
