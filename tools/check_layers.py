@@ -22,6 +22,7 @@ ALLOWED = {
     "core": [],
     "kernels/cpu": ["core"],
     "kernels/cuda": ["core"],
+    "kernels": ["core", "kernels/cpu", "kernels/cuda"],
     "io": ["core"],
     "format": ["core", "io"],
     "tokenizer": ["core"],

@@ -1,5 +1,5 @@
 // Random weight matrices in every stored format and the int8-activation error bound, for the
-// tests of the CPU products (kernels_test.cpp) and the operation table (ops_test.cpp).
+// tests of the CPU products (kernels_test.cpp) and the operation table (kernels/ops_test.cpp).
 #pragma once
 
 #include "core/dtype.h"

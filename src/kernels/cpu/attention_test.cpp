@@ -1,5 +1,5 @@
 // The attention kernels' properties beyond matching the scalar loop (which swiftlet_ops_test
-// checks at every shape and form, ops_test.cpp).
+// checks at every shape and form, kernels/ops_test.cpp).
 #include "kernels/cpu/attention.h"
 
 #include "kernels/cpu/ops_ref.h"

@@ -1,6 +1,6 @@
 // The Gated DeltaNet kernels (model-math.md 5.2-5.6): the references by hand, and the fast forms
 // on inputs beyond the random ones with which swiftlet_ops_test checks every shape and form
-// against the references (ops_test.cpp).
+// against the references (kernels/ops_test.cpp).
 #include "kernels/cpu/delta_net.h"
 
 #include "kernels/cpu/ops_ref.h"

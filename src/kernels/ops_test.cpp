@@ -1,5 +1,5 @@
-// swiftlet_ops_test: every CPU operation x shape x form against its scalar reference, in one
-// table. The forms are those this CPU runs:
+// swiftlet_ops_test: every operation x shape x form against its scalar reference, in one table.
+// The forms are those this machine runs:
 //   products (matmul): cpu/<isa> (int8 activations) and cpu-f32/<isa> for each instruction set
 //     of available_isas() (avx2, avx512-vnni; neon, neon-dotprod, neon-i8mm), each distinct
 //     kernel once;
@@ -7,8 +7,9 @@
 // The reference of each operation is the one Backend::Reference runs. Each case's error is
 // measured against its own bound (fit <= 1 passes): the int8 rounding bound for int8
 // activations, float rounding for the rest.
-//   swiftlet_ops_test [--op NAME] [--perf] [--threads N]
-// Default: check every case, one line each; exit status 1 when any fails. --perf: also each
+//   swiftlet_ops_test [--op NAME] [--form PREFIX] [--perf] [--threads N]
+// Default: check every case, one line each; exit status 1 when any fails. --op keeps one
+// operation, --form the forms whose name starts with PREFIX ("cpu-f32", "f8/avx2"). --perf: also each
 // form's best time, GB/s of the bytes the operation must move (weights, activations, state, KV
 // cache, each once) and that as a share of the read bandwidth measured in the same run, and the
 // speed-up over the reference (over 100% of the bandwidth where the operation's data stays in the
@@ -29,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -202,12 +204,19 @@ void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, 
       ref::l2_norm_scaled(row + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f / std::sqrt(float(sh.key_dim)));
       ref::l2_norm_scaled(row + kd + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f);
     }
-  auto g = std::make_shared<std::vector<float>>(size_t(T * sh.value_heads));
-  auto beta = std::make_shared<std::vector<float>>(g->size());
+  // The decays and betas from their inputs as the model makes them: g = -exp(A_log[h])
+  // softplus(a + dt_bias[h]), beta = sigmoid(b).
+  const int hv = sh.value_heads;
+  auto A_log = std::make_shared<std::vector<float>>(size_t(hv)), dt_bias = std::make_shared<std::vector<float>>(size_t(hv));
+  auto a = std::make_shared<std::vector<float>>(size_t(T * hv)), b = std::make_shared<std::vector<float>>(a->size());
+  auto g = std::make_shared<std::vector<float>>(a->size()), beta = std::make_shared<std::vector<float>>(a->size());
   std::normal_distribution<float> nd;
+  for (int h = 0; h < hv; ++h) (*A_log)[size_t(h)] = -1.0f + 0.5f * nd(rng), (*dt_bias)[size_t(h)] = 0.5f * nd(rng);
   for (size_t i = 0; i < g->size(); ++i) {
-    (*g)[i] = -std::exp(-1.0f + 0.5f * nd(rng)) * ref::softplus(2.0f * nd(rng));
-    (*beta)[i] = ref::sigmoid(nd(rng));
+    const size_t h = i % size_t(hv);
+    (*a)[i] = 2.0f * nd(rng), (*b)[i] = nd(rng);
+    (*g)[i] = -std::exp((*A_log)[h]) * ref::softplus((*a)[i] + (*dt_bias)[h]);
+    (*beta)[i] = ref::sigmoid((*b)[i]);
   }
   const size_t state = size_t(sh.value_heads) * sh.key_dim * sh.value_dim;
   auto S0 = std::make_shared<std::vector<float>>(normal(rng, state, 0.3f));
@@ -291,7 +300,8 @@ std::vector<Case> all_cases() {
   // Mixers and activations at the models' shapes and at shapes with tails: lengths around the
   // 8-lane width, the conv's channels past a multiple of 8, the delta rule's fixture shapes (dv
   // not a multiple of 32), real head sizes and tails everywhere, at chunk boundaries; attention
-  // with grouped and single KV heads, head sizes of 24 to 256, contexts split over threads.
+  // with grouped and single KV heads, head sizes of 24 to 256, contexts split over threads, prompts
+  // of 20 and 64 rows.
   for (int64_t n : {1, 7, 8, 9, 63, 512, 1027, 4096}) add_elementwise(cases, rng, "silu_mul", n);
   for (int64_t n : {37, 4096}) add_elementwise(cases, rng, "sigmoid_gate", n);
   for (int64_t C : {64, 77})
@@ -308,7 +318,8 @@ std::vector<Case> all_cases() {
   }
   for (attn::AttnShape sh : {attn::AttnShape{16, 2, 256}, attn::AttnShape{4, 2, 32}, attn::AttnShape{16, 1, 64},
                              attn::AttnShape{6, 2, 24}})
-    for (auto [pos0, T] : {std::pair<int64_t, int64_t>{0, 1}, {0, 7}, {37, 1}, {100, 3}, {1000, 1}, {3000, 1}})
+    for (auto [pos0, T] :
+         {std::pair<int64_t, int64_t>{0, 1}, {0, 7}, {37, 1}, {100, 3}, {1000, 1}, {3000, 1}, {0, 64}, {100, 20}})
       add_attention(cases, rng, sh, pos0, T);
   return cases;
 }
@@ -345,12 +356,14 @@ double best_seconds(const std::function<void()>& fn, double budget) {
 }
 
 int run(int argc, char** argv) {
-  std::string only;
+  std::string only, form_prefix;
   bool perf = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--perf") {
       perf = true;
+    } else if (a == "--form" && i + 1 < argc) {
+      form_prefix = argv[++i];
     } else if (a == "--op" && i + 1 < argc) {
       only = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
@@ -358,10 +371,13 @@ int run(int argc, char** argv) {
       if (t < 1) fail("--threads takes a positive count, not '{}'", argv[i]);
       ThreadPool::set_global_threads(t);
     } else {
-      fail("usage: swiftlet_ops_test [--op NAME] [--perf] [--threads N] ('{}' is not an option)", a);
+      fail("usage: swiftlet_ops_test [--op NAME] [--perf] [--threads N] [--form PREFIX] ('{}' is not an option)", a);
     }
   }
-  const std::vector<Form> pforms = product_forms(), mforms = mixer_forms();
+  std::vector<Form> pforms = product_forms(), mforms = mixer_forms();
+  auto unwanted = [&](const std::string& name) { return name.compare(0, form_prefix.size(), form_prefix) != 0; };
+  std::erase_if(pforms, [&](const Form& f) { return unwanted(f.name); });
+  std::erase_if(mforms, [&](const Form& f) { return unwanted(f.name); });
   const Form pref{"reference", &kernels_for(Backend::Reference), nullptr, false};
   const Form mref{"reference", nullptr, &mixers_for(Backend::Reference), false};
   double bw = 0;
@@ -398,6 +414,7 @@ int run(int argc, char** argv) {
       fmt::print("{}{}\n", line, ok ? "" : "  FAIL");
     }
   }
+  if (checked == 0 && !form_prefix.empty()) fail("no form named '{}...' runs here for these operations", form_prefix);
   fmt::print("{} of {} cases within their bounds\n", checked - failed, checked);
   return failed ? 1 : 0;
 }
