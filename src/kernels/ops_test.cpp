@@ -207,7 +207,8 @@ void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, 
   // The decays and betas from their inputs as the model makes them: g = -exp(A_log[h])
   // softplus(a + dt_bias[h]), beta = sigmoid(b).
   const int hv = sh.value_heads;
-  auto A_log = std::make_shared<std::vector<float>>(size_t(hv)), dt_bias = std::make_shared<std::vector<float>>(size_t(hv));
+  auto A_log = std::make_shared<std::vector<float>>(size_t(hv));
+  auto dt_bias = std::make_shared<std::vector<float>>(size_t(hv));
   auto a = std::make_shared<std::vector<float>>(size_t(T * hv)), b = std::make_shared<std::vector<float>>(a->size());
   auto g = std::make_shared<std::vector<float>>(a->size()), beta = std::make_shared<std::vector<float>>(a->size());
   std::normal_distribution<float> nd;
@@ -371,7 +372,7 @@ int run(int argc, char** argv) {
       if (t < 1) fail("--threads takes a positive count, not '{}'", argv[i]);
       ThreadPool::set_global_threads(t);
     } else {
-      fail("usage: swiftlet_ops_test [--op NAME] [--perf] [--threads N] [--form PREFIX] ('{}' is not an option)", a);
+      fail("usage: swiftlet_ops_test [--op NAME] [--form PREFIX] [--perf] [--threads N] ('{}' is not an option)", a);
     }
   }
   std::vector<Form> pforms = product_forms(), mforms = mixer_forms();
