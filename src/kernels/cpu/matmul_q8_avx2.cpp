@@ -46,8 +46,7 @@ inline int32_t hsum_i32(__m256i v) {
 // Nibble order (4-bit weights): out[m] = q[2m], out[32 + m] = q[2m + 1], because byte m of the
 // 32 packed bytes of a block holds element 2m in its low nibble and 2m + 1 in its high one.
 // Otherwise out[m] = q[m] (8-bit weights: byte m is element m).
-void quantize_block(const float* x, bool nibble_order, int8_t* out, float& d_out, float& sum_out,
-                    float& qsum128_out) {
+void quantize_block(const float* x, bool nibble_order, int8_t* out, float& d_out, float& sum_out, float& qsum128_out) {
   __m256 v[8];
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
@@ -76,8 +75,8 @@ void quantize_block(const float* x, bool nibble_order, int8_t* out, float& d_out
   if (nibble_order) {
     // Per lane: even bytes to the low 8, odd bytes to the high 8; then 64-bit chunks
     // (0, 2, 1, 3) give [16 evens | 16 odds] per 32 elements.
-    const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
-                                        12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14,
+                                        1, 3, 5, 7, 9, 11, 13, 15);
     const __m256i e0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(b[0], eo), 0xD8);
     const __m256i e1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(b[1], eo), 0xD8);
     b[0] = _mm256_permute2x128_si256(e0, e1, 0x20);
@@ -119,12 +118,8 @@ inline __m256 dot_q8(__m256i a0, __m256i u0, __m256i a1, __m256i u1, const int8_
 // tile of tokens visits its rows in the same order and prefetches the same way (docs/log/batching.md).
 template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
-  const QMatrix& w = c.w;
-  constexpr int64_t kBlockBytes = 64 * Bits / 8;
   const q8::Row row = q8::row_of(c, r);
-  const uint8_t* wrow = row.codes;
   const q8::Tokens<T> tk = q8::tokens_of<T>(c, t);
-  const int8_t* const* xq = tk.xq;
   const __m256i m4 = _mm256_set1_epi8(0x0F), off = _mm256_set1_epi8(char(0x80));
   __m256 acc[T][2];
   SWIFTLET_UNROLL
@@ -135,8 +130,8 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
     // Factors of the next 8 blocks: sd = weight scale x activation scale; the bias term and
     // (8-bit) the offset term go straight into the accumulators, whose lanes are summed at
     // the end anyway.
-    const __m256 s8 = block_scales8(w.scale_dtype, row.scales, b0, nj, c.per);
-    const __m256 bias8 = block_scales8(w.scale_dtype, row.biases, b0, nj, c.per);
+    const __m256 s8 = block_scales8(c.w.scale_dtype, row.scales, b0, nj, c.per);
+    const __m256 bias8 = block_scales8(c.w.scale_dtype, row.biases, b0, nj, c.per);
     SWIFTLET_UNROLL
     for (int j = 0; j < T; ++j) {
       const __m256 sdv = _mm256_mul_ps(s8, _mm256_loadu_ps(tk.d[j] + b0));
@@ -150,34 +145,35 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
       constexpr int a = decltype(parity)::value;
       const int64_t b = b0 + k;
       if constexpr (Bits == 4 && a == 0)  // one prefetch per 64-byte line, in token tiles too
-        _mm_prefetch(reinterpret_cast<const char*>(wrow + kPrefetch + b * kBlockBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row.codes + kPrefetch + b * q8::kBlockBytes<Bits>), _MM_HINT_T0);
       if constexpr (Bits == 4) {
-        const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + b * 32));
+        const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.codes + b * 32));
         const __m256i lo = _mm256_and_si256(pk, m4), hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), m4);
         SWIFTLET_UNROLL
         for (int j = 0; j < T; ++j)
-          acc[j][a] = _mm256_fmadd_ps(dot_q4(lo, hi, xq[j], b), _mm256_broadcast_ss(&sd[j][k]), acc[j][a]);
+          acc[j][a] = _mm256_fmadd_ps(dot_q4(lo, hi, tk.xq[j], b), _mm256_broadcast_ss(&sd[j][k]), acc[j][a]);
       } else {
-        const __m256i* wb = reinterpret_cast<const __m256i*>(wrow + b * 64);
+        const __m256i* wb = reinterpret_cast<const __m256i*>(row.codes + b * 64);
         const __m256i a0 = _mm256_sub_epi8(_mm256_loadu_si256(wb), off);
         const __m256i a1 = _mm256_sub_epi8(_mm256_loadu_si256(wb + 1), off);
         const __m256i u0 = _mm256_abs_epi8(a0), u1 = _mm256_abs_epi8(a1);
         SWIFTLET_UNROLL
         for (int j = 0; j < T; ++j)
-          acc[j][a] = _mm256_fmadd_ps(dot_q8(a0, u0, a1, u1, xq[j], b), _mm256_broadcast_ss(&sd[j][k]), acc[j][a]);
+          acc[j][a] = _mm256_fmadd_ps(dot_q8(a0, u0, a1, u1, tk.xq[j], b), _mm256_broadcast_ss(&sd[j][k]), acc[j][a]);
       }
     };
     q8::alternate_accumulators(nj, block);
   }
   SWIFTLET_UNROLL
   for (int j = 0; j < T; ++j)
-    c.y[size_t(t + j) * size_t(w.rows) + size_t(r)] = hsum(_mm256_add_ps(acc[j][0], acc[j][1]));
+    c.y[size_t(t + j) * size_t(c.w.rows) + size_t(r)] = hsum(_mm256_add_ps(acc[j][0], acc[j][1]));
 }
 
 // Tiles of up to 4 tokens: 2 x 4 accumulators, plus the unpacked weights, fit the 16 ymm registers.
 template <int Bits>
 void rows_q8(const Ctx& c, int64_t n, int64_t r0, int64_t r1) {
-  q8::tile_rows<4>(c, n, r0, r1, [&](int64_t r, int64_t t, auto tile) { row_tokens<Bits, decltype(tile)::value>(c, r, t); });
+  q8::tile_rows<4>(c, n, r0, r1,
+                   [&](int64_t r, int64_t t, auto tile) { row_tokens<Bits, decltype(tile)::value>(c, r, t); });
 }
 
 }  // namespace
@@ -187,9 +183,7 @@ void prepare_q8(const QMatrix& w, const float* x, int64_t n, PreparedQ8& p) {
 }
 
 void matmul_rows_q8(const QMatrix& w, const PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
-  const Ctx c = q8::make_ctx(w, p, y);
-  if (w.bits == 4) rows_q8<4>(c, n, r0, r1);
-  else rows_q8<8>(c, n, r0, r1);
+  q8::for_bits(w, p, y, [&](const Ctx& c, auto bits) { rows_q8<decltype(bits)::value>(c, n, r0, r1); });
 }
 
 }  // namespace swiftlet::avx2

@@ -43,12 +43,8 @@ using q8::kPrefetch;
 // tokens on the GPU machine's 16-core Xeon: 2.0x one token's time without, 1.5x with).
 template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
-  const QMatrix& w = c.w;
-  constexpr int64_t kBlockBytes = 64 * Bits / 8;
   const q8::Row row = q8::row_of(c, r);
-  const uint8_t* wrow = row.codes;
   const q8::Tokens<T> tk = q8::tokens_of<T>(c, t);
-  const int8_t* const* xq = tk.xq;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[T][2];
   __m256 accb[T];
@@ -60,8 +56,8 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   alignas(32) float sd[T][8];
   for (int64_t b0 = 0; b0 < c.nb; b0 += 8) {
     const int nj = int(std::min<int64_t>(8, c.nb - b0));
-    const __m256 s8 = avx2::block_scales8(w.scale_dtype, row.scales, b0, nj, c.per);
-    const __m256 bias8 = avx2::block_scales8(w.scale_dtype, row.biases, b0, nj, c.per);
+    const __m256 s8 = avx2::block_scales8(c.w.scale_dtype, row.scales, b0, nj, c.per);
+    const __m256 bias8 = avx2::block_scales8(c.w.scale_dtype, row.biases, b0, nj, c.per);
     SWIFTLET_UNROLL
     for (int j = 0; j < T; ++j) {
       _mm256_store_ps(sd[j], _mm256_mul_ps(s8, _mm256_loadu_ps(tk.d[j] + b0)));
@@ -73,16 +69,15 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
       __m512i codes;
       if constexpr (Bits == 4) {
         if constexpr (a == 0)  // one prefetch per 64-byte line, in token tiles too
-          _mm_prefetch(reinterpret_cast<const char*>(wrow + kPrefetch + b * kBlockBytes), _MM_HINT_T0);
-        const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + b * 32));
-        codes = _mm512_and_si512(
-            _mm512_inserti64x4(_mm512_castsi256_si512(pk), _mm256_srli_epi16(pk, 4), 1), m4);
+          _mm_prefetch(reinterpret_cast<const char*>(row.codes + kPrefetch + b * q8::kBlockBytes<Bits>), _MM_HINT_T0);
+        const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.codes + b * 32));
+        codes = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(pk), _mm256_srli_epi16(pk, 4), 1), m4);
       } else {
-        codes = _mm512_loadu_si512(wrow + b * 64);
+        codes = _mm512_loadu_si512(row.codes + b * 64);
       }
       SWIFTLET_UNROLL
       for (int j = 0; j < T; ++j) {
-        const __m512i x = _mm512_loadu_si512(xq[j] + b * kBlock);
+        const __m512i x = _mm512_loadu_si512(tk.xq[j] + b * kBlock);
         const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x);
         acc[j][a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(sd[j][k]), acc[j][a]);
       }
@@ -91,7 +86,7 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   }
   SWIFTLET_UNROLL
   for (int j = 0; j < T; ++j)
-    c.y[size_t(t + j) * size_t(w.rows) + size_t(r)] =
+    c.y[size_t(t + j) * size_t(c.w.rows) + size_t(r)] =
         _mm512_reduce_add_ps(_mm512_add_ps(acc[j][0], acc[j][1])) + avx2::hsum(accb[j]);
 }
 
@@ -99,15 +94,14 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
 // codes); the order of rows and tiles is the AVX2 kernel's (matmul_q8_rows.h).
 template <int Bits>
 void rows_q8(const Ctx& c, int64_t n, int64_t r0, int64_t r1) {
-  q8::tile_rows<8>(c, n, r0, r1, [&](int64_t r, int64_t t, auto tile) { row_tokens<Bits, decltype(tile)::value>(c, r, t); });
+  q8::tile_rows<8>(c, n, r0, r1,
+                   [&](int64_t r, int64_t t, auto tile) { row_tokens<Bits, decltype(tile)::value>(c, r, t); });
 }
 
 }  // namespace
 
 void matmul_rows_q8(const QMatrix& w, const avx2::PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
-  const Ctx c = q8::make_ctx(w, p, y);
-  if (w.bits == 4) rows_q8<4>(c, n, r0, r1);
-  else rows_q8<8>(c, n, r0, r1);
+  q8::for_bits(w, p, y, [&](const Ctx& c, auto bits) { rows_q8<decltype(bits)::value>(c, n, r0, r1); });
 }
 
 }  // namespace swiftlet::avx512

@@ -1,8 +1,9 @@
 // The NEON int8-activation kernel for affine 4/8-bit weights, included by matmul_q8_neon.cpp,
-// matmul_q8_neon_dotprod.cpp and matmul_q8_neon_i8mm.cpp, each built for its instruction set:
-// the block dot takes `sdot` where __ARM_FEATURE_DOTPROD is defined and widening multiplies
-// otherwise; with __ARM_FEATURE_MATMUL_INT8 batches take `smmla` on 2 rows x 2 tokens. Internal
-// linkage, as matmul_q8_rows.h: each translation unit keeps its own copy.
+// matmul_q8_neon_dotprod.cpp and matmul_q8_neon_i8mm.cpp, each built for its instruction set and
+// each defining that set's entry point (at the end): the block dot takes `sdot` where
+// __ARM_FEATURE_DOTPROD is defined and widening multiplies otherwise; with __ARM_FEATURE_MATMUL_INT8
+// batches take `smmla` on 2 rows x 2 tokens. The rest has internal linkage, as matmul_q8_rows.h:
+// each translation unit keeps its own copy.
 //
 // Every form computes, per (row, token) and block of 64, the exact int32 dot of the weight codes
 // (4-bit: 0..15; 8-bit: q - 128, the 128 . x part being the offset term) with the int8
@@ -128,7 +129,6 @@ inline float32x4_t accumulate(float32x4_t acc, float32x4_t s4, float32x4_t bias4
 // Row r x tokens [t, t + T).
 template <int Bits, int T>
 void row_tokens(const Ctx& c, int64_t r, int64_t t) {
-  constexpr int64_t kBlockBytes = kBlock * Bits / 8;
   const q8::Row row = q8::row_of(c, r);
   const q8::Tokens<T> tk = q8::tokens_of<T>(c, t);
   float32x4_t acc[T];
@@ -137,8 +137,8 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
   for (int64_t b0 = 0; b0 < c.nb; b0 += 4) {
     const int nj = int(std::min<int64_t>(4, c.nb - b0));
     if constexpr (Bits == 4) {  // one prefetch per 64-byte line
-      __builtin_prefetch(row.codes + kPrefetch + b0 * kBlockBytes);
-      __builtin_prefetch(row.codes + kPrefetch + b0 * kBlockBytes + 64);
+      __builtin_prefetch(row.codes + kPrefetch + b0 * q8::kBlockBytes<Bits>);
+      __builtin_prefetch(row.codes + kPrefetch + b0 * q8::kBlockBytes<Bits> + 64);
     }
     const float32x4_t s4 = block_scales4(c.w.scale_dtype, row.scales, b0, nj, c.per);
     const float32x4_t bias4 = block_scales4(c.w.scale_dtype, row.biases, b0, nj, c.per);
@@ -146,7 +146,7 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
     SWIFTLET_UNROLL
     for (int k = 0; k < 4; ++k) {
       if (k < nj) {
-        const Block<Bits> w = load_block<Bits>(row.codes + (b0 + k) * kBlockBytes);
+        const Block<Bits> w = load_block<Bits>(row.codes + (b0 + k) * q8::kBlockBytes<Bits>);
         SWIFTLET_UNROLL
         for (int j = 0; j < T; ++j) dots[j][k] = block_dot<Bits>(w, tk.xq[j] + (b0 + k) * kBlock);
       } else {
@@ -168,7 +168,6 @@ void row_tokens(const Ctx& c, int64_t r, int64_t t) {
 // of each row) by 8 x 2 activations into the 2 x 2 int32 dots [r.t, r.t+1, r+1.t, r+1.t+1].
 template <int Bits>
 void rows2_tokens2(const Ctx& c, int64_t r, int64_t t) {
-  constexpr int64_t kBlockBytes = kBlock * Bits / 8;
   const q8::Row ra = q8::row_of(c, r), rb = q8::row_of(c, r + 1);
   const q8::Tokens<2> tk = q8::tokens_of<2>(c, t);
   float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};  // ra.t, ra.t1, rb.t, rb.t1
@@ -183,8 +182,8 @@ void rows2_tokens2(const Ctx& c, int64_t r, int64_t t) {
     for (int k = 0; k < 4; ++k) {
       m[k] = vdupq_n_s32(0);
       if (k >= nj) continue;
-      const Block<Bits> wa = load_block<Bits>(ra.codes + (b0 + k) * kBlockBytes);
-      const Block<Bits> wb = load_block<Bits>(rb.codes + (b0 + k) * kBlockBytes);
+      const Block<Bits> wa = load_block<Bits>(ra.codes + (b0 + k) * q8::kBlockBytes<Bits>);
+      const Block<Bits> wb = load_block<Bits>(rb.codes + (b0 + k) * q8::kBlockBytes<Bits>);
       const int8_t* x0 = tk.xq[0] + (b0 + k) * kBlock;
       const int8_t* x1 = tk.xq[1] + (b0 + k) * kBlock;
       SWIFTLET_UNROLL
@@ -247,13 +246,18 @@ void rows_q8(const Ctx& c, int64_t n, int64_t r0, int64_t r1) {
 }
 #endif
 
-inline void matmul_rows(const QMatrix& w, const q8::PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
-  const Ctx c = q8::make_ctx(w, p, y);
-  if (w.bits == 4)
-    rows_q8<4>(c, n, r0, r1);
-  else
-    rows_q8<8>(c, n, r0, r1);
+}  // namespace
+
+// The entry point (matmul_neon.h) that the including file's flags make: one per instruction set,
+// so a file built without its flags defines the baseline's name twice and the link fails.
+#if defined(__ARM_FEATURE_MATMUL_INT8) && defined(__ARM_FEATURE_DOTPROD)
+void matmul_rows_q8_i8mm(const QMatrix& w, const q8::PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
+#elif defined(__ARM_FEATURE_DOTPROD)
+void matmul_rows_q8_dotprod(const QMatrix& w, const q8::PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
+#else
+void matmul_rows_q8(const QMatrix& w, const q8::PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
+#endif
+  q8::for_bits(w, p, y, [&](const Ctx& c, auto bits) { rows_q8<decltype(bits)::value>(c, n, r0, r1); });
 }
 
-}  // namespace
 }  // namespace swiftlet::neon

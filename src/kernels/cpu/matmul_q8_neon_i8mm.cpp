@@ -1,15 +1,3 @@
-// The NEON kernel with `smmla` for batches and `sdot` for decode (built with
-// -march=armv8.2-a+dotprod+i8mm); call only when cpu_has_i8mm() says so.
+// neon::matmul_rows_q8_i8mm, the NEON kernel with `smmla` for batches and `sdot` for decode (built
+// with -march=armv8.2-a+dotprod+i8mm); call only when cpu_has_i8mm() says so.
 #include "kernels/cpu/matmul_q8_neon.h"
-
-#if !defined(__ARM_FEATURE_DOTPROD) || !defined(__ARM_FEATURE_MATMUL_INT8)
-#error "build this file with -march=armv8.2-a+dotprod+i8mm"
-#endif
-
-namespace swiftlet::neon {
-
-void matmul_rows_q8_i8mm(const QMatrix& w, const q8::PreparedQ8& p, int64_t n, float* y, int64_t r0, int64_t r1) {
-  matmul_rows(w, p, n, y, r0, r1);
-}
-
-}  // namespace swiftlet::neon

@@ -32,9 +32,9 @@ struct Ctx {
   const QMatrix& w;
   const PreparedQ8& p;
   float* y;
-  int64_t nb;   // activation blocks per row (cols / 64)
-  int64_t nbp;  // nb rounded up to 8: row stride of d, xsum, qsum
-  int per;      // activation blocks per weight group (group_size / 64)
+  int64_t nb;      // activation blocks per row (cols / 64)
+  int64_t nbp;     // nb rounded up to 8: row stride of d, xsum, qsum
+  int per;         // activation blocks per weight group (group_size / 64)
   size_t rb, srb;  // bytes of a row of codes, of a row of scales (or biases)
 };
 
@@ -42,6 +42,10 @@ inline Ctx make_ctx(const QMatrix& w, const PreparedQ8& p, float* y) {
   const int64_t nb = w.cols / kBlock;
   return Ctx{w, p, y, nb, pad8(nb), w.group_size / int(kBlock), w.row_bytes(), w.scale_row_bytes()};
 }
+
+// Bytes of one block of 64 codes.
+template <int Bits>
+constexpr int64_t kBlockBytes = Bits* kBlock / 8;
 
 // Row r's codes, scales and biases.
 struct Row {
@@ -143,6 +147,17 @@ void tile_rows(const Ctx& c, int64_t n, int64_t r0, int64_t r1, RowTokens row) {
     if (t < n)
       for (int64_t r = rc; r < re; ++r) row(r, t, One());
   }
+}
+
+// The kernel's entry: rows(c, bits) with the context of w, p and y and the weights' bit width as
+// an std::integral_constant (4 or 8), which picks the kernel's instantiation.
+template <typename RowsForBits>
+void for_bits(const QMatrix& w, const PreparedQ8& p, float* y, RowsForBits rows) {
+  const Ctx c = make_ctx(w, p, y);
+  if (w.bits == 4)
+    rows(c, std::integral_constant<int, 4>());
+  else
+    rows(c, std::integral_constant<int, 8>());
 }
 
 }  // namespace
