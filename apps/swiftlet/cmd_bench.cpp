@@ -151,8 +151,7 @@ void run_child(const BenchOptions& o) {
   const bool tied = m.weights.lm_head.data == m.weights.embed_tokens.data;
   const uint64_t touched = engine.loaded().memory.resident - (tied ? 0 : m.weights.embed_tokens.total_bytes()) +
                            uint64_t(m.config.num_experts_per_tok) * uint64_t(m.config.num_layers) * qc.layout.payload();
-  const Forward::PredictionStats pred =
-      session->cpu_forward() ? session->cpu_forward()->prediction_stats() : Forward::PredictionStats{};
+  const PredictionStats pred = session->prediction_stats();
   const MemoryPlan& plan = engine.loaded().memory;
   json j = {{"peak_rss", peak_rss_bytes()},
             {"load_s", load_s},
@@ -254,7 +253,6 @@ void run_streams_child(const BenchOptions& o) {
   const ModelConfig& c = engine.config();
   const int64_t V = c.vocab_size;
   Forward fwd(m, engine.backend());
-  fwd.set_predict_next(eo.predict_next);
   fwd.set_miss_policy(eo.on_miss);
   std::optional<RoutingTrace> trace;
   std::optional<TraceRouteOverride> replay;
@@ -263,8 +261,8 @@ void run_streams_child(const BenchOptions& o) {
     trace = read_routing_trace(o.routing_trace);
     replay.emplace(*trace, c.num_layers, c.num_experts, c.num_experts_per_tok);
     per_stream.emplace(*replay);
-    fwd.set_route_override(&*per_stream);
   }
+  fwd.set_routing({.route_override = per_stream ? &*per_stream : nullptr, .predict_next = eo.predict_next});
   const int64_t trace_len = trace ? int64_t(trace->size()) : 0;
   auto offset_of = [&](int i) { return trace_len * i / max_n; };
   const ExpertSource* src = m.experts;
@@ -328,9 +326,8 @@ void run_streams_child(const BenchOptions& o) {
       return r;
     }
     r.fwd = std::make_unique<Forward>(m, engine.backend());
-    r.fwd->set_predict_next(eo.predict_next);
     r.fwd->set_miss_policy(eo.on_miss);
-    if (per_stream) r.fwd->set_route_override(&*per_stream);
+    r.fwd->set_routing({.route_override = per_stream ? &*per_stream : nullptr, .predict_next = eo.predict_next});
     r.st.assign(start.begin(), start.begin() + n);
     for (SessionState& x : r.st) r.ptr.push_back(&x);
     r.next.assign(first.begin(), first.begin() + n);

@@ -154,8 +154,8 @@ TEST(DecodeBatch, RouteOverrideIsAskedAtEachRowsPosition) {
   ASSERT_GE(c.num_experts, c.num_experts_per_tok);  // the ids above stay distinct
   PositionRoutes routes(c.num_experts);
   Forward solo(lm->model, Backend::Cpu), batch(lm->model, Backend::Cpu), plain(lm->model, Backend::Cpu);
-  solo.set_route_override(&routes);
-  batch.set_route_override(&routes);
+  solo.set_routing({.route_override = &routes});
+  batch.set_routing({.route_override = &routes});
   std::vector<SessionState> alone, batched, unrouted;
   std::vector<float> logits, want, other;
   for (int i = 0; i < 3; ++i) {
@@ -214,9 +214,9 @@ TEST(DecodeBatch, BadBatchesAreRefusedAndChangeNothing) {
   EXPECT_NE(refused({&a, nullptr}, {1, 2}).find("null"), std::string::npos);
   EXPECT_NE(refused({&a, &b}, {1, int32_t(c.vocab_size)}).find("outside the vocabulary"), std::string::npos);
   CountingObserver obs;
-  fwd.set_routing_observer(&obs);
+  fwd.set_routing({.observer = &obs});
   EXPECT_NE(refused({&a, &b}, {1, 2}).find("decode those sessions alone"), std::string::npos);
-  fwd.set_routing_observer(nullptr);
+  fwd.set_routing({});
 
   // Nothing moved: both still continue exactly as a fresh decode of their prompts.
   EXPECT_EQ(a.pos, 3);

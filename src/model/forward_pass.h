@@ -5,8 +5,10 @@
 // (the prefix state cache, saved sessions) therefore go through the pass.
 #pragma once
 
+#include "core/error.h"
 #include "format/hf_config.h"
 #include "model/expert_source.h"
+#include "model/moe_routing.h"
 #include "model/session_state.h"
 #include "model/weights.h"
 
@@ -33,8 +35,8 @@ class ForwardPass {
   // Consumes `tokens` on top of `state` (positions state.pos ...). Writes logits rows into
   // `logits`: every token's from the `from`-th on (All, (T - from) x vocab), the last one's
   // (Last, 1 x vocab) or none.
-  virtual void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode,
-                   std::vector<float>& logits, int64_t from = 0) = 0;
+  virtual void run(SessionState& state, std::span<const int32_t> tokens, LogitsMode mode, std::vector<float>& logits,
+                   int64_t from = 0) = 0;
   // The DeltaNet states at state.pos (SessionState::snapshot for the CPU pass).
   virtual StateSnapshot snapshot(const SessionState& state) { return state.snapshot(); }
   // Rewinds state to a snapshot taken earlier on it (SessionState::restore).
@@ -49,6 +51,14 @@ class ForwardPass {
   // batched prefill's device activations), and letting them go once the prompt is in.
   virtual size_t buffer_bytes() const { return 0; }
   virtual void release_buffers() {}
+  // What the pass does around its routers (moe_routing.h): a routing observer, a route override,
+  // the decode guesses of the next layers' experts. A pass that takes none of them refuses an
+  // observer or an override (it would not see or change the routing) and makes no guesses.
+  virtual void set_routing(const RoutingHooks& hooks) {
+    if (hooks.observer || hooks.route_override)
+      fail("this forward pass takes no expert trace or routing override: run on the CPU (drop --gpu)");
+  }
+  virtual PredictionStats prediction_stats() const { return {}; }
 };
 
 }  // namespace swiftlet

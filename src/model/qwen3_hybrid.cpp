@@ -27,7 +27,8 @@ T* grow(std::vector<T>& v, size_t n) {
 }  // namespace
 
 Forward::Forward(const Model& m, Backend backend)
-    : m_(m), c_(m.config), k_(kernels_for(backend)), mix_(mixers_for(backend)) {}
+    : m_(m), c_(m.config), k_(kernels_for(backend)), mix_(mixers_for(backend)),
+      router_(c_.num_layers, c_.num_experts, c_.num_experts_per_tok, c_.norm_topk_prob, m.experts) {}
 
 void Forward::run(SessionState& st, std::span<const int32_t> tokens, LogitsMode mode,
                   std::vector<float>& logits, int64_t from) {
@@ -64,7 +65,7 @@ void Forward::decode_batch(std::span<SessionState* const> states, std::span<cons
   if (N == 0) fail("decode_batch: the batch is empty: give at least one session state and its token");
   if (tokens.size() != states.size())
     fail("decode_batch: {} session states but {} tokens: give one token per state", states.size(), tokens.size());
-  if (observer_)
+  if (router_.observer())
     fail("decode_batch: a routing observer follows one sequence: decode those sessions alone");
   for (int64_t i = 0; i < N; ++i) {
     const SessionState* st = states[size_t(i)];
@@ -166,7 +167,7 @@ void Forward::layers(std::span<const SeqRows> seqs, std::span<const int32_t> tok
 template <typename Self>
 auto Forward::buffers_of(Self& f) {
   return std::array{&f.h_, &f.x_, &f.out_, &f.proj_, &f.proj2_, &f.proj3_, &f.mixed_, &f.z_, &f.ba_,
-                    &f.core_, &f.gate_, &f.q_, &f.cos_, &f.sin_, &f.router_,
+                    &f.core_, &f.gate_, &f.q_, &f.cos_, &f.sin_, &f.router_out_,
                     &f.xe_, &f.he_, &f.ue_, &f.ye_, &f.shared_h_, &f.shared_u_, &f.shared_g_};
 }
 
@@ -348,8 +349,15 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   // The experts the call needs, known now: the source starts reading the missing ones, which
   // overlaps the shared expert and the cached experts computed meanwhile.
   m_.experts->prefetch(li, groups_.chosen());
-  if (predict_next_ > 0 && T == 1 && m_.experts->wants_predictions())
-    predict_next_layer(li, row_pos_[0], groups_.chosen());
+  // Decode: the next layers' experts guessed from the residual stream as it is now (before this
+  // layer's MoE output is added: later layers' MoE inputs stay close to it), their reads started.
+  if (T == 1 && router_.predicts())
+    router_.predict(li, row_pos_[0], groups_.chosen(), [&](int target, float* logits) {
+      const LayerWeights& lw = m_.weights.layers[size_t(target)];
+      float* xn = grow(predict_x_, size_t(c_.hidden_size));
+      ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), c_.hidden_size, c_.rms_norm_eps, xn);
+      k_.matmul(lw.moe.router, xn, 1, logits);
+    });
   shared_expert(m_.weights.layers[size_t(li)].moe, T);
   profile_.router_shared += seconds_between(t_start, ProfileClock::now());
   routed_experts(li, T);
@@ -359,41 +367,18 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
 // the chosen (model-math.md 6.1) into chosen_ / chosen_w_; the capture and the observer see them.
 void Forward::route(int li, std::span<const int32_t> tokens) {
   const int64_t T = int64_t(tokens.size());
-  const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
-  float* probs = grow(router_, size_t(T * E));
+  const int top_k = c_.num_experts_per_tok;
+  float* probs = grow(router_out_, size_t(T * c_.num_experts));
   k_.matmul(m_.weights.layers[size_t(li)].moe.router, x_.data(), T, probs);
-  std::vector<int32_t>& order = route_order_;
-  order.resize(size_t(E));
   int32_t* chosen = grow(chosen_, size_t(T * top_k));
   float* chosen_w = grow(chosen_w_, size_t(T * top_k));
-  for (int64_t t = 0; t < T; ++t) {
-    float* p = probs + t * E;
-    ref::softmax(p, E);
-    if (override_) {
-      std::iota(order.begin(), order.end(), 0);
-      override_->route(li, row_pos_[size_t(t)], std::span(order).first(size_t(top_k)));
-      for (int i = 0; i < top_k; ++i) {
-        const int32_t e = order[size_t(i)];
-        if (e < 0 || e >= E || std::count(order.begin(), order.begin() + i, e))
-          fail("routing override: expert {} for layer {} position {} is out of range or repeated", e, li,
-               row_pos_[size_t(t)]);
-      }
-    } else {
-      top_k_experts(p, top_k, order);
-    }
-    double sum = 0;
-    for (int i = 0; i < top_k; ++i) sum += p[order[size_t(i)]];
-    for (int i = 0; i < top_k; ++i) {
-      const int32_t e = order[size_t(i)];
-      chosen[t * top_k + i] = e;
-      chosen_w[t * top_k + i] = c_.norm_topk_prob ? float(p[e] / sum) : p[e];
-    }
-    if (capture_)
-      routes_.push_back({li, row_pos_[size_t(t)], std::vector<int32_t>(order.begin(), order.begin() + top_k)});
-  }
-  if (observer_)
-    observer_->routed(li, row_pos_[0], tokens, std::span(chosen, size_t(T * top_k)),
-                      std::span(chosen_w, size_t(T * top_k)));
+  router_.choose(li, row_pos_.data(), T, probs, chosen, chosen_w);
+  const std::span ids(chosen, size_t(T * top_k));
+  if (capture_)
+    for (int64_t t = 0; t < T; ++t)
+      routes_.push_back(
+          {li, row_pos_[size_t(t)], std::vector<int32_t>(ids.begin() + t * top_k, ids.begin() + (t + 1) * top_k)});
+  router_.observe(li, row_pos_[0], tokens, ids, std::span(chosen_w, size_t(T * top_k)));
 }
 
 // out_ = sigmoid(shared_expert_gate x) * down(SiLU(gate x) * up x) for the T rows of x_.
@@ -484,44 +469,6 @@ void Forward::routed_experts(int li, int64_t T) {
     const float* ye = yall + r * H;
     float* o = out + int64_t(p / top_k) * H;
     for (int64_t d = 0; d < H; ++d) o[d] += wgt * ye[d];
-  }
-}
-
-// Guesses the experts of layers li + 1 .. li + predict_next_ from the residual stream as it is
-// now (before this layer's MoE output is added), by applying those layers' norms and routers
-// early, and asks the source to start reading them. The guess for the next layer is scored when
-// that layer routes for real.
-void Forward::predict_next_layer(int li, int64_t pos, std::span<const int32_t> actual) {
-  if (!predicted_.empty() && predicted_layer_ == li) {
-    int hit = 0;
-    for (int32_t e : actual) hit += std::count(predicted_.begin(), predicted_.end(), e) ? 1 : 0;
-    prediction_.hits += uint64_t(hit);
-    prediction_.total += uint64_t(actual.size());
-  }
-  predicted_.clear();
-  const int64_t H = c_.hidden_size;
-  const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
-  float* xn = grow(predict_x_, size_t(H));
-  float* p = grow(predict_probs_, size_t(E));
-  std::vector<int32_t>& order = predict_order_;
-  order.resize(size_t(E));
-  for (int ahead = 1; ahead <= predict_next_ && li + ahead < c_.num_layers; ++ahead) {
-    const int target = li + ahead;
-    const LayerWeights& lw = m_.weights.layers[size_t(target)];
-    if (override_) {
-      if (!override_->predict(target, pos, std::span(order).first(size_t(top_k)))) continue;
-    } else {
-      // h_ holds the residual after this layer's mixer; later layers' MoE inputs stay close to it.
-      ref::rms_norm(h_.data(), lw.post_attention_layernorm.data(), H, c_.rms_norm_eps, xn);
-      k_.matmul(lw.moe.router, xn, 1, p);
-      top_k_experts(p, top_k, order);
-    }
-    if (ahead == 1) {
-      predicted_.assign(order.begin(), order.begin() + top_k);
-      predicted_layer_ = target;
-      if (observer_) observer_->predicted(target, pos, predicted_);
-    }
-    m_.experts->predict(target, std::span(order).first(size_t(top_k)));
   }
 }
 

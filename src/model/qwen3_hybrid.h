@@ -37,34 +37,6 @@ struct RouteRecord {
   std::vector<int32_t> experts;
 };
 
-// Sees every routing decision (expert tracing): each MoE layer's choices for the tokens of a
-// run() call, and in decode the next layer's guessed experts (set_predict_next).
-class RoutingObserver {
- public:
-  virtual ~RoutingObserver() = default;
-  // Layer `layer` routed the tokens at positions pos0 .. pos0 + T - 1 (token ids `tokens`):
-  // experts [T][top_k] in router order (highest probability first), their weights [T][top_k]
-  // as the MoE applies them. Layers arrive in order 0 .. num_layers - 1 for each call.
-  virtual void routed(int layer, int64_t pos0, std::span<const int32_t> tokens, std::span<const int32_t> experts,
-                      std::span<const float> weights) = 0;
-  // Decode: the experts guessed for layer `layer` of the token at `pos`, before that layer routes.
-  virtual void predicted(int /*layer*/, int64_t /*pos*/, std::span<const int32_t> /*experts*/) {}
-};
-
-// Chooses the experts instead of the router (replaying recorded routing on another model).
-// The router still runs: the chosen experts are weighted by its probabilities, renormalised
-// over them when the model normalises its top-k.
-class RouteOverride {
- public:
-  virtual ~RouteOverride() = default;
-  // Fills `experts` (top_k distinct ids in 0 .. num_experts - 1) for the token at `pos`, `layer`.
-  virtual void route(int layer, int64_t pos, std::span<int32_t> experts) = 0;
-  // Decode prediction: fills the guess for `layer` of the token at `pos` and returns true, or
-  // returns false for no guess (the model's own routers do not guess either: they do not choose
-  // the experts a replay routes).
-  virtual bool predict(int /*layer*/, int64_t /*pos*/, std::span<int32_t> /*experts*/) { return false; }
-};
-
 // Runs tokens through the model on the CPU. Holds the activation buffers, so one Forward serves
 // many calls without allocating once its buffers have grown to the largest batch seen. Its state
 // is the host SessionState itself, so snapshot/restore/reset are ForwardPass's defaults.
@@ -82,7 +54,7 @@ class Forward final : public ForwardPass {
   // (changing no state) on an empty batch, a state listed twice, a state of another model's
   // shape, a token outside the vocabulary, or with a routing observer set (it follows one
   // sequence). A route override is asked for each row at its own position, as run() asks it.
-  // The next layers' experts are guessed (set_predict_next) only for a batch of one; a larger
+  // The next layers' experts are guessed (RoutingHooks::predict_next) only for a batch of one; a larger
   // batch has each layer read its union when the layer routes.
   void decode_batch(std::span<SessionState* const> states, std::span<const int32_t> tokens, std::vector<float>& logits);
 
@@ -97,26 +69,15 @@ class Forward final : public ForwardPass {
   // Called with the residual stream ([T][H]) before each layer; tests use it to feed every
   // layer the reference backend's input (teacher forcing), so per-layer errors do not compound.
   void set_layer_hook(std::function<void(int layer, std::span<float> h)> hook) { layer_hook_ = std::move(hook); }
-  // Routing observer and override (null: none). Not owned; they must outlive the calls.
-  void set_routing_observer(RoutingObserver* o) { observer_ = o; }
-  void set_route_override(RouteOverride* r) { override_ = r; }
+  void set_routing(const RoutingHooks& hooks) override { router_.set_hooks(hooks); }
+  PredictionStats prediction_stats() const override { return router_.prediction_stats(); }
   const std::vector<float>& layer_outputs() const { return layer_outputs_; }
   const std::vector<RouteRecord>& routes() const { return routes_; }
 
-  // Decode only: guess the experts of the next `layers` layers by applying their routers to the
-  // residual stream early, and have the expert source start reading them (ExpertSource::predict).
-  // 0: off.
-  void set_predict_next(int layers) { predict_next_ = layers; }
   // What a routed expert missing from memory costs (miss_policy.h): exact (the default) waits for
   // its read; skip:W leaves out a low-weight one and renormalises the token's others (lossy).
   void set_miss_policy(MissPolicy p) { miss_ = p; }
   const MissPolicy& miss_policy() const { return miss_; }
-  struct PredictionStats {
-    uint64_t hits = 0;   // routed experts that had been predicted
-    uint64_t total = 0;  // routed experts of layers that had a prediction
-    double accuracy() const { return total ? double(hits) / double(total) : 0.0; }
-  };
-  const PredictionStats& prediction_stats() const { return prediction_; }
 
   // Where the time of run() went, accumulated over calls (seconds; the rest is norms, residual
   // adds and embedding lookups).
@@ -158,7 +119,6 @@ class Forward final : public ForwardPass {
   void shared_expert(const MoeDenseWeights& w, int64_t T);
   void routed_experts(int layer, int64_t T);
   void rope_tables(std::span<const SeqRows> seqs, int64_t T);
-  void predict_next_layer(int layer, int64_t pos, std::span<const int32_t> actual);
   template <typename Self>
   static auto buffers_of(Self& f);
 
@@ -169,8 +129,7 @@ class Forward final : public ForwardPass {
   bool chunked_prefill_ = false;
   bool capture_ = false;
   std::function<void(int, std::span<float>)> layer_hook_;
-  RoutingObserver* observer_ = nullptr;
-  RouteOverride* override_ = nullptr;
+  MoeRouter router_;  // the routing hooks and the decode guesses
   std::vector<int32_t> chosen_;  // [T][top_k] experts in router order (-1: left out on a miss)
   std::vector<float> chosen_w_;  // [T][top_k] their weights as applied
   std::vector<float> layer_outputs_;
@@ -193,22 +152,16 @@ class Forward final : public ForwardPass {
   std::vector<int64_t> row_pos_;     // [T] each row's position
   std::vector<SeqRows> pieces_;      // a mixer chunk's rows, per sequence
   std::vector<SeqRows> batch_seqs_;  // decode_batch: one row per sequence
-  std::vector<float> router_;   // [T][experts]
+  std::vector<float> router_out_;  // [T][experts]
   std::vector<float> xe_, he_, ue_, ye_;  // expert gathers: [n][H], [n][I], [n][I]; outputs [T*top_k][H]
   std::vector<float> shared_h_, shared_u_, shared_g_;  // [T][SI], [T][SI], [T][1]
   std::vector<ExpertWeights> ews_;  // [max_batch] the experts of a group
   std::vector<MatmulJob> jobs_;      // [2 * max_batch] a group's products
-  std::vector<int32_t> route_order_;  // [experts] a token's experts, its top_k first
   ExpertGroups groups_;               // the call's (token, choice) pairs by expert
   std::vector<int32_t> ids_;          // the chosen experts in compute order (in memory first)
   std::vector<int32_t> all_experts_;  // 0 .. E-1: a long prompt's read-ahead of the next layer
-  int predict_next_ = 0;
   MissPolicy miss_;
-  std::vector<int32_t> predicted_;  // guess for layer predicted_layer_
-  int predicted_layer_ = -1;
-  std::vector<float> predict_x_, predict_probs_;
-  std::vector<int32_t> predict_order_;
-  PredictionStats prediction_;
+  std::vector<float> predict_x_;  // [H] a guessed layer's normed input
   Profile profile_;
 };
 

@@ -21,7 +21,7 @@ struct Batch::Member {
 Batch::Batch(const Model& model, BatchOptions opts)
     : model_(model), opts_(opts), forward_(std::make_unique<Forward>(model, opts.backend)) {
   if (opts_.prefill_chunk < 1) fail("the batch's prefill chunk must be at least 1 token, got {}", opts_.prefill_chunk);
-  forward_->set_predict_next(opts_.predict_next);
+  forward_->set_routing({.predict_next = opts_.predict_next});
   forward_->set_miss_policy(opts_.on_miss);
   if (opts_.gpu) gpu_runner_ = make_gpu_forward(opts_.gpu);
   if (opts_.prefetch_masks.value_or(opts_.gpu != nullptr)) prefetcher_ = std::make_unique<MaskPrefetcher>();

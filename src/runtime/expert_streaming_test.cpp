@@ -23,13 +23,13 @@ namespace {
 struct ModelRun {
   std::vector<float> logits;  // prefill's last row, then each decode step's
   ExpertStats stats;
-  Forward::PredictionStats prediction;
+  PredictionStats prediction;
 };
 
 ModelRun run_model(const std::string& path, LoadOptions opts, bool predict) {
   auto lm = load_model(path, opts);
   Forward fwd(lm->model, Backend::CpuF32);
-  fwd.set_predict_next(predict);
+  fwd.set_routing({.predict_next = predict});
   SessionState st = SessionState::create(lm->model.config);
   const std::vector<int32_t> prompt = testing::random_tokens(23, 1000, 11);
   ModelRun r;
@@ -95,7 +95,7 @@ TEST(ExpertStreaming, LongPromptReadsEachExpertOncePerLayer) {
   };
   const auto [whole, whole_stats] = prefill(kPrefillChunk, 1);
   const uint64_t layer_experts = uint64_t(qc.config.num_layers) * uint64_t(qc.config.num_experts);
-  EXPECT_LE(whole_stats.misses, layer_experts);  // one read per (layer, expert) at most
+  EXPECT_LE(whole_stats.misses, layer_experts);                          // one read per (layer, expert) at most
   EXPECT_EQ(whole_stats.hits + whole_stats.misses, whole_stats.misses);  // one acquire each
   const auto [pieces, piece_stats] = prefill(100, 1);
   EXPECT_GT(piece_stats.misses, 2 * whole_stats.misses);  // six calls: experts read again each time

@@ -126,7 +126,7 @@ class OnMissScripted : public ::testing::Test {
     src_ = std::make_unique<ScriptedSource>(*lm_->experts);
     model_.experts = src_.get();
     Forward f(model_, Backend::CpuF32);
-    f.set_routing_observer(&routes_);
+    f.set_routing({.observer = &routes_});
     run(f);
     ASSERT_GT(int(routes_.experts.size()), kLayer);
     src_->prefetched.clear();

@@ -43,14 +43,14 @@ TEST(RoutingReplay, TraceHoldsWhatTheRouterChose) {
   lo.cache_bytes = 0;
   auto lm = load_model(testing::tiny_qpack_with_tokenizer(), lo);
   const ModelConfig& c = lm->model.config;
-  const std::string path = (std::filesystem::temp_directory_path() / ("swiftlet_rt_" + std::to_string(::getpid()))).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("swiftlet_rt_" + std::to_string(::getpid()))).string();
   Forward fwd(lm->model, Backend::CpuF32);
-  fwd.set_predict_next(1);
   std::vector<RouteRecord> routes;
   const std::vector<int32_t> prompt = some_tokens(9, 1);
   {
     RoutingTraceWriter w(path, c, /*predictions=*/true);
-    fwd.set_routing_observer(&w);
+    fwd.set_routing({.observer = &w, .predict_next = 1});
     routes = run(fwd, c, prompt, 5);
     w.finish();
     EXPECT_EQ(w.tokens_written(), 9u + 5u);
@@ -104,8 +104,8 @@ TEST(RoutingReplay, ModelRoutesAsTheTraceSays) {
   }
   TraceRouteOverride replay(t, c.num_layers, c.num_experts, c.num_experts_per_tok);
   Forward fwd(lm->model, Backend::CpuF32);
-  fwd.set_route_override(&replay);
-  fwd.set_predict_next(1);  // the trace has no guesses: nothing is guessed (the router's would be noise)
+  fwd.set_routing({.route_override = &replay,
+                   .predict_next = 1});  // the trace has no guesses: nothing is guessed (the router's would be noise)
   // 7 prompt tokens + 4 decoded: positions 6.. wrap around to trace token position % 6.
   const std::vector<RouteRecord> routes = run(fwd, c, some_tokens(7, 2), 4);
   ASSERT_EQ(routes.size(), 11u * size_t(c.num_layers));

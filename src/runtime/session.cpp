@@ -48,20 +48,18 @@ namespace {
 // The pass a session runs: the GPU's when it has a GPU model, else the CPU Forward with the
 // options only it takes.
 std::unique_ptr<ForwardPass> make_pass(const Model& model, const SessionOptions& opts) {
+  const RoutingHooks hooks{opts.routing_observer, opts.route_override, opts.predict_next};
   if (opts.gpu) {
-    if (opts.routing_observer || opts.route_override)
-      fail("expert traces and routing overrides run on the CPU only: drop --gpu");
     if (opts.on_miss.lossy()) fail("--on-miss {} is CPU-only for now; drop --gpu or the flag", opts.on_miss.name());
     std::unique_ptr<ForwardPass> pass = make_gpu_forward(opts.gpu);
     SWIFTLET_CHECK(pass != nullptr, "a GpuModel exists only in a binary built with CUDA");
+    pass->set_routing(hooks);
     return pass;
   }
   auto f = std::make_unique<Forward>(model, opts.backend);
-  f->set_predict_next(opts.predict_next);
   f->set_miss_policy(opts.on_miss);
   f->set_chunked_prefill(opts.chunked_prefill);
-  f->set_routing_observer(opts.routing_observer);
-  f->set_route_override(opts.route_override);
+  f->set_routing(hooks);
   return f;
 }
 }  // namespace

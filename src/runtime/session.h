@@ -143,6 +143,8 @@ class Session {
   const ForwardPass& pass() const { return *forward_; }
   // The CPU pass, for its profile and prediction statistics; null on the GPU.
   const Forward* cpu_forward() const { return dynamic_cast<const Forward*>(forward_.get()); }
+  // The pass's guesses of the next layers' experts so far (zeros where it makes none).
+  PredictionStats prediction_stats() const { return forward_->prediction_stats(); }
   bool on_gpu() const { return opts_.gpu != nullptr; }
   // Bytes of prompt-sized activation buffers held by the pass that runs (CPU or GPU memory).
   size_t buffer_bytes() const { return forward_->buffer_bytes(); }
