@@ -74,6 +74,17 @@ void MoeRouter::choose(int layer, const int64_t* pos, int64_t T, float* probs, i
   }
 }
 
+void MoeRouter::apply_miss_policy(int layer, std::span<int32_t> ids, std::span<float> w) {
+  if (miss_.skips()) {
+    const int skipped = skip_missed_experts(miss_, experts_, top_k_, norm_topk_prob_, ids, w,
+                                            [&](int32_t e) { return source_->ready(layer, e); });
+    if (skipped > 0) source_->skipped(layer, skipped);
+  }
+  if (miss_.reads_low_bit())
+    source_->read_low_bit(layer, low_bit_experts(miss_, experts_, top_k_, norm_topk_prob_, ids, w,
+                                                 [&](int32_t e) { return source_->held(layer, e); }));
+}
+
 void MoeRouter::predict(int layer, int64_t pos, std::span<const int32_t> actual, const RouterLogits& router_logits) {
   if (!predicted_.empty() && predicted_layer_ == layer) {
     int hit = 0;

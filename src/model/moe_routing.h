@@ -6,6 +6,7 @@
 #pragma once
 
 #include "model/expert_source.h"
+#include "model/miss_policy.h"
 
 #include <cstdint>
 #include <functional>
@@ -84,7 +85,8 @@ struct PredictionStats {
 };
 
 // The host's part of routing, the same for every pass: the choice with its weights (the router's
-// top-k, or an override's), the observer, and the decode guesses of the next layers.
+// top-k, or an override's), the observer, what a miss costs (--on-miss), and the decode guesses
+// of the next layers.
 class MoeRouter {
  public:
   MoeRouter(int num_layers, int num_experts, int top_k, bool norm_topk_prob, ExpertSource* experts)
@@ -103,6 +105,16 @@ class MoeRouter {
   // in w[t][.] (renormalised over the chosen when the model does). Fails on an override's
   // expert that is out of range or repeated.
   void choose(int layer, const int64_t* pos, int64_t T, float* probs, int32_t* ids, float* w);
+  // What a routed expert missing from memory costs (miss_policy.h): exact (the default) waits for
+  // its read; skip:W leaves out a low-weight one and renormalises the token's others, low-bit:W
+  // reads its low-bit copy (lossy both).
+  void set_miss_policy(MissPolicy p) { miss_ = p; }
+  const MissPolicy& miss_policy() const { return miss_; }
+  // The miss policy on a call's choice ([T][top_k] ids and weights, after the observer saw it),
+  // before anything asks the source for them: skip:W sets the left-out experts' ids to -1 and
+  // tells the source how many; low-bit:W names to the source the misses to read as copies.
+  void apply_miss_policy(int layer, std::span<int32_t> ids, std::span<float> w);
+
   // The layer's choice for the T tokens from pos0 on, for the observer (if any).
   void observe(int layer, int64_t pos0, std::span<const int32_t> tokens, std::span<const int32_t> ids,
                std::span<const float> w) const {
@@ -122,6 +134,7 @@ class MoeRouter {
   bool norm_topk_prob_;
   ExpertSource* source_;
   RoutingHooks hooks_;
+  MissPolicy miss_;
   std::vector<int32_t> order_;      // [E] a token's experts, its top_k first
   std::vector<float> logits_;       // [E] a guessed layer's router output
   std::vector<int32_t> predicted_;  // the guess for layer predicted_layer_

@@ -329,22 +329,10 @@ void Forward::sparse_moe(int li, std::span<const int32_t> tokens) {
   const int64_t T = int64_t(tokens.size());
   const auto t_start = ProfileClock::now();
   route(li, tokens);
-  // --on-miss skip:W: experts the source does not hold and no token keeps are left out before
-  // anything asks for them (miss_policy.h); the observer above saw the router's choice.
   const int E = c_.num_experts, top_k = c_.num_experts_per_tok;
   const std::span chosen(chosen_.data(), size_t(T * top_k));
-  if (miss_.skips()) {
-    const int skipped = skip_missed_experts(miss_, E, top_k, c_.norm_topk_prob, chosen,
-                                            std::span(chosen_w_.data(), size_t(T * top_k)),
-                                            [&](int32_t e) { return m_.experts->ready(li, e); });
-    if (skipped > 0) m_.experts->skipped(li, skipped);
-  }
-  // --on-miss low-bit:W: the missed experts no token weighs at W or more come from their low-bit
-  // copies (read_low_bit: the source reads the copy in place of the expert).
-  if (miss_.reads_low_bit())
-    m_.experts->read_low_bit(li, low_bit_experts(miss_, E, top_k, c_.norm_topk_prob, chosen,
-                                                 std::span(chosen_w_.data(), size_t(T * top_k)),
-                                                 [&](int32_t e) { return m_.experts->held(li, e); }));
+  // --on-miss (lossy): misses left out or read as low-bit copies before anything asks for them.
+  router_.apply_miss_policy(li, chosen, std::span(chosen_w_.data(), size_t(T * top_k)));
   groups_.build(chosen, E);
   // The experts the call needs, known now: the source starts reading the missing ones, which
   // overlaps the shared expert and the cached experts computed meanwhile.

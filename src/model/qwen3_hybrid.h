@@ -74,10 +74,9 @@ class Forward final : public ForwardPass {
   const std::vector<float>& layer_outputs() const { return layer_outputs_; }
   const std::vector<RouteRecord>& routes() const { return routes_; }
 
-  // What a routed expert missing from memory costs (miss_policy.h): exact (the default) waits for
-  // its read; skip:W leaves out a low-weight one and renormalises the token's others (lossy).
-  void set_miss_policy(MissPolicy p) { miss_ = p; }
-  const MissPolicy& miss_policy() const { return miss_; }
+  // What a routed expert missing from memory costs (MoeRouter::set_miss_policy).
+  void set_miss_policy(MissPolicy p) { router_.set_miss_policy(p); }
+  const MissPolicy& miss_policy() const { return router_.miss_policy(); }
 
   // Where the time of run() went, accumulated over calls (seconds; the rest is norms, residual
   // adds and embedding lookups).
@@ -160,7 +159,6 @@ class Forward final : public ForwardPass {
   ExpertGroups groups_;               // the call's (token, choice) pairs by expert
   std::vector<int32_t> ids_;          // the chosen experts in compute order (in memory first)
   std::vector<int32_t> all_experts_;  // 0 .. E-1: a long prompt's read-ahead of the next layer
-  MissPolicy miss_;
   std::vector<float> predict_x_;  // [H] a guessed layer's normed input
   Profile profile_;
 };
