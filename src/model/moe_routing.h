@@ -1,8 +1,8 @@
 // The MoE block's routing steps that do not depend on where the experts live (model-math.md 6.1):
 // the top-k choice of one token's router output, the grouping of a call's (token, choice) pairs
 // by expert, and what a pass does around its routers on the host (MoeRouter: the routing
-// observer, a route override, the guesses of the next layers' experts), which the CPU and GPU
-// passes share.
+// observer, a route override, the miss policy, the guesses of the next layers' experts), which the
+// CPU and GPU passes share.
 #pragma once
 
 #include "model/expert_source.h"
@@ -93,7 +93,6 @@ class MoeRouter {
       : layers_(num_layers), experts_(num_experts), top_k_(top_k), norm_topk_prob_(norm_topk_prob), source_(experts) {}
 
   void set_hooks(const RoutingHooks& h) { hooks_ = h; }
-  const RoutingHooks& hooks() const { return hooks_; }
   RoutingObserver* observer() const { return hooks_.observer; }
   // An override chooses: a pass whose router runs elsewhere (the GPU) hands its logits over.
   bool overridden() const { return hooks_.route_override != nullptr; }

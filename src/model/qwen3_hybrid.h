@@ -128,7 +128,7 @@ class Forward final : public ForwardPass {
   bool chunked_prefill_ = false;
   bool capture_ = false;
   std::function<void(int, std::span<float>)> layer_hook_;
-  MoeRouter router_;  // the routing hooks and the decode guesses
+  MoeRouter router_;             // the routing hooks, the miss policy and the decode guesses
   std::vector<int32_t> chosen_;  // [T][top_k] experts in router order (-1: left out on a miss)
   std::vector<float> chosen_w_;  // [T][top_k] their weights as applied
   std::vector<float> layer_outputs_;

@@ -45,7 +45,7 @@ inline Ctx make_ctx(const QMatrix& w, const PreparedQ8& p, float* y) {
 
 // Bytes of one block of 64 codes.
 template <int Bits>
-constexpr int64_t kBlockBytes = Bits* kBlock / 8;
+constexpr int64_t kBlockBytes = kBlock / 8 * Bits;
 
 // Row r's codes, scales and biases.
 struct Row {
