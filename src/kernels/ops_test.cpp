@@ -3,15 +3,18 @@
 //   products (matmul): cpu/<isa> (int8 activations) and cpu-f32/<isa> for each instruction set
 //     of available_isas() (avx2, avx512-vnni; neon, neon-dotprod, neon-i8mm), each distinct
 //     kernel once;
-//   token mixers and activations: f8/avx2 or f8/neon (mixers.h: one 8-lane source, simd_f8.h).
+//   token mixers and activations: f8/avx2 or f8/neon (mixers.h: one 8-lane source, simd_f8.h);
+//   with a usable CUDA GPU, each CUDA kernel of the operation (cuda/...: the prompt's and the
+//     decode's forms, the tensor-core and streamed variants the device runs).
 // The reference of each operation is the one Backend::Reference runs. Each case's error is
 // measured against its own bound (fit <= 1 passes): the int8 rounding bound for int8
 // activations, float rounding for the rest.
-//   swiftlet_ops_test [--op NAME] [--form PREFIX] [--perf] [--threads N]
+//   swiftlet_ops_test [--op NAME] [--form PREFIX] [--perf] [--threads N] [--no-gpu]
 // Default: check every case, one line each; exit status 1 when any fails. --op keeps one
-// operation, --form the forms whose name starts with PREFIX ("cpu-f32", "f8/avx2"). --perf: also each
+// operation, --form the forms whose name starts with PREFIX ("cuda", "cpu-f32/avx2"). --perf: also each
 // form's best time, GB/s of the bytes the operation must move (weights, activations, state, KV
-// cache, each once) and that as a share of the read bandwidth measured in the same run, and the
+// cache, each once) and that as a share of its memory's bandwidth measured in the same run (the
+// CPU's read bandwidth; the GPU's device-to-device copy rate, read and write counted), and the
 // speed-up over the reference (over 100% of the bandwidth where the operation's data stays in the
 // caches, as at the smaller shapes here). ctest runs the check (label unit), on aarch64 under qemu.
 #include "core/error.h"
@@ -21,6 +24,10 @@
 #include "kernels/cpu/read_bandwidth.h"
 #include "kernels/cpu/simd_cpu.h"
 #include "support/random_weights.h"
+
+#if SWIFTLET_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 #include <fmt/format.h>
 
@@ -49,9 +56,26 @@ struct Form {
   bool int8 = false;
 };
 
+// A CUDA kernel of a case, on device copies of the case's inputs: reset() puts its inputs and
+// state back (empty: nothing to put back), call() enqueues the kernel(s) on the default stream,
+// outputs() reads back what it wrote (waiting for it).
+struct GpuForm {
+  std::string name;
+  std::function<void()> reset;
+  std::function<void()> call;
+  std::function<std::vector<float>()> outputs;
+  std::vector<float> run() const {
+    if (reset) reset();
+    call();
+    return outputs();
+  }
+};
+
 // One operation at one shape, on buffers of its own: reset() puts its inputs and state back,
 // call(form) runs the operation on them in place, outputs() is what it wrote (the updated state
 // included); fit(got, want, form) is the worst error in units of the case's bound for that form.
+// gpu: its CUDA forms (none without a usable GPU), checked with the same fit as the CPU's float
+// forms.
 struct Case {
   std::string op, shape;
   double bytes = 0;  // what the operation must move once
@@ -60,6 +84,7 @@ struct Case {
   std::function<void(const Form&)> call;
   std::function<std::vector<float>()> outputs;
   std::function<double(const std::vector<float>&, const std::vector<float>&, const Form&)> fit;
+  std::vector<GpuForm> gpu;
   std::vector<float> run(const Form& form) const {
     reset();
     call(form);
@@ -88,6 +113,273 @@ std::vector<float> normal(std::mt19937& rng, size_t n, float scale = 1.0f) {
   for (float& x : v) x = nd(rng);
   return v;
 }
+
+// ---- the CUDA forms ----
+
+// The host inputs of a case, as its GPU forms take them (shared with the CPU forms' closures).
+struct MatmulIn {
+  std::shared_ptr<OwnedMatrix> w;
+  std::shared_ptr<std::vector<float>> x;
+  int64_t n;
+};
+struct SiluMulIn {
+  std::shared_ptr<std::vector<float>> g, u;
+};
+struct ConvIn {
+  std::shared_ptr<std::vector<float>> x, w, state;
+  int64_t T, C;
+  int K;
+};
+struct NormIn {
+  std::shared_ptr<std::vector<float>> x, z, w;
+  bool gated;
+  int heads, n;
+};
+// The delta rule's decays and betas before their activations, as the CUDA kernels take them:
+// g = -exp(A_log[h]) softplus(a + dt_bias[h]), beta = sigmoid(b).
+struct DeltaIn {
+  std::shared_ptr<std::vector<float>> qkv, a, b, A_log, dt_bias, S;
+  gdn::DeltaShape sh;
+  int64_t T;
+  bool chunked;
+};
+struct AttentionIn {
+  std::shared_ptr<std::vector<float>> q, K, V;
+  attn::AttnShape sh;
+  int64_t pos0, T;
+};
+
+// Whether the cases get their CUDA forms (a usable GPU, and no --no-gpu).
+bool use_gpu = false;
+
+#if SWIFTLET_HAVE_CUDA
+// Device memory that frees itself, shared by a case's closures.
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(size_t bytes) : p_(cuda::gpu_alloc(std::max<size_t>(bytes, 16))) {
+    cuda::gpu_memset(p_, 0, std::max<size_t>(bytes, 16));
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() { cuda::gpu_free(p_); }
+  void* get() const { return p_; }
+  float* f() const { return static_cast<float*>(p_); }
+
+ private:
+  void* p_;
+};
+using Device = std::shared_ptr<DeviceMemory>;
+
+Device device_zeros(size_t floats) { return std::make_shared<DeviceMemory>(floats * sizeof(float)); }
+Device device_copy(const std::vector<float>& h) {
+  Device d = device_zeros(h.size());
+  cuda::gpu_upload(d->f(), h.data(), h.size() * sizeof(float));
+  return d;
+}
+// The floats of each part, one after the other (an output, then the state it advanced).
+std::vector<float> device_read(std::initializer_list<std::pair<Device, size_t>> parts) {
+  std::vector<float> all;
+  for (const auto& [d, n] : parts) {
+    const size_t at = all.size();
+    all.resize(at + n);
+    cuda::gpu_download(all.data() + at, d->f(), n * sizeof(float));
+  }
+  return all;
+}
+// Copies `floats` from src to dst on the device (a form's reset).
+void device_put(const Device& dst, const Device& src, size_t floats) {
+  cuda::gpu_copy(dst->f(), src->f(), floats * sizeof(float));
+}
+
+struct DeviceMatrix {
+  void* owner = nullptr;
+  cuda::GpuMatrix m;
+  explicit DeviceMatrix(const QMatrix& w) : m(cuda::upload_matrix(w, &owner)) {}
+  DeviceMatrix(const DeviceMatrix&) = delete;
+  DeviceMatrix& operator=(const DeviceMatrix&) = delete;
+  ~DeviceMatrix() { cuda::gpu_free(owner); }
+};
+
+// The prompt's products (fp32 tiles; the tensor cores where they take the matrix) and the
+// decode's fused product in each variant the device runs (integer MMAs of streamed rows, the
+// streamed rows alone, the plain kernel), one segment over n tokens.
+void add_gpu_forms(Case& c, const MatmulIn& in) {
+  if (!use_gpu) return;
+  const int64_t n = in.n, rows = in.w->m.rows, cols = in.w->m.cols;
+  const int group = in.w->m.group_size;
+  auto w = std::make_shared<DeviceMatrix>(in.w->m);
+  Device x = device_copy(*in.x), y = device_zeros(size_t(n * rows));
+  auto out = [y, n, rows] { return device_read({{y, size_t(n * rows)}}); };
+  c.gpu.push_back({"cuda/matmul", {}, [=] { cuda::matmul(w->m, x->f(), n, y->f()); }, out});
+  if (in.w->m.format != WeightFormat::Affine) return;
+  if (cuda::gemm_takes(w->m, group) && rows > 256) {
+    auto q = std::make_shared<DeviceMemory>(cuda::quantized_rows_bytes(n, cols, group));
+    c.gpu.push_back({"cuda/gemm", {},
+                     [=] {
+                       const cuda::RowsIn r = cuda::prepare_rows(x->f(), n, cols, group, q->get());
+                       cuda::matmul_rows(w->m, r, n, y->f(), false);
+                     },
+                     out});
+  }
+  struct Variant {
+    const char* name;
+    bool streamed, tensor_cores;
+  };
+  const bool streamed = cuda::streamed_products(), tensor_cores = cuda::tensor_core_products();
+  for (Variant v : {Variant{"cuda/matvec-mma", true, true}, Variant{"cuda/matvec-tma", true, false},
+                    Variant{"cuda/matvec", false, false}}) {
+    if ((v.streamed && !streamed) || (v.tensor_cores && !tensor_cores)) continue;
+    c.gpu.push_back({v.name, {},
+                     [=] {
+                       cuda::set_streamed_products(v.streamed);
+                       cuda::set_tensor_core_products(v.tensor_cores);
+                       cuda::MatvecSegment seg;
+                       seg.w = w->m;
+                       seg.d_y = y->f();
+                       seg.y_stride = rows;
+                       cuda::fused_matvec_rows(&seg, 1, int(n), x->f(), cols, nullptr, 0.0f, nullptr);
+                       cuda::set_streamed_products(streamed);
+                       cuda::set_tensor_core_products(tensor_cores);
+                     },
+                     out});
+  }
+}
+
+void add_gpu_forms(Case& c, const SiluMulIn& in) {
+  if (!use_gpu) return;
+  const size_t n = in.g->size();
+  Device g = device_copy(*in.g), u = device_copy(*in.u), y = device_zeros(n);
+  c.gpu.push_back({"cuda", {}, [=] { cuda::silu_mul(g->f(), u->f(), int64_t(n), y->f()); },
+                   [=] { return device_read({{y, n}}); }});
+}
+
+// The prompt's scan over T tokens and the decode's step token by token.
+void add_gpu_forms(Case& c, const ConvIn& in) {
+  if (!use_gpu) return;
+  const int64_t T = in.T, C = in.C;
+  const int K = in.K;
+  const size_t states = in.state->size();
+  Device x = device_copy(*in.x), w = device_copy(*in.w), s0 = device_copy(*in.state), s = device_zeros(states),
+         u = device_zeros(size_t(T * C));
+  auto reset = [=] { device_put(s, s0, states); };
+  auto out = [=] { return device_read({{u, size_t(T * C)}, {s, states}}); };
+  c.gpu.push_back({"cuda/scan", reset,
+                   [=] { cuda::conv1d_silu_scan(x->f(), C, w->f(), s->f(), C, K, T, u->f(), C); }, out});
+  c.gpu.push_back({"cuda/step", reset,
+                   [=] {
+                     for (int64_t t = 0; t < T; ++t)
+                       cuda::conv1d_silu_step(x->f() + t * C, w->f(), s->f(), C, K, u->f() + t * C);
+                   },
+                   out});
+}
+
+void add_gpu_forms(Case& c, const NormIn& in) {
+  if (!use_gpu) return;
+  const size_t size = in.x->size();
+  const int heads = in.heads, n = in.n;
+  Device x = device_copy(*in.x), z = device_copy(*in.z), w = device_copy(*in.w), o = device_zeros(size);
+  std::function<void()> call;
+  if (in.gated) call = [=] { cuda::gated_rms_norm(o->f(), z->f(), w->f(), heads, n, 1e-6f); };
+  else call = [=] { cuda::l2_norm_rows(o->f(), heads, n, 1e-6f, 0.5f); };
+  c.gpu.push_back({"cuda", [=] { device_put(o, x, size); }, call, [=] { return device_read({{o, size}}); }});
+}
+
+// Token by token: the decode's step, T times, and the prompt's scan (the state in registers
+// across the tokens); chunked: the prompt's chunks of 64 where the kernel takes the shape.
+void add_gpu_forms(Case& c, const DeltaIn& in) {
+  if (!use_gpu) return;
+  const gdn::DeltaShape sh = in.sh;
+  const int64_t T = in.T, kd = int64_t(sh.key_heads) * sh.key_dim, vd = int64_t(sh.value_heads) * sh.value_dim,
+                stride = 2 * kd + vd;
+  const int hk = sh.key_heads, hv = sh.value_heads, dk = sh.key_dim, dv = sh.value_dim;
+  const size_t states = in.S->size();
+  Device qkv = device_copy(*in.qkv), a = device_copy(*in.a), b = device_copy(*in.b), A = device_copy(*in.A_log),
+         dt = device_copy(*in.dt_bias), S0 = device_copy(*in.S), S = device_zeros(states),
+         o = device_zeros(size_t(T * vd));
+  auto reset = [=] { device_put(S, S0, states); };
+  auto out = [=] { return device_read({{o, size_t(T * vd)}, {S, states}}); };
+  const float *q = qkv->f(), *k = qkv->f() + kd, *v = qkv->f() + 2 * kd;
+  if (!in.chunked) {
+    c.gpu.push_back({"cuda/step", reset,
+                     [=] {
+                       for (int64_t t = 0; t < T; ++t)
+                         cuda::delta_rule_step(q + t * stride, k + t * stride, v + t * stride, b->f() + t * hv,
+                                               a->f() + t * hv, A->f(), dt->f(), S->f(), hk, hv, dk, dv,
+                                               o->f() + t * vd);
+                     },
+                     out});
+    c.gpu.push_back({"cuda/scan", reset,
+                     [=] {
+                       cuda::delta_rule_scan(q, k, v, stride, b->f(), a->f(), hv, A->f(), dt->f(), S->f(), hk, hv,
+                                             dk, dv, T, o->f());
+                     },
+                     out});
+  } else if (cuda::delta_rule_chunked_takes(dk, dv)) {
+    Device work = device_zeros(size_t(cuda::delta_rule_chunked_work_floats(T, hv, dk, dv)));
+    c.gpu.push_back({"cuda/chunked", reset,
+                     [=] {
+                       cuda::delta_rule_chunked(q, k, v, stride, b->f(), a->f(), hv, A->f(), dt->f(), S->f(), hk,
+                                                hv, dk, dv, T, work->f(), o->f());
+                     },
+                     out});
+  }
+}
+
+// The decode's kernel, query by query, and the prompt's (a block per head and token below 16
+// tokens, tiles of 64 queries from there).
+void add_gpu_forms(Case& c, const AttentionIn& in) {
+  if (!use_gpu) return;
+  const attn::AttnShape sh = in.sh;
+  const int64_t T = in.T, pos0 = in.pos0, qs = int64_t(sh.heads) * sh.head_dim;
+  const float scale = 1.0f / std::sqrt(float(sh.head_dim));
+  Device q = device_copy(*in.q), K = device_copy(*in.K), V = device_copy(*in.V), o = device_zeros(size_t(T * qs));
+  auto out = [=] { return device_read({{o, size_t(T * qs)}}); };
+  c.gpu.push_back({"cuda/decode", {},
+                   [=] {
+                     for (int64_t t = 0; t < T; ++t)
+                       cuda::attention_decode(q->f() + t * qs, K->f(), V->f(), pos0 + t + 1, sh.heads, sh.kv_heads,
+                                              sh.head_dim, scale, nullptr, o->f() + t * qs);
+                   },
+                   out});
+  cuda::AttentionSpec spec;
+  spec.nh = sh.heads;
+  spec.nkv = sh.kv_heads;
+  spec.hd = sh.head_dim;
+  spec.scale = scale;
+  c.gpu.push_back({"cuda/prefill", {},
+                   [=] { cuda::attention_prefill(spec, q->f(), nullptr, K->f(), V->f(), pos0, T, o->f()); }, out});
+}
+
+bool gpu_usable(std::string* why) { return cuda::cuda_available(why); }
+std::string gpu_description() { return cuda::device_description(); }
+
+// Best seconds of a GPU form's call, timed with CUDA events over enough calls for ~50 ms.
+double gpu_seconds(const GpuForm& g) {
+  if (g.reset) g.reset();
+  const double once = cuda::gpu_time_ms(g.call, 3);
+  const int iters = std::clamp(int(50.0 / std::max(once, 1e-3)), 3, 2000);
+  return cuda::gpu_time_ms(g.call, iters) / 1e3;
+}
+
+// The GPU's device-to-device copy rate in GB/s, the bytes read and written both counted.
+double gpu_copy_bandwidth() {
+  const size_t bytes = size_t(512) << 20;
+  DeviceMemory a(bytes), b(bytes);
+  const double ms = cuda::gpu_time_ms([&] { cuda::gpu_copy(b.get(), a.get(), bytes); }, 10);
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+}
+#else
+// Built without CUDA: no case has GPU forms.
+template <typename In>
+void add_gpu_forms(Case&, const In&) {}
+bool gpu_usable(std::string* why) {
+  *why = "built without CUDA";
+  return false;
+}
+std::string gpu_description() { return {}; }
+double gpu_seconds(const GpuForm&) { return INFINITY; }
+double gpu_copy_bandwidth() { return 0; }
+#endif
 
 // ---- products ----
 
@@ -124,6 +416,7 @@ void add_matmul(std::vector<Case>& cases, std::mt19937& rng, WeightFormat f, int
     const Fit q = fit_q8(got, want, int8 ? *q8 : *fp);
     return int8 ? std::max(q.worst, q.mean_share / 0.25) : q.worst;
   };
+  add_gpu_forms(c, MatmulIn{w, x, n});
   cases.push_back(std::move(c));
 }
 
@@ -145,6 +438,7 @@ void add_elementwise(std::vector<Case>& cases, std::mt19937& rng, const std::str
   c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
     return fit_close(got, want, 2e-6, 2e-6);
   };
+  if (op == "silu_mul") add_gpu_forms(c, SiluMulIn{a, b});  // (attention's kernels apply its gate)
   cases.push_back(std::move(c));
 }
 
@@ -168,6 +462,7 @@ void add_conv(std::vector<Case>& cases, std::mt19937& rng, int64_t T, int64_t C)
   c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
     return fit_relative_to_max(got, want, 1e-6);
   };
+  add_gpu_forms(c, ConvIn{x, w, st, T, C, K});
   cases.push_back(std::move(c));
 }
 
@@ -189,6 +484,7 @@ void add_norm(std::vector<Case>& cases, std::mt19937& rng, bool gated, int heads
   c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
     return fit_relative_to_max(got, want, 1e-6);
   };
+  add_gpu_forms(c, NormIn{x, z, w, gated, heads, n});
   cases.push_back(std::move(c));
 }
 
@@ -204,8 +500,7 @@ void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, 
       ref::l2_norm_scaled(row + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f / std::sqrt(float(sh.key_dim)));
       ref::l2_norm_scaled(row + kd + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f);
     }
-  // The decays and betas from their inputs as the model makes them: g = -exp(A_log[h])
-  // softplus(a + dt_bias[h]), beta = sigmoid(b).
+  // The decays and betas from their inputs as the model makes them (DeltaIn).
   const int hv = sh.value_heads;
   auto A_log = std::make_shared<std::vector<float>>(size_t(hv));
   auto dt_bias = std::make_shared<std::vector<float>>(size_t(hv));
@@ -257,6 +552,7 @@ void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, 
     return std::max(fit_relative_to_max(part(got, 0, outs), part(want, 0, outs), 1e-4),
                     fit_relative_to_max(part(got, outs, got.size()), part(want, outs, want.size()), 1e-4));
   };
+  add_gpu_forms(c, DeltaIn{qkv, a, b, A_log, dt_bias, S0, sh, T, chunked});
   cases.push_back(std::move(c));
 }
 
@@ -281,6 +577,7 @@ void add_attention(std::vector<Case>& cases, std::mt19937& rng, attn::AttnShape 
   c.fit = [](const std::vector<float>& got, const std::vector<float>& want, const Form&) {
     return fit_close(got, want, 0, 5e-5);
   };
+  add_gpu_forms(c, AttentionIn{q, K, V, sh, pos0, T});
   cases.push_back(std::move(c));
 }
 
@@ -301,8 +598,8 @@ std::vector<Case> all_cases() {
   // Mixers and activations at the models' shapes and at shapes with tails: lengths around the
   // 8-lane width, the conv's channels past a multiple of 8, the delta rule's fixture shapes (dv
   // not a multiple of 32), real head sizes and tails everywhere, at chunk boundaries; attention
-  // with grouped and single KV heads, head sizes of 24 to 256, contexts split over threads, prompts
-  // of 20 and 64 rows.
+  // with grouped and single KV heads, head sizes of 24 to 256, contexts split over threads, prompt
+  // rows past the GPU's 16 (its tiled form).
   for (int64_t n : {1, 7, 8, 9, 63, 512, 1027, 4096}) add_elementwise(cases, rng, "silu_mul", n);
   for (int64_t n : {37, 4096}) add_elementwise(cases, rng, "sigmoid_gate", n);
   for (int64_t C : {64, 77})
@@ -358,13 +655,15 @@ double best_seconds(const std::function<void()>& fn, double budget) {
 
 int run(int argc, char** argv) {
   std::string only, form_prefix;
-  bool perf = false;
+  bool perf = false, gpu = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--perf") {
       perf = true;
     } else if (a == "--form" && i + 1 < argc) {
       form_prefix = argv[++i];
+    } else if (a == "--no-gpu") {
+      gpu = false;
     } else if (a == "--op" && i + 1 < argc) {
       only = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
@@ -372,7 +671,9 @@ int run(int argc, char** argv) {
       if (t < 1) fail("--threads takes a positive count, not '{}'", argv[i]);
       ThreadPool::set_global_threads(t);
     } else {
-      fail("usage: swiftlet_ops_test [--op NAME] [--form PREFIX] [--perf] [--threads N] ('{}' is not an option)", a);
+      fail("usage: swiftlet_ops_test [--op NAME] [--form PREFIX] [--perf] [--threads N] [--no-gpu] ('{}' is not an "
+           "option)",
+           a);
     }
   }
   std::vector<Form> pforms = product_forms(), mforms = mixer_forms();
@@ -381,11 +682,18 @@ int run(int argc, char** argv) {
   std::erase_if(mforms, [&](const Form& f) { return unwanted(f.name); });
   const Form pref{"reference", &kernels_for(Backend::Reference), nullptr, false};
   const Form mref{"reference", nullptr, &mixers_for(Backend::Reference), false};
-  double bw = 0;
+  std::string why = "--no-gpu";
+  use_gpu = gpu && gpu_usable(&why);
+  fmt::print("gpu: {}\n", use_gpu ? gpu_description() : "none (" + why + ")");
+  double bw = 0, gpu_bw = 0;
   if (perf) {
     ReadBandwidth r(size_t(256) << 20);
     bw = r.best(5);
     fmt::print("threads {}  read bandwidth {:.1f} GB/s (best of 5 passes over 256 MiB)\n", ThreadPool::global().size(), bw);
+    if (use_gpu) {
+      gpu_bw = gpu_copy_bandwidth();
+      fmt::print("gpu copy bandwidth {:.1f} GB/s (512 MiB device to device, read and write counted)\n", gpu_bw);
+    }
   }
   std::vector<Case> cases = all_cases();
   std::erase_if(cases, [&](const Case& c) { return !only.empty() && c.op != only; });
@@ -411,6 +719,20 @@ int run(int argc, char** argv) {
         const double t = timed(form);
         const double gbs = c.bytes / t / 1e9;
         line += fmt::format(" {:>8.1f} {:>9.2f} {:>6.1f}% {:>6.1f}x", t * 1e6, gbs, 100.0 * gbs / bw, t_ref / t);
+      }
+      fmt::print("{}{}\n", line, ok ? "" : "  FAIL");
+    }
+    for (const GpuForm& g : c.gpu) {
+      if (unwanted(g.name)) continue;
+      const double fit = c.fit(g.run(), want, Form{g.name});
+      const bool ok = fit <= 1.0;
+      failed += !ok;
+      ++checked;
+      std::string line = fmt::format("{:<19} {:<32} {:<20} {:>8.3f}", c.op, c.shape, g.name, fit);
+      if (perf) {
+        const double t = gpu_seconds(g);
+        const double gbs = c.bytes / t / 1e9;
+        line += fmt::format(" {:>8.1f} {:>9.2f} {:>6.1f}% {:>6.1f}x", t * 1e6, gbs, 100.0 * gbs / gpu_bw, t_ref / t);
       }
       fmt::print("{}{}\n", line, ok ? "" : "  FAIL");
     }
