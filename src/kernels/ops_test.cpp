@@ -709,33 +709,23 @@ int run(int argc, char** argv) {
       return std::max(1e-9, best_seconds([&] { c.reset(), c.call(form); }, 0.2) - t_reset);
     };
     const double t_ref = perf ? timed(ref) : 0;
-    for (const Form& form : c.product ? pforms : mforms) {
-      const double fit = c.fit(c.run(form), want, form);
+    // One line a form: its fit and, with --perf, its time (seconds()) against `bound` GB/s.
+    auto report = [&](const std::string& name, double fit, auto seconds, double bound) {
       const bool ok = fit <= 1.0;
       failed += !ok;
       ++checked;
-      std::string line = fmt::format("{:<19} {:<32} {:<20} {:>8.3f}", c.op, c.shape, form.name, fit);
+      std::string line = fmt::format("{:<19} {:<32} {:<20} {:>8.3f}", c.op, c.shape, name, fit);
       if (perf) {
-        const double t = timed(form);
+        const double t = seconds();
         const double gbs = c.bytes / t / 1e9;
-        line += fmt::format(" {:>8.1f} {:>9.2f} {:>6.1f}% {:>6.1f}x", t * 1e6, gbs, 100.0 * gbs / bw, t_ref / t);
+        line += fmt::format(" {:>8.1f} {:>9.2f} {:>6.1f}% {:>6.1f}x", t * 1e6, gbs, 100.0 * gbs / bound, t_ref / t);
       }
       fmt::print("{}{}\n", line, ok ? "" : "  FAIL");
-    }
-    for (const GpuForm& g : c.gpu) {
-      if (unwanted(g.name)) continue;
-      const double fit = c.fit(g.run(), want, Form{g.name});
-      const bool ok = fit <= 1.0;
-      failed += !ok;
-      ++checked;
-      std::string line = fmt::format("{:<19} {:<32} {:<20} {:>8.3f}", c.op, c.shape, g.name, fit);
-      if (perf) {
-        const double t = gpu_seconds(g);
-        const double gbs = c.bytes / t / 1e9;
-        line += fmt::format(" {:>8.1f} {:>9.2f} {:>6.1f}% {:>6.1f}x", t * 1e6, gbs, 100.0 * gbs / gpu_bw, t_ref / t);
-      }
-      fmt::print("{}{}\n", line, ok ? "" : "  FAIL");
-    }
+    };
+    for (const Form& form : c.product ? pforms : mforms)
+      report(form.name, c.fit(c.run(form), want, form), [&] { return timed(form); }, bw);
+    for (const GpuForm& g : c.gpu)
+      if (!unwanted(g.name)) report(g.name, c.fit(g.run(), want, Form{g.name}), [&] { return gpu_seconds(g); }, gpu_bw);
   }
   if (checked == 0 && !form_prefix.empty()) fail("no form named '{}...' runs here for these operations", form_prefix);
   fmt::print("{} of {} cases within their bounds\n", checked - failed, checked);
