@@ -52,6 +52,8 @@ struct ModelConfig {
   int linear_key_head_dim = 0;
   int linear_value_head_dim = 0;
   int linear_conv_kernel_dim = 4;
+  // The epsilon of the q/k L2 norms (model-math.md 5.3): fixed by the models, not in config.json.
+  static constexpr float kQkL2NormEps = 1e-6f;
 
   // Mixture of experts.
   int num_experts = 0;

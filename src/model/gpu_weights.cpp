@@ -51,7 +51,7 @@ GpuModel::GpuModel(const Model& model, const GpuOptions& o) : m(model), c(model.
                              c.linear_key_head_dim,
                              c.linear_value_head_dim,
                              c.linear_conv_kernel_dim,
-                             1e-6f,  // the q/k L2 norms' epsilon (model-math.md 5.3)
+                             ModelConfig::kQkL2NormEps,
                              1.0f / std::sqrt(float(c.linear_key_head_dim)),
                              c.rms_norm_eps};
       l.gdn = {up(g.in_proj_qkv), up(g.in_proj_z), up(g.in_proj_b), up(g.in_proj_a), up(g.out_proj), mixer};

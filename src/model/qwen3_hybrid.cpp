@@ -292,8 +292,8 @@ void Forward::delta_net_core(const DeltaNetWeights& w, LayerState& st, int64_t r
   mix_.conv_silu(mixed, T, C, w.conv1d.data(), c_.linear_conv_kernel_dim, st.conv.data());
   const float q_scale = 1.0f / std::sqrt(float(dk));
   for (int64_t t = 0; t < T; ++t) {
-    mix_.l2_norm_heads(mixed + t * C, hk, dk, 1e-6f, q_scale);
-    mix_.l2_norm_heads(mixed + t * C + kd, hk, dk, 1e-6f, 1.0f);
+    mix_.l2_norm_heads(mixed + t * C, hk, dk, ModelConfig::kQkL2NormEps, q_scale);
+    mix_.l2_norm_heads(mixed + t * C + kd, hk, dk, ModelConfig::kQkL2NormEps, 1.0f);
     float* b = ba + t * 2 * hv;
     float* a = b + hv;
     for (int h = 0; h < hv; ++h) {
