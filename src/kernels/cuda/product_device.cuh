@@ -27,19 +27,23 @@ namespace swiftlet::cuda::detail {
 template <int BITS>
 __host__ __device__ constexpr int per_chunk() { return 128 / BITS; }
 
-// The bit position each code of a word is masked at (see the file comment): 4-bit codes 0..4 at
-// 4e, codes 5..7 at 4e - 12 after the shift; 8-bit codes 0, 1 at 0, 8 and codes 2, 3 at 0, 8 after
-// >> 16 (q 2^s stays below 2^23: exact).
+// Where each code of a 32-bit word is masked (see the file comment): the first kCodesLow codes in
+// place, the rest after one shift down by kHighShift, so that q 2^s stays below 2^23 (exact):
+// 4-bit codes 0..4 at 4e, codes 5..7 at 4e - 12; 8-bit codes 0, 1 at 0, 8 and 2, 3 at 0, 8.
+template <int BITS>
+constexpr int kCodesLow = BITS == 4 ? 5 : 2;
+template <int BITS>
+constexpr int kHighShift = BITS == 4 ? 12 : 16;
+template <int BITS>
+__host__ __device__ constexpr int code_bit(int e) {
+  static_assert(BITS == 4 || BITS == 8, "4- and 8-bit codes only");
+  return e < kCodesLow<BITS> ? BITS * e : BITS * e - kHighShift<BITS>;
+}
+
+// The power of two column i of x is staged times: 2^-s for its code's bit s.
 template <int BITS>
 __device__ __forceinline__ float prescale(int i) {
-  if constexpr (BITS == 4) {
-    const int e = i & 7;
-    const int s = e <= 4 ? 4 * e : 4 * e - 12;
-    return __uint_as_float(uint32_t(127 - s) << 23);
-  } else {
-    const int s = (i & 1) * 8;
-    return __uint_as_float(uint32_t(127 - s) << 23);
-  }
+  return __uint_as_float(uint32_t(127 - code_bit<BITS>(i % (32 / BITS))) << 23);
 }
 
 __device__ __forceinline__ float code(uint32_t masked) { return __uint_as_float(masked | 0x4B000000u) - 8388608.0f; }
@@ -47,33 +51,23 @@ __device__ __forceinline__ float code(uint32_t masked) { return __uint_as_float(
 // sum q_j x_j over one chunk; xp: the chunk's staged (prescaled) x values.
 template <int BITS>
 __device__ __forceinline__ float dot_chunk(const uint4& pk, const float* xp) {
+  constexpr int kPerWord = 32 / BITS;
+  constexpr uint32_t kMask = (1u << BITS) - 1u;
   const uint32_t words[4] = {pk.x, pk.y, pk.z, pk.w};
-  // Four partial sums: short FMA chains, so a warp has independent work while one waits.
-  float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+  // Four partial sums, code e of every word into sum e % 4: short FMA chains, so a warp has
+  // independent work while one waits.
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint32_t w = words[k];
-    if constexpr (BITS == 4) {
-      const uint32_t w2 = w >> 12;
-      const float* x = xp + 8 * k;
-      d0 = fmaf(code(w & 0xFu), x[0], d0);
-      d1 = fmaf(code(w & 0xF0u), x[1], d1);
-      d2 = fmaf(code(w & 0xF00u), x[2], d2);
-      d3 = fmaf(code(w & 0xF000u), x[3], d3);
-      d0 = fmaf(code(w & 0xF0000u), x[4], d0);
-      d1 = fmaf(code(w2 & 0xF00u), x[5], d1);
-      d2 = fmaf(code(w2 & 0xF000u), x[6], d2);
-      d3 = fmaf(code(w2 & 0xF0000u), x[7], d3);
-    } else {
-      const uint32_t w2 = w >> 16;
-      const float* x = xp + 4 * k;
-      d0 = fmaf(code(w & 0xFFu), x[0], d0);
-      d1 = fmaf(code(w & 0xFF00u), x[1], d1);
-      d2 = fmaf(code(w2 & 0xFFu), x[2], d2);
-      d3 = fmaf(code(w2 & 0xFF00u), x[3], d3);
+    const uint32_t w = words[k], high = w >> kHighShift<BITS>;
+    const float* x = xp + kPerWord * k;
+#pragma unroll
+    for (int e = 0; e < kPerWord; ++e) {
+      const uint32_t src = e < kCodesLow<BITS> ? w : high;
+      d[e & 3] = fmaf(code(src & (kMask << code_bit<BITS>(e))), x[e], d[e & 3]);
     }
   }
-  return (d0 + d1) + (d2 + d3);
+  return (d[0] + d[1]) + (d[2] + d[3]);
 }
 
 // Shared-memory layout of a staged row: 4 floats of padding after every 32, so the lanes' 16-byte
