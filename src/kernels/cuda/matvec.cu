@@ -358,15 +358,23 @@ struct TcMatvecTiles {
   }
 };
 
+// The static shared memory of a tensor-core matvec block for T tokens: the ring's barriers, the
+// staging's reduction slots, and each token's row parts of a tile (two, so that the next tile's
+// products need not wait for this one's stores).
+template <int NW, int T>
+struct TcMatvecShared {
+  uint64_t bars[kMaxStages];
+  float red[32];
+  float part[2][T][NW * 16];
+};
+
 // y_s = W_s x (or +=) for the segments of a, in tiles of 16 rbt rows.
 template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __grid_constant__ MultiArgs a) {
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
-  __shared__ uint64_t bars[kMaxStages];
-  __shared__ float red[32];
-  __shared__ float part[2][NW * 16];
-  const TcMatvecTiles<BITS, NW> tl(a, xt + a.ring_off, bars);
+  __shared__ TcMatvecShared<NW, 1> sh;
+  const TcMatvecTiles<BITS, NW> tl(a, xt + a.ring_off, sh.bars);
   const int mine = tl.mine, S = tl.S, TR = tl.TR;
   const int warp = threadIdx.x >> 5;
   // Probed: products of 300 to 1000 tiles (the 80B's in_proj_qkvz: 386), not the lm_head.
@@ -376,22 +384,22 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_kernel(const __gri
   if (pr) probe(kProbeProduct, 2);
   pdl_wait_and_release();
   if (pr) probe(kProbeProduct, 3);
-  stage_tc_input<BITS>(xt, a, token_offset(a.x_stride), red, blockIdx.x == 0);
+  stage_tc_input<BITS>(xt, a, token_offset(a.x_stride), sh.red, blockIdx.x == 0);
   if (pr) probe(kProbeProduct, 4);
   const TcWarp tw(xt, tl.tg);
   for (int i = 0; i < mine; ++i) {
-    stage_wait(bars + i % S, i / S);
+    stage_wait(sh.bars + i % S, i / S);
     if (pr && i == 0) probe(kProbeProduct, 5);
     if (pr && i == mine - 1) probe(kProbeProduct, 6);
     int r0;
     const Segment& sg = tl.locate(i, r0);
-    if (tw.busy) tl.rows(tw, tw.fr, tl.stage(i), part[i & 1]);
+    if (tw.busy) tl.rows(tw, tw.fr, tl.stage(i), sh.part[i & 1][0]);
     __syncthreads();  // every warp is done with the stage; the parts are in
     if (warp == 0) {
       if (i + S < mine) tl.issue(i + S);
     } else {
       const int tr = int(threadIdx.x) - 32;
-      if (tr < TR && r0 + tr < sg.rows) tl.store(sg, segment_y(sg), r0, tr, part[i & 1]);
+      if (tr < TR && r0 + tr < sg.rows) tl.store(sg, segment_y(sg), r0, tr, sh.part[i & 1][0]);
     }
   }
   if (pr) probe(kProbeProduct, 7);
@@ -435,25 +443,23 @@ template <int BITS, int NW>
 __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(const __grid_constant__ MultiArgs a) {
   extern __shared__ float4 smem4[];
   unsigned char* xt = reinterpret_cast<unsigned char*>(smem4);
-  __shared__ uint64_t bars[kMaxStages];
-  __shared__ float red[32];
-  __shared__ float part[2][kMaxBlockTokens][NW * 16];
-  const TcMatvecTiles<BITS, NW> tl(a, xt + a.ring_off, bars);
+  __shared__ TcMatvecShared<NW, kMaxBlockTokens> sh;
+  const TcMatvecTiles<BITS, NW> tl(a, xt + a.ring_off, sh.bars);
   const int mine = tl.mine, S = tl.S, TR = tl.TR;
   const int t0 = int(blockIdx.y) * a.tpb, nt = min(a.tpb, a.tokens - t0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == 0) tl.start(false);
   pdl_wait_and_release();
   if (a.cluster > 1)
-    stage_tc_shared<BITS>(xt, a, t0, nt, red);
+    stage_tc_shared<BITS>(xt, a, t0, nt, sh.red);
   else
     for (int u = 0; u < nt; ++u)
-      stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, red, blockIdx.x == 0);
+      stage_tc_input<BITS>(xt + size_t(u) * a.xt_bytes, a, int64_t(t0 + u) * a.x_stride, sh.red, blockIdx.x == 0);
   const TcPlace tp(tl.tg);
   TcColFrags fr;
   tc_col_load(xt, a.xt_bytes, nt, tl.tg.groups, tp.it, fr);
   for (int i = 0; i < mine; ++i) {
-    stage_wait(bars + i % S, i / S);
+    stage_wait(sh.bars + i % S, i / S);
     int r0;
     const Segment& sg = tl.locate(i, r0);
     if (tp.busy) {
@@ -464,7 +470,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(cons
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int u = 2 * (lane & 3) + (e & 1);
-        if (u < nt) part[i & 1][u][warp * 16 + (lane >> 2) + 8 * (e >> 1)] = out[e];
+        if (u < nt) sh.part[i & 1][u][warp * 16 + (lane >> 2) + 8 * (e >> 1)] = out[e];
       }
     }
     __syncthreads();  // every warp is done with the stage; the parts are in
@@ -473,7 +479,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) tc_matvec_tokens_kernel(cons
     } else {
       for (int k = int(threadIdx.x) - 32; k < nt * TR; k += int(blockDim.x) - 32) {
         const int u = k / TR, tr = k - u * TR;
-        if (r0 + tr < sg.rows) tl.store(sg, sg.y + int64_t(t0 + u) * sg.y_stride, r0, tr, part[i & 1][u]);
+        if (r0 + tr < sg.rows) tl.store(sg, sg.y + int64_t(t0 + u) * sg.y_stride, r0, tr, sh.part[i & 1][u]);
       }
     }
   }
