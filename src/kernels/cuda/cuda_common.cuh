@@ -97,6 +97,18 @@ struct AffineOffsets {
 inline AffineOffsets offsets_of(const GpuMatrix& m) {
   return {reinterpret_cast<size_t>(m.data), reinterpret_cast<size_t>(m.scales), reinterpret_cast<size_t>(m.biases)};
 }
+// The matrix a block of a grouped experts' launch multiplies, in the expert slot at slot, and its
+// output: a (into ya) where blockIdx.z is 0, else b (into yb): gate and up share the input.
+struct SlotMatrix {
+  const char *data, *scales, *biases;
+  float* y;
+};
+__device__ __forceinline__ SlotMatrix slot_matrix(const void* slot, const AffineOffsets& a, const AffineOffsets& b,
+                                                  float* ya, float* yb) {
+  const char* base = static_cast<const char*>(slot);
+  const AffineOffsets& o = blockIdx.z == 0 ? a : b;
+  return {base + o.data, base + o.scales, base + o.biases, blockIdx.z == 0 ? ya : yb};
+}
 // Gate and up run in one launch: two matrices of one kind and shape.
 inline bool same_kind(const GpuMatrix& a, const GpuMatrix& b) {
   return a.format == b.format && a.rows == b.rows && a.cols == b.cols && a.bits == b.bits &&

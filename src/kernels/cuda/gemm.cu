@@ -22,15 +22,7 @@
 
 namespace swiftlet::cuda {
 
-using detail::AffineOffsets;
-using detail::blocks_for;
-using detail::cp_async16;
-using detail::cp_async8;
-using detail::cp_async_commit;
-using detail::cp_async_wait;
-using detail::mma_u8s8;
-using detail::offsets_of;
-using detail::scale_type;
+using namespace detail;  // cuda_common.cuh's helpers
 
 namespace {
 
@@ -307,14 +299,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_pairs_kernel(const void* con
                                                               const unsigned char* __restrict__ q, int x_div,
                                                               float* __restrict__ ya, float* __restrict__ yb) {
   const int g = blockIdx.y;
-  const char* base = static_cast<const char*>(table[group_expert[g]]);
-  const AffineOffsets& o = blockIdx.z == 0 ? a : b;
-  float* y = blockIdx.z == 0 ? ya : yb;
+  const SlotMatrix m = slot_matrix(table[group_expert[g]], a, b, ya, yb);
   const int end = group_start[g + 1];
   for (int p0 = group_start[g]; p0 < end; p0 += kBN) {  // block-uniform
     const PairTile tile{pairs + p0, end - p0, x_div};
-    gemm_tile<BITS>(reinterpret_cast<const unsigned char*>(base + o.data), base + o.scales, base + o.biases, st, rows,
-                    cols, gs, q, tile, y, false, int64_t(blockIdx.x) * kBM);
+    gemm_tile<BITS>(reinterpret_cast<const unsigned char*>(m.data), m.scales, m.biases, st, rows, cols, gs, q, tile,
+                    m.y, false, int64_t(blockIdx.x) * kBM);
   }
 }
 

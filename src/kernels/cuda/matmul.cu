@@ -16,19 +16,13 @@
 
 namespace swiftlet::cuda {
 
-using detail::AffineOffsets;
-using detail::blocks_for;
-using detail::offsets_of;
-using detail::warp_sum;
+using namespace detail;  // cuda_common.cuh's helpers
 
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int kMaxTokens = 8;
-
-using detail::load_scale;
-using detail::scale_type;
 
 // q as float without an int->float conversion: 2^23 + q has q in its mantissa (q < 2^23).
 __device__ __forceinline__ float small_uint_to_float(uint32_t q) {
@@ -193,12 +187,9 @@ __global__ void __launch_bounds__(kThreads) grouped_affine_kernel(const void* co
                                                                   int64_t x_stride, float* __restrict__ ya,
                                                                   float* __restrict__ yb) {
   const int i = blockIdx.y;
-  const char* base = static_cast<const char*>(table[ids[i]]);
-  const AffineOffsets& o = blockIdx.z == 0 ? a : b;
-  float* y = (blockIdx.z == 0 ? ya : yb) + int64_t(i) * rows;
-  const DenseRows io{x + int64_t(i) * x_stride, y, 0, 0};
-  affine_matvec_body<BITS, 1>(reinterpret_cast<const uint32_t*>(base + o.data), base + o.scales, base + o.biases, st,
-                              rows, cols, gs, io, 1);
+  const SlotMatrix m = slot_matrix(table[ids[i]], a, b, ya, yb);
+  const DenseRows io{x + int64_t(i) * x_stride, m.y + int64_t(i) * rows, 0, 0};
+  affine_matvec_body<BITS, 1>(reinterpret_cast<const uint32_t*>(m.data), m.scales, m.biases, st, rows, cols, gs, io, 1);
 }
 
 // A prompt's routed experts in one launch: blockIdx.y picks a group (one expert and the pairs
@@ -214,14 +205,12 @@ __global__ void __launch_bounds__(kThreads) pairs_affine_kernel(const void* cons
                                                                 int x_div, float* __restrict__ ya,
                                                                 float* __restrict__ yb) {
   const int g = blockIdx.y;
-  const char* base = static_cast<const char*>(table[group_expert[g]]);
-  const AffineOffsets& o = blockIdx.z == 0 ? a : b;
-  float* y = blockIdx.z == 0 ? ya : yb;
+  const SlotMatrix m = slot_matrix(table[group_expert[g]], a, b, ya, yb);
   const int end = group_start[g + 1];
   for (int p0 = group_start[g]; p0 < end; p0 += NT) {  // block-uniform
-    const PairRows io{x, y, x_stride, rows, x_div, pairs + p0};
-    affine_matvec_body<BITS, NT>(reinterpret_cast<const uint32_t*>(base + o.data), base + o.scales, base + o.biases,
-                                 st, rows, cols, gs, io, end - p0 < NT ? end - p0 : NT);
+    const PairRows io{x, m.y, x_stride, rows, x_div, pairs + p0};
+    affine_matvec_body<BITS, NT>(reinterpret_cast<const uint32_t*>(m.data), m.scales, m.biases, st, rows, cols, gs, io,
+                                 end - p0 < NT ? end - p0 : NT);
   }
 }
 
