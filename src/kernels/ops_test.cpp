@@ -135,14 +135,6 @@ struct NormIn {
   bool gated;
   int heads, n;
 };
-// The delta rule's decays and betas before their activations, as the CUDA kernels take them:
-// g = -exp(A_log[h]) softplus(a + dt_bias[h]), beta = sigmoid(b).
-struct DeltaIn {
-  std::shared_ptr<std::vector<float>> qkv, a, b, A_log, dt_bias, S;
-  gdn::DeltaShape sh;
-  int64_t T;
-  bool chunked;
-};
 struct AttentionIn {
   std::shared_ptr<std::vector<float>> q, K, V;
   attn::AttnShape sh;
@@ -282,47 +274,6 @@ void add_gpu_forms(Case& c, const NormIn& in) {
   if (in.gated) call = [=] { cuda::gated_rms_norm(o->f(), z->f(), w->f(), heads, n, 1e-6f); };
   else call = [=] { cuda::l2_norm_rows(o->f(), heads, n, 1e-6f, 0.5f); };
   c.gpu.push_back({"cuda", [=] { device_put(o, x, size); }, call, [=] { return device_read({{o, size}}); }});
-}
-
-// Token by token: the decode's step, T times, and the prompt's scan (the state in registers
-// across the tokens); chunked: the prompt's chunks of 64 where the kernel takes the shape.
-void add_gpu_forms(Case& c, const DeltaIn& in) {
-  if (!use_gpu) return;
-  const gdn::DeltaShape sh = in.sh;
-  const int64_t T = in.T, kd = int64_t(sh.key_heads) * sh.key_dim, vd = int64_t(sh.value_heads) * sh.value_dim,
-                stride = 2 * kd + vd;
-  const int hk = sh.key_heads, hv = sh.value_heads, dk = sh.key_dim, dv = sh.value_dim;
-  const size_t states = in.S->size();
-  Device qkv = device_copy(*in.qkv), a = device_copy(*in.a), b = device_copy(*in.b), A = device_copy(*in.A_log),
-         dt = device_copy(*in.dt_bias), S0 = device_copy(*in.S), S = device_zeros(states),
-         o = device_zeros(size_t(T * vd));
-  auto reset = [=] { device_put(S, S0, states); };
-  auto out = [=] { return device_read({{o, size_t(T * vd)}, {S, states}}); };
-  const float *q = qkv->f(), *k = qkv->f() + kd, *v = qkv->f() + 2 * kd;
-  if (!in.chunked) {
-    c.gpu.push_back({"cuda/step", reset,
-                     [=] {
-                       for (int64_t t = 0; t < T; ++t)
-                         cuda::delta_rule_step(q + t * stride, k + t * stride, v + t * stride, b->f() + t * hv,
-                                               a->f() + t * hv, A->f(), dt->f(), S->f(), hk, hv, dk, dv,
-                                               o->f() + t * vd);
-                     },
-                     out});
-    c.gpu.push_back({"cuda/scan", reset,
-                     [=] {
-                       cuda::delta_rule_scan(q, k, v, stride, b->f(), a->f(), hv, A->f(), dt->f(), S->f(), hk, hv,
-                                             dk, dv, T, o->f());
-                     },
-                     out});
-  } else if (cuda::delta_rule_chunked_takes(dk, dv)) {
-    Device work = device_zeros(size_t(cuda::delta_rule_chunked_work_floats(T, hv, dk, dv)));
-    c.gpu.push_back({"cuda/chunked", reset,
-                     [=] {
-                       cuda::delta_rule_chunked(q, k, v, stride, b->f(), a->f(), hv, A->f(), dt->f(), S->f(), hk,
-                                                hv, dk, dv, T, work->f(), o->f());
-                     },
-                     out});
-  }
 }
 
 // The decode's kernel, query by query, and the prompt's (a block per head and token below 16
@@ -500,7 +451,7 @@ void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, 
       ref::l2_norm_scaled(row + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f / std::sqrt(float(sh.key_dim)));
       ref::l2_norm_scaled(row + kd + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f);
     }
-  // The decays and betas from their inputs as the model makes them (DeltaIn).
+  // The decays and betas from their inputs as the model makes them.
   const int hv = sh.value_heads;
   auto A_log = std::make_shared<std::vector<float>>(size_t(hv));
   auto dt_bias = std::make_shared<std::vector<float>>(size_t(hv));
@@ -552,7 +503,6 @@ void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, 
     return std::max(fit_relative_to_max(part(got, 0, outs), part(want, 0, outs), 1e-4),
                     fit_relative_to_max(part(got, outs, got.size()), part(want, outs, want.size()), 1e-4));
   };
-  add_gpu_forms(c, DeltaIn{qkv, a, b, A_log, dt_bias, S0, sh, T, chunked});
   cases.push_back(std::move(c));
 }
 
