@@ -2,7 +2,7 @@
 # On the GPU machine: the GPU tests of a bundle (tools/device/bundle.sh, packed as NEW.tar.xz with
 # bin/ and lib/), then the synthetic 35B decode figures of NEW and of BASE (a packed bin/swiftlet,
 # run with NEW's lib/) one after the other: one stream every expert in VRAM, then 1 and 8 streams.
-#   tools/device/gpu_check.sh NEW.tar.xz BASE.tar.xz
+#   [SOURCE_DIR=/folder/the/bundle/was/built/from] tools/device/gpu_check.sh NEW.tar.xz BASE.tar.xz
 # Made here (release builds with -DCMAKE_CUDA_ARCHITECTURES=90; without debug info they pack to
 # ~27 MB, with it to ~100, past what travels):
 #   tools/device/bundle.sh /tmp/b build/bin/{swiftlet,swiftlet-repack,swiftlet_tests}
@@ -21,8 +21,16 @@ say() { echo "[$(($(date +%s) - t0))s] $*" | tee -a "$log"; }
 nvidia-smi -L | tee -a "$log"
 tar -xJf "$1" -C /tmp/new && tar -xJf "$2" -C /tmp/base || { say "cannot unpack $1 / $2"; exit 1; }
 export LD_LIBRARY_PATH=/tmp/new/lib
-timeout 180 /tmp/new/bin/swiftlet_tests --gtest_brief=1 \
-  --gtest_filter='CudaKernels.*:CudaPrefill.*:GpuForward.*:*/GpuFixture.*:*StateCacheFamily*:*Gemm*' > "$out/tests.txt" 2>&1
+# The tests find their data (tests/data/fixtures) under the source folder the build was made in,
+# which this copy of the tree is not: SOURCE_DIR (that folder, e.g. /work/wt) is linked to it.
+# Without the fixtures the parameterised GPU tests have no instances and nothing says so.
+if [[ -n ${SOURCE_DIR:-} && ! -e $SOURCE_DIR ]]; then
+  mkdir -p "$(dirname "$SOURCE_DIR")" && ln -s "$PWD" "$SOURCE_DIR"
+fi
+filter='CudaKernels.*:CudaPrefill.*:GpuForward.*:*/GpuFixture.*:*StateCacheFamily*:*Gemm*'
+say "GPU tests on the fixtures: $(/tmp/new/bin/swiftlet_tests --gtest_list_tests --gtest_filter='*/GpuFixture.*' |
+  grep -c '^  ') (none: set SOURCE_DIR to the folder the bundle was built from)"
+timeout 180 /tmp/new/bin/swiftlet_tests --gtest_brief=1 --gtest_filter="$filter" > "$out/tests.txt" 2>&1
 say "GPU tests: exit $?"
 tail -4 "$out/tests.txt" | tee -a "$log"
 timeout 120 /tmp/new/bin/swiftlet-repack --synthetic qwen3.5-35b-a3b --output /tmp/35b.qpack > "$out/repack.txt" 2>&1
