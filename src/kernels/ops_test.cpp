@@ -451,7 +451,8 @@ void add_delta(std::vector<Case>& cases, std::mt19937& rng, gdn::DeltaShape sh, 
       ref::l2_norm_scaled(row + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f / std::sqrt(float(sh.key_dim)));
       ref::l2_norm_scaled(row + kd + h * sh.key_dim, sh.key_dim, 1e-6f, 1.0f);
     }
-  // The decays and betas from their inputs as the model makes them.
+  // The decays and betas from their inputs as the model makes them: g = -exp(A_log[h])
+  // softplus(a + dt_bias[h]), beta = sigmoid(b).
   const int hv = sh.value_heads;
   auto A_log = std::make_shared<std::vector<float>>(size_t(hv));
   auto dt_bias = std::make_shared<std::vector<float>>(size_t(hv));

@@ -104,8 +104,8 @@ TEST(RoutingReplay, ModelRoutesAsTheTraceSays) {
   }
   TraceRouteOverride replay(t, c.num_layers, c.num_experts, c.num_experts_per_tok);
   Forward fwd(lm->model, Backend::CpuF32);
-  fwd.set_routing({.route_override = &replay,
-                   .predict_next = 1});  // the trace has no guesses: nothing is guessed (the router's would be noise)
+  // The trace has no guesses: nothing is guessed (the router's would be noise).
+  fwd.set_routing({.route_override = &replay, .predict_next = 1});
   // 7 prompt tokens + 4 decoded: positions 6.. wrap around to trace token position % 6.
   const std::vector<RouteRecord> routes = run(fwd, c, some_tokens(7, 2), 4);
   ASSERT_EQ(routes.size(), 11u * size_t(c.num_layers));

@@ -141,7 +141,7 @@ class Session {
   const Model& model() const { return model_; }
   // The pass that runs (the CPU Forward, or the GPU's when SessionOptions::gpu is set).
   const ForwardPass& pass() const { return *forward_; }
-  // The CPU pass, for its profile and prediction statistics; null on the GPU.
+  // The CPU pass, for its profile; null on the GPU.
   const Forward* cpu_forward() const { return dynamic_cast<const Forward*>(forward_.get()); }
   // The pass's guesses of the next layers' experts so far (zeros where it makes none).
   PredictionStats prediction_stats() const { return forward_->prediction_stats(); }
